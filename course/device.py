@@ -1,0 +1,50 @@
+"""Pick the device and dtype once; everything else takes them as arguments."""
+from __future__ import annotations
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+
+
+def pick_device(name: str | torch.device | None = None) -> torch.device:
+    """'auto' (or None): CUDA if present, else Apple MPS, else CPU. Or name one: 'cpu', 'cuda', 'cuda:1', 'mps'."""
+    if isinstance(name, torch.device):
+        return name
+    if name is None or name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    kind = str(name).split(":")[0]
+    if kind not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"unknown device {name!r}; use 'auto', 'cpu', 'cuda' (or 'cuda:N') or 'mps'")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
+    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError("device 'mps' was asked for but Apple's Metal backend is not available; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def pick_dtype(name: str | torch.dtype | None = None) -> torch.dtype:
+    """float32 by default: on CPUs without bfloat16 units 16-bit is *slower*, and fp32 is exact enough to compare."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None:
+        return torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}")
+    return DTYPES[name]
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued GPU work, so a clock read after it measures the work and not the launch."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
