@@ -9,7 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .weights import _field, default_gguf_path, open_gguf
+import json
+from pathlib import Path
+
+from .weights import _field, cache_dir, cached_weights_path, default_gguf_path, open_gguf
 
 CONTROL = 3  # llama.cpp token type for control tokens
 USER_DEFINED = 4
@@ -95,5 +98,28 @@ def tokenizer_from_gguf(reader) -> ChatTokenizer:
     )
 
 
-def load_tokenizer(path: str | os.PathLike | None = None) -> ChatTokenizer:
-    return tokenizer_from_gguf(open_gguf(path if path is not None else default_gguf_path()))
+def load_tokenizer(path: str | os.PathLike | None = None, use_cache: bool = True) -> ChatTokenizer:
+    """The tokenizer of a GGUF file; the first build is stored as JSON next to the cached weights."""
+    from tokenizers import Tokenizer
+
+    path = Path(path) if path is not None else default_gguf_path()
+    if not path.exists():
+        open_gguf(path)  # raises the error that names the setup command
+    cached = cached_weights_path(path).with_suffix(".tokenizer.json") if use_cache else None
+    if cached is not None and cached.exists():
+        try:
+            data = json.loads(cached.read_text())
+            return ChatTokenizer(tokenizer=Tokenizer.from_str(data["tokenizer"]), chat_template=data["chat_template"],
+                                 bos_id=data["bos_id"], eos_id=data["eos_id"], add_bos=data["add_bos"],
+                                 special_ids=frozenset(data["special_ids"]))
+        except (ValueError, KeyError, OSError):
+            cached.unlink(missing_ok=True)  # damaged: rebuild from the GGUF below
+    tok = tokenizer_from_gguf(open_gguf(path))
+    if cached is not None:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"tokenizer": tok.tokenizer.to_str(), "chat_template": tok.chat_template,
+                                   "bos_id": tok.bos_id, "eos_id": tok.eos_id, "add_bos": tok.add_bos,
+                                   "special_ids": sorted(tok.special_ids)}))
+        os.replace(tmp, cached)
+    return tok
