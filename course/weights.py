@@ -138,9 +138,11 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def state_dict_from_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
     from gguf import dequantize
+    from tqdm.auto import tqdm
 
     state = {}
-    for tensor in reader.tensors:
+    for tensor in tqdm(reader.tensors, desc="Dequantizing GGUF tensors (first load only)", unit="tensor",
+                       leave=False):
         name = _our_name(tensor.name)
         if name is None:
             continue
