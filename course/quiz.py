@@ -200,7 +200,7 @@ def validate(data) -> list[str]:
                 problems.append(f"{where}: option {o.get('key')!r} has no text")
             if not _text(o.get("explanation")):
                 problems.append(f"{where}: option {o.get('key')!r} has no explanation")
-            else:
+            elif q.get("answer") in [x.get("key") for x in options if isinstance(x, dict)]:
                 verdict = "Right" if o.get("key") == q.get("answer") else "Wrong"
                 if not o["explanation"].lstrip().startswith(verdict):
                     problems.append(f"{where}: option {o.get('key')!r}'s explanation must start with "

@@ -1,0 +1,397 @@
+"""Checkpoint quizzes: the question data, measured numbers in explanations, the widgets driven
+programmatically (choose, Check, explanation shown, progress saved), and the headless text fallback."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from course import quiz
+from course.paths import LESSONS, PROJECT_ROOT
+from course.progress import LEVELS, ProgressStore
+from course.widgets.quiz_widget import CheckpointQuiz, FlipCard, QuestionWidget, SelfAssessmentWidget
+
+LESSON_IDS = ["00_start_here", "01_prefill_decode", "02_kv_cache", "03_sampling", "04_speculative_prefix"]
+
+
+@pytest.fixture(scope="module")
+def bank():
+    return quiz.load_questions()
+
+
+@pytest.fixture
+def store(tmp_path):
+    return ProgressStore(tmp_path / "progress.sqlite")
+
+
+@pytest.fixture(autouse=True)
+def clean_results(monkeypatch, tmp_path):
+    """Each test starts with nothing record()ed and its own progress file."""
+    from course import results
+
+    monkeypatch.setattr(results, "_recorded", {})
+    monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "default-progress.sqlite"))
+
+
+# ---------------------------------------------------------------------- the question data
+def test_every_lesson_has_its_questions(bank):
+    assert list(bank.lessons) == LESSON_IDS
+    for lesson in LESSON_IDS:
+        own = [q for q in bank.for_lesson(lesson) if q.source == "course"]
+        assert len(own) >= 3, f"{lesson} needs at least three questions of its own"
+
+
+def test_every_question_is_well_formed(bank):
+    ids = [q.id for q in bank.questions] + [c.id for c in bank.cards]
+    assert len(ids) == len(set(ids))
+    for q in bank.questions:
+        assert q.lesson in bank.lessons
+        keys = [o.key for o in q.options]
+        assert [k for k in keys if k == q.answer] == [q.answer], f"{q.id}: exactly one correct option"
+        assert len(keys) == len(set(keys)) >= 2
+        for o in q.options:
+            assert o.text.strip() and o.explanation.strip(), f"{q.id} {o.key}"
+            assert o.explanation.startswith("Right" if o.key == q.answer else "Wrong"), f"{q.id} {o.key}"
+        texts = [o.text for o in q.options]
+        assert len(set(texts)) == len(texts), f"{q.id}: duplicate option text"
+
+
+def test_seed_checkpoints_and_interview_questions_are_all_there(bank):
+    seed = {q.id: q for q in bank.questions if q.source == "seed"}
+    assert sorted(seed) == [f"seed-{i}" for i in range(1, 6)]
+    assert all(q.autograded for q in seed.values())
+    assert [q.id for q in bank.autograded()] == sorted(seed, key=[q.id for q in bank.questions].index)
+    # the seed's facts, checked through the options marked correct
+    assert "40 GB" in seed["seed-2"].correct.text
+    assert "beam width" in seed["seed-5"].correct.text
+    assert "bandwidth" in seed["seed-3"].correct.text
+    assert "B" in seed["seed-1"].correct.text.split(",")[0]
+    assert len([c for c in bank.cards if c.source == "seed"]) >= 8
+    assert {c.lesson for c in bank.cards} <= set(bank.lessons)
+
+
+def test_correct_answers_are_not_always_the_same_letter(bank):
+    letters = [q.answer for q in bank.questions]
+    assert max(letters.count(k) for k in set(letters)) <= 0.6 * len(letters)
+
+
+def test_worked_numbers_in_the_questions_match_course_memory():
+    from course.memory import kv_bytes_per_token
+
+    assert kv_bytes_per_token("llama-2-70b", "float16") == 327_680
+    assert kv_bytes_per_token("llama-2-7b", "float16") == 524_288
+    assert kv_bytes_per_token("smollm2-135m", "float16") == 23_040  # kv-1's correct option
+    assert 327_680 * 32_000 * 4 / 1e9 == pytest.approx(41.9, abs=0.1)  # seed-2: "about 40 GB"
+
+
+def _valid_data():
+    import yaml
+
+    return yaml.safe_load(quiz.QUESTIONS_PATH.read_text())
+
+
+def _first(data, qid):
+    return next(q for q in data["questions"] if q["id"] == qid)
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda d: _first(d, "seed-1").update(answer="D"), "must name exactly one option"),
+    (lambda d: _first(d, "seed-1")["options"][2].update(key="B"), "must have key 'C'"),
+    (lambda d: _first(d, "seed-1")["options"][0].update(explanation=""), "has no explanation"),
+    (lambda d: _first(d, "seed-1")["options"][0].pop("explanation"), "has no explanation"),
+    (lambda d: _first(d, "seed-1").update(lesson="05_nowhere"), "lesson '05_nowhere' is not one of"),
+    (lambda d: _first(d, "kv-1").update(id="seed-1"), "duplicate id"),
+    (lambda d: _first(d, "seed-1").update(answer="A"), "must start with 'Right'"),
+    (lambda d: _first(d, "seed-1").update(options=_first(d, "seed-1")["options"][:1]), "between 2 and"),
+    (lambda d: _first(d, "kv-2").update(prompt="cache {cache_speedup:.1f} and {oops"), "malformed placeholder"),
+    (lambda d: _first(d, "kv-2").update(prompt="x [[ no number here]]"), "cites no measured value"),
+    (lambda d: _first(d, "kv-2").update(prompt="x {cache_speedup:.1z}"), "bad format spec"),
+    (lambda d: d["interview"][0].update(answer=" "), "empty model answer"),
+    (lambda d: d["lessons"]["03_sampling"].pop("self_assessment"), "needs a non-empty title and self_assessment"),
+])
+def test_validator_catches_broken_data(break_it, message):
+    data = _valid_data()
+    assert quiz.validate(data) == []
+    broken = copy.deepcopy(data)
+    break_it(broken)
+    problems = quiz.validate(broken)
+    assert any(message in p for p in problems), problems
+
+
+def test_loading_a_broken_file_names_every_problem(tmp_path):
+    import yaml
+
+    data = _valid_data()
+    _first(data, "seed-2")["answer"] = "Z"
+    data["questions"][0]["lesson"] = "nope"
+    path = tmp_path / "q.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(quiz.QuestionDataError, match=r"2 problem\(s\)") as err:
+        quiz.load_questions(path)
+    assert "lesson 'nope'" in str(err.value) and "answer 'Z'" in str(err.value)
+    path.write_text("questions: [unclosed")
+    with pytest.raises(quiz.QuestionDataError, match="not valid YAML"):
+        quiz.load_questions(path)
+
+
+# ---------------------------------------------------------------------- measured numbers
+def test_fill_numbers_inline_and_clauses():
+    values = {"decode_ms_per_token": 12.345, "bw": 2.5e10, "nested": {"256": 900.0}, "nan": float("nan")}
+    assert quiz.fill_numbers("{decode_ms_per_token:.1f} ms", values) == "12.3 ms"
+    assert quiz.fill_numbers("{bw/1e9:.0f} GB/s", values) == "25 GB/s"
+    assert quiz.fill_numbers("{decode_ms_per_token*1000:,.0f} µs", values) == "12,345 µs"
+    assert quiz.fill_numbers("{nested.256:.0f}", values) == "900"
+    assert quiz.fill_numbers("{missing:.1f|a few} ms", values) == "a few ms"
+    assert quiz.fill_numbers("{missing:.1f} ms", values) == f"{quiz.MISSING_TEXT} ms"
+    assert quiz.fill_numbers("{nan:.1f|unknown}", values) == "unknown"
+    text = "Fast.[[ You measured {decode_ms_per_token:.1f} ms at {bw/1e9:.0f} GB/s.]] Done."
+    assert quiz.fill_numbers(text, values) == "Fast. You measured 12.3 ms at 25 GB/s. Done."
+    assert quiz.fill_numbers(text, {"decode_ms_per_token": 1.0}) == "Fast. Done."  # one key missing
+    assert quiz.fill_numbers("A[[ {missing}|, roughly]] B", values) == "A, roughly B"
+    assert quiz.fill_numbers("{decode_ms_per_token:.1f}", {"decode_ms_per_token": "n/a"}) == quiz.MISSING_TEXT
+
+
+def test_every_text_reads_cleanly_with_and_without_measurements(bank):
+    keys = {k for q in bank.questions for t in [q.prompt, *(o.explanation for o in q.options)]
+            for k in quiz.placeholder_keys(t)} | {k for c in bank.cards for k in quiz.placeholder_keys(c.answer)}
+    assert keys, "some explanations should cite the learner's measurements"
+    full = {k: 0.5 for k in keys}
+    texts = [q.prompt for q in bank.questions] + [o.explanation for q in bank.questions for o in q.options] \
+        + [c.answer for c in bank.cards] + [c.prompt for c in bank.cards]
+    for values in ({}, full):
+        for text in texts:
+            out = quiz.fill_numbers(text, values)
+            assert not re.search(r"[{}]|\[\[|\]\]", out), out
+            assert quiz.MISSING_TEXT not in out, text  # every placeholder is in a clause or has a fallback
+            assert "  " not in out.strip() and " ." not in out and " ," not in out, out
+
+
+def _notebook_source(lesson: str) -> str | None:
+    path = LESSONS / f"{lesson}.ipynb"
+    if not path.exists():
+        return None
+    nb = json.loads(path.read_text())
+    return "\n".join("".join(c["source"]) for c in nb["cells"])
+
+
+def _recording_sources() -> str:
+    return "\n".join(p.read_text() for p in (PROJECT_ROOT / "course").rglob("*.py"))
+
+
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_cited_measurements_are_recorded_by_the_lesson(bank, lesson):
+    """A key an explanation cites must be one the lesson records, or it will never be filled in."""
+    source = _notebook_source(lesson)
+    if source is None:
+        pytest.skip(f"lessons/{lesson}.ipynb does not exist yet")
+    texts = [t for q in bank.for_lesson(lesson) for t in [q.prompt, *(o.explanation for o in q.options)]]
+    texts += [c.answer for c in bank.cards_for(lesson)]
+    keys = {k for t in texts for k in quiz.placeholder_keys(t)}
+    haystack = source + _recording_sources()
+    missing = sorted(k for k in keys if not re.search(rf"""["']{re.escape(k)}["']""", haystack))
+    assert not missing, f"{lesson} cites {missing}, which neither the notebook nor course/ records"
+
+
+@pytest.mark.parametrize("lesson", LESSON_IDS)
+def test_lesson_notebook_ends_with_its_checkpoint(lesson):
+    path = LESSONS / f"{lesson}.ipynb"
+    if not path.exists():
+        pytest.skip(f"lessons/{lesson}.ipynb does not exist yet")
+    nb = json.loads(path.read_text())
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    # the quiz and the self-assessment close the lesson (one cell, or one each)
+    assert re.search(rf"""self_assessment\(\s*["']{lesson}["']""", code[-1]), code[-1]
+    assert re.search(rf"""checkpoint\(\s*["']{lesson}["']""", "\n".join(code[-2:])), code[-2:]
+
+
+# ---------------------------------------------------------------------- widgets, driven programmatically
+def test_question_widget_wrong_then_right(bank, store):
+    q = bank.question("seed-2")
+    w = QuestionWidget(q, number=1, store=store)
+    assert w.check() is None and "Pick an option first" in w.feedback.value
+    assert store.answers() == []
+
+    wrong = next(o for o in q.options if o.key != q.answer)
+    w.choose(wrong.key.lower())  # letters are case-insensitive
+    w.check_button.click()  # what pressing Check does
+    assert w.result.correct is False
+    assert "Wrong" in w.feedback.value and _plain(wrong.explanation)[:60] in _plain(w.feedback.value)
+    assert _plain(q.correct.explanation)[:60] not in _plain(w.feedback.value)  # no spoiler when wrong
+
+    w.choose(q.answer)
+    result = w.check()
+    assert result.correct and "Right" in w.feedback.value
+    assert _plain(q.correct.explanation)[:60] in _plain(w.feedback.value)
+    for o in q.options:  # once right, every option's explanation is there
+        assert _plain(o.explanation)[:40] in _plain(w.feedback.value)
+    saved = store.answers("02_kv_cache")
+    assert [(a["question_id"], a["choice"], a["correct"]) for a in saved] == [
+        ("seed-2", wrong.key, False), ("seed-2", q.answer, True)]
+    with pytest.raises(ValueError, match="choice must be one of"):
+        w.choose("Z")
+
+
+def _plain(html_text: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", html_text))
+
+
+def test_explanations_cite_the_number_just_measured(bank, store):
+    from course.results import record
+
+    q = bank.question("seed-1")
+    w = QuestionWidget(q, store=store, values=lambda: quiz.measured_values("01_prefill_decode", store))
+    w.choose(q.answer)
+    assert "predicted" not in w.check().explanation  # nothing measured: the clause is left out
+    record("predicted_total_s_A", 3.21)
+    record("predicted_total_s_B", 98.76)
+    text = w.check().explanation
+    assert "98.8 s for B" in text and "3.2 s for A" in text
+
+
+def test_measurements_are_kept_for_after_a_restart(bank, store):
+    from course import results
+
+    results.record("cache_speedup", 6.25)
+    quiz.checkpoint("02_kv_cache", store=store, show=False)  # saves recorded() to the progress file
+    results._recorded.clear()  # "restart the kernel"
+    assert quiz.measured_values("02_kv_cache", store)["cache_speedup"] == 6.25
+    fresh = ProgressStore(store.path)
+    assert "6.2× at the longest" in quiz.fill_numbers(bank.question("kv-2").prompt, quiz.measured_values(None, fresh))
+
+
+def test_checkpoint_quiz_scores_saves_and_remembers(bank, store):
+    quiz_w = quiz.checkpoint("03_sampling", store=store, show=False)
+    assert isinstance(quiz_w, CheckpointQuiz)
+    assert [q.question.id for q in quiz_w.questions] == [q.id for q in bank.for_lesson("03_sampling")]
+    for qw in quiz_w.questions:
+        qw.choose(qw.question.answer)
+        qw.check()
+    n = len(quiz_w.questions)
+    assert quiz_w.right == n and f"{n} of {n}" in quiz_w.score.value
+    # A new widget (a restarted kernel) shows what was saved.
+    again = quiz.checkpoint("03_sampling", store=ProgressStore(store.path), show=False)
+    assert all("Saved from earlier" in qw.feedback.value for qw in again.questions)
+    summary = {s.lesson: s for s in store.summary().lessons}["03_sampling"]
+    assert summary.answered == summary.right == summary.first_try == n
+
+
+def test_flip_cards_reveal_the_answer_and_are_remembered(bank, store):
+    card = bank.card("interview-3")
+    w = FlipCard(card, store=store)
+    assert w.answer_text == "" and w.back.layout.display == "none"
+    assert w.flip() is True
+    assert "0.31 MB" in w.answer_text and w.back.layout.display != "none"
+    assert w.button.description == "Hide answer"
+    assert w.flip() is False and w.answer_text == ""
+    assert store.cards_seen("02_kv_cache") == {"interview-3"}
+    deck = quiz.interview_cards(store=store, show=False)
+    assert len(deck.cards) == len(bank.cards)
+    with pytest.raises(ValueError, match="lesson_id must be one of"):
+        quiz.interview_cards("99_nope", show=False)
+
+
+def test_self_assessment_is_saved_and_shown_again(store):
+    w = quiz.self_assessment("04_speculative_prefix", store=store, show=False)
+    assert w.levels.value is None and list(w.levels.options) == list(LEVELS)
+    assert w.choose("getting there") == "Getting there"
+    assert store.self_assessment("04_speculative_prefix") == "Getting there"
+    w.levels.value = "Confident"  # what clicking the button does
+    assert store.self_assessment("04_speculative_prefix") == "Confident"
+    again = SelfAssessmentWidget("04_speculative_prefix", store=ProgressStore(store.path))
+    assert again.levels.value == "Confident" and "Saved earlier" in again.status.value
+    with pytest.raises(ValueError, match="level must be one of"):
+        w.choose("expert")
+
+
+def test_unknown_lesson_is_a_clear_error(store):
+    with pytest.raises(ValueError, match=r"lesson_id must be one of \['00_start_here'"):
+        quiz.checkpoint("2_kv_cache", store=store)
+    with pytest.raises(ValueError, match="lesson_id must be one of"):
+        quiz.self_assessment("sampling", store=store)
+
+
+# ---------------------------------------------------------------------- headless text
+def _explanations(bank, lesson):
+    return [quiz.fill_numbers(o.explanation, {}) for q in bank.for_lesson(lesson) for o in q.options] + \
+        [quiz.fill_numbers(c.answer, {}) for c in bank.cards_for(lesson)]
+
+
+def test_text_fallback_shows_questions_but_not_answers(bank, store):
+    w = quiz.checkpoint("02_kv_cache", store=store, show=False)
+    bundle = w._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    text = bundle["text/plain"]
+    for q in bank.for_lesson("02_kv_cache"):
+        assert q.id in text
+        for o in q.options:
+            assert quiz.fill_numbers(o.text, {})[:50] in text
+    for explanation in _explanations(bank, "02_kv_cache"):
+        assert explanation[:50] not in text
+    assert "Right" not in text and "Wrong" not in text
+
+
+def test_text_mode_prints_and_answers_in_code(bank, monkeypatch, capsys):
+    monkeypatch.setenv("KVCOURSE_QUIZ", "text")
+    quiz.checkpoint("01_prefill_decode")
+    quiz.self_assessment("01_prefill_decode")
+    out = capsys.readouterr().out
+    assert "seed-1" in out and "answer('seed-1', LETTER)" in out and "New to it" in out
+    assert not any(e[:50] in out for e in _explanations(bank, "01_prefill_decode"))
+
+    q = bank.question("seed-1")
+    assert quiz.answer("seed-1", q.answer) is True
+    assert quiz.fill_numbers(q.correct.explanation, {})[:50] in capsys.readouterr().out
+    quiz.show_answer("interview-1")
+    assert bank.card("interview-1").answer[:50] in capsys.readouterr().out
+    quiz.self_assessment("01_prefill_decode", level="Confident")
+    store = ProgressStore()  # the default file, from KVCOURSE_PROGRESS
+    assert store.latest_answers()["seed-1"]["correct"] is True
+    assert store.self_assessment("01_prefill_decode") == "Confident"
+    assert store.cards_seen() == {"interview-1"}
+    with pytest.raises(ValueError, match=r"choice must be one of \['A', 'B', 'C'\]"):
+        quiz.answer("seed-1", "E")
+    with pytest.raises(ValueError, match="question_id 'seed-9' is not in"):
+        quiz.answer("seed-9", "A")
+
+
+def test_a_broken_progress_file_never_stops_the_quiz(bank, tmp_path):
+    from course.progress import ProgressFileWarning
+
+    path = tmp_path / "broken.sqlite"
+    path.write_bytes(b"garbage" * 100)
+    with pytest.warns(ProgressFileWarning):
+        w = quiz.checkpoint("00_start_here", store=ProgressStore(path), show=False)
+        qw = w.questions[0]
+        qw.choose(qw.question.answer)
+        assert qw.check().correct
+    assert len(list(tmp_path.glob("broken.sqlite.corrupt-*"))) == 1
+
+
+@pytest.mark.slow
+def test_headless_notebook_prints_the_quiz_as_text(run_notebook, tmp_path, bank):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell('from course.results import record\nrecord("cache_speedup", 4.5)'),
+                nbformat.v4.new_code_cell('from course.quiz import checkpoint, self_assessment\n'
+                                          'checkpoint("02_kv_cache")\nself_assessment("02_kv_cache")')]
+    path = tmp_path / "quiz_demo.ipynb"
+    nbformat.write(nb, path)
+    run_notebook(path, timeout=300, env={"KVCOURSE_PROGRESS": str(tmp_path / "nb-progress.sqlite")})
+    executed = nbformat.read(tmp_path / "quiz_demo-executed.ipynb", as_version=4)
+    outputs = executed.cells[-1].outputs
+    texts = [o["data"]["text/plain"] for o in outputs if o.get("output_type") == "display_data"]
+    assert len(texts) == 2, outputs
+    assert "Checkpoint — " in texts[0] and "seed-2" in texts[0] and "4.5× at the longest" in texts[0]
+    assert "Self-assessment" in texts[1]
+    assert all("application/vnd.jupyter.widget-view+json" in o["data"] for o in outputs
+               if o.get("output_type") == "display_data")
+    assert not any(e[:50] in texts[0] for e in _explanations(bank, "02_kv_cache"))
+    assert ProgressStore(tmp_path / "nb-progress.sqlite").measurements("02_kv_cache")["cache_speedup"] == 4.5
