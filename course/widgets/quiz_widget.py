@@ -86,7 +86,7 @@ class _TextFallback:
 
 
 class QuestionWidget(_TextFallback, widgets.VBox):
-    """One multiple-choice question: pick an option, press Check, see right/wrong and why."""
+    """One multiple-choice question: pick a letter, press Check, see right/wrong and why."""
 
     def __init__(self, question, *, number: int | None = None, store: ProgressStore | None = None,
                  values=None, on_check=None):
@@ -101,10 +101,16 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         from ..quiz import fill_numbers
 
         vals = self._values()
-        self.prompt = widgets.HTML(f"<div style='font-size:1.05em'>{head}{_html(fill_numbers(question.prompt, vals))}</div>")
-        self.options = widgets.RadioButtons(
-            options=[(f"{o.key}. {fill_numbers(o.text, vals)}", o.key) for o in question.options], value=None,
-            layout=widgets.Layout(width="100%"))
+        # Option texts go in HTML (which wraps); the picker holds only the letters, because radio-button
+        # labels have a fixed one-line height in JupyterLab and long options would overlap.
+        items = "".join(f"<div style='margin:.2em 0 .2em 1em'><b>{o.key}.</b> {_html(fill_numbers(o.text, vals))}</div>"
+                        for o in question.options)
+        self.prompt = widgets.HTML(f"<div style='font-size:1.05em'>{head}{_html(fill_numbers(question.prompt, vals))}"
+                                   f"</div>{items}")
+        self.options = widgets.ToggleButtons(
+            options=[o.key for o in question.options], value=None,
+            tooltips=[fill_numbers(o.text, vals)[:200] for o in question.options],
+            style=widgets.ToggleButtonsStyle(button_width="3em"))
         self.options.add_class("kvcourse-quiz-options")
         self.check_button = widgets.Button(description="Check", button_style="primary", icon="check",
                                            tooltip="Check your answer")
@@ -113,7 +119,7 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         self.feedback = widgets.HTML("")
         self.feedback.add_class("kvcourse-quiz-feedback")
         self.options.observe(self._on_pick, names="value")
-        super().__init__([self.prompt, self.options, self.check_button, self.feedback],
+        super().__init__([self.prompt, widgets.HBox([self.options, self.check_button]), self.feedback],
                          layout=widgets.Layout(margin="0 0 1.2em 0"))
         self.add_class("kvcourse-quiz-question")
         self._show_saved()
