@@ -258,7 +258,7 @@ class CheckpointQuiz(_TextFallback, widgets.VBox):
 
     def _update(self, _question=None) -> None:
         right = sum(1 for q in self.questions if q.result is not None and q.result.correct)
-        self.score.value = f"<b>{right} of {len(self.questions)}</b> right so far (saved — see `kvcourse progress`)."
+        self.score.value = f"<b>{right} of {len(self.questions)}</b> right so far (saved — see <code>kvcourse progress</code>)."
 
     @property
     def right(self) -> int:
