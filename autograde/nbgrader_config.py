@@ -1,0 +1,70 @@
+"""nbgrader configuration for the course. Every bit of nbgrader state lives in this folder.
+
+    autograde/            CourseDirectory.root (`kvcourse grade --course` picks another one)
+      gradebook.db        the SQLite gradebook
+      release/            student versions made by `nbgrader generate_assignment` (exercises/ is a copy)
+      submitted/          submissions, one folder per student and assignment
+      autograded/         executed, scored notebooks (instructors only: they contain the hidden tests)
+      feedback/           HTML feedback for students (hidden tests removed)
+      exchange/           Exchange.root for nbgrader's release/submit commands
+      grades.csv          `nbgrader export`; report.csv says how each submission went
+The source notebooks are the project's solutions/ folder.
+
+`kvcourse grade DIR` loads this file and runs the whole pipeline; plain `nbgrader ...` commands run
+from this folder (or the project root, whose nbgrader_config.py loads this one) use it too.
+"""
+import os
+
+from nbconvert.preprocessors import ClearMetadataPreprocessor
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetGrades, IgnorePattern,
+                                    LimitOutput, SaveAutoGrades)
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+
+from course.nbgrader_ext import HideHiddenTests, SafeExecute
+
+c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROJECT = os.path.dirname(HERE)
+
+c.CourseDirectory.root = HERE
+c.CourseDirectory.course_id = "kvcourse"
+c.CourseDirectory.source_directory = os.path.join(PROJECT, "solutions")
+c.CourseDirectory.release_directory = "release"
+c.CourseDirectory.submitted_directory = "submitted"
+c.CourseDirectory.autograded_directory = "autograded"
+c.CourseDirectory.feedback_directory = "feedback"
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "gradebook.db")
+c.Exchange.root = os.path.join(HERE, "exchange")
+
+# Student version: solution regions become a stub that fails loudly; hidden tests are removed.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.begin_solution_delimeter = "BEGIN SOLUTION"
+c.ClearSolutions.end_solution_delimeter = "END SOLUTION"
+c.ClearHiddenTests.begin_test_delimeter = "BEGIN HIDDEN TESTS"
+c.ClearHiddenTests.end_test_delimeter = "END HIDDEN TESTS"
+
+# Execution: a per-cell timeout that interrupts the kernel (an infinite loop costs one cell, not the run).
+# SafeExecute (course/nbgrader_ext.py) adds: a memory cap on the kernel (RLIMIT_AS), a kernel that dies
+# (os._exit, a crash) fails the remaining cells instead of the whole submission, and a kernel that
+# ignores the interrupt is killed at the next timeout.
+c.Execute.timeout = 30
+c.Execute.interrupt_on_timeout = True
+c.Execute.startup_timeout = 120
+c.GraderKernelManager.memory_limit_mb = 4096
+
+# A deleted test cell is put back from the gradebook; an edited one is overwritten (nbgrader's checksums).
+c.OverwriteCells.add_missing_cells = True
+
+c.Autograde.autograde_preprocessors = [
+    SafeExecute,
+    IgnorePattern,
+    ClearMetadataPreprocessor,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]
+
+# Feedback never shows hidden tests: their source is cut out and their output reduced to pass/fail.
+c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
