@@ -47,7 +47,7 @@ QUESTIONS_PATH = Path(__file__).with_name("questions.yaml")
 OPTION_KEYS = "ABCDEFGH"
 MISSING_TEXT = "(not measured yet)"
 
-# {key} {key:.1f} {key*1000:.0f} {key/1e9:.1f|fallback words}; key may be dotted (dict lookup).
+# {key} {key:.1f} {key*1000:.0f} {key/1e9:.1f|fallback words}; key may be dotted: d.sub, list.0, list.last
 # [[clause {key:.1f} …]] or [[clause …|fallback]]: the clause is shown only if all its keys are known.
 CLAUSE = re.compile(r"\[\[(?P<body>[^\[\]|]*)(?:\|(?P<fallback>[^\[\]]*))?\]\]")
 _MISSING = object()
@@ -343,6 +343,8 @@ def _formatted(m: re.Match, values: dict):
             value = value[part]
         elif isinstance(value, (list, tuple)) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
+        elif isinstance(value, (list, tuple)) and part == "last" and value:
+            value = value[-1]
         else:
             return _MISSING
     try:

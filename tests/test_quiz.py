@@ -192,8 +192,29 @@ def test_cited_measurements_are_recorded_by_the_lesson(bank, lesson):
     texts += [c.answer for c in bank.cards_for(lesson)]
     keys = {k for t in texts for k in quiz.placeholder_keys(t)}
     haystack = source + _recording_sources()
-    missing = sorted(k for k in keys if not re.search(rf"""["']{re.escape(k)}["']""", haystack))
+    missing = sorted(k for k in keys if not _is_recorded(k, haystack))
     assert not missing, f"{lesson} cites {missing}, which neither the notebook nor course/ records"
+
+
+def _is_recorded(key: str, source: str) -> bool:
+    """Does `source` name `key` as a quoted string, a dict(key=...) keyword, or an f-string template
+    such as f"ab_{name}_total_s"?"""
+    if re.search(rf"""["']{re.escape(key)}["']|\b{re.escape(key)}\s*=(?!=)""", source):
+        return True
+    for template in re.findall(r"""f["']([\w{}]*\{[\w{}]*)["']""", source):
+        pattern = "".join(r"\w+" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{\w*\})", template) if part)
+        if re.fullmatch(pattern, key):
+            return True
+    return False
+
+
+def test_recorded_key_detection():
+    assert _is_recorded("cache_speedup", 'record("cache_speedup", 3)')
+    assert _is_recorded("bandwidth_gb_s", "dict(bandwidth_gb_s=self.bytes_per_s / 1e9)")
+    assert _is_recorded("ab_A_total_s", 'out[f"ab_{name}_total_s"] = 1')
+    assert not _is_recorded("ab_A_total_s", 'out[f"ab_{name}_ttft_s"] = 1')
+    assert not _is_recorded("cache_speedup", 'record("cache_speedups", 3); if cache_speedup == 2: pass')
 
 
 @pytest.mark.parametrize("lesson", LESSON_IDS)
@@ -248,10 +269,17 @@ def test_explanations_cite_the_number_just_measured(bank, store):
     w = QuestionWidget(q, store=store, values=lambda: quiz.measured_values("01_prefill_decode", store))
     w.choose(q.answer)
     assert "predicted" not in w.check().explanation  # nothing measured: the clause is left out
-    record("predicted_total_s_A", 3.21)
-    record("predicted_total_s_B", 98.76)
+    record("ab_A_total_s", 3.21)
+    record("ab_B_total_s", 98.76)
     text = w.check().explanation
     assert "98.8 s for B" in text and "3.2 s for A" in text
+    # a list-valued measurement is cited by position
+    record("decode_ms_per_token", [21.04, 23.5, 30.25])
+    record("decode_contexts", [16, 256, 1024])
+    p3 = bank.question("prefill-3")
+    w3 = QuestionWidget(p3, store=store, values=lambda: quiz.measured_values("01_prefill_decode", store))
+    w3.choose(p3.answer)
+    assert "from 21.0 ms per token at 16 tokens of context to 30.2 ms at 1024" in w3.check().explanation
 
 
 def test_measurements_are_kept_for_after_a_restart(bank, store):
