@@ -1,0 +1,101 @@
+"""Write the checkpoint-quiz assignment (solutions/04_checkpoint_quiz) from course/questions.yaml.
+
+Every question marked `autograded: true` (the seed's five checkpoints) becomes one answer cell and one
+test cell. The visible part of the test only checks that the answer is one of the option letters; the
+hidden part compares a digest of the answer, so neither the student version nor the feedback shows
+which letter is right. Regenerate after editing questions.yaml, then `python -m course.grading exercises`:
+
+    python autograde/make_quiz.py
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from course.paths import SOLUTIONS  # noqa: E402
+from course.quiz import fill_numbers, load_questions  # noqa: E402
+
+ASSIGNMENT, NOTEBOOK = "04_checkpoint_quiz", "checkpoint_quiz"
+
+
+def variable(question_id: str) -> str:
+    return "answer_" + question_id.replace("-", "_")
+
+
+def digest(question_id: str, letter: str) -> str:
+    """What the hidden test compares: the answer letter never appears in it."""
+    return hashlib.sha256(f"kvcourse-quiz:{question_id}:{letter}".encode()).hexdigest()[:24]
+
+
+def _nbgrader(cell, **meta):
+    base = {"grade": False, "solution": False, "locked": False, "schema_version": 3, "task": False}
+    cell.metadata["nbgrader"] = {**base, **meta}
+    return cell
+
+
+def build(questions) -> nbformat.NotebookNode:
+    cells = [new_markdown_cell(
+        "# Exercise 4 · Checkpoint quiz\n\n"
+        f"**You will:** answer the {len(questions)} checkpoint questions of the lessons (prefill vs decode, the "
+        "KV cache, sampling) for a grade.\n\n"
+        "**Time:** about 10 minutes.\n\n"
+        "**How it works.** Under each question, replace the two `YOUR CODE HERE` lines with one line that sets the "
+        "variable to the letter you choose, in quotes: `" + variable(questions[0].id) + " = \"<letter>\"`. The visible check under it only "
+        "confirms that your answer is one of the letters; whether it is right is checked by the grader, and "
+        "the feedback says right or wrong without showing the answer. The lessons' own checkpoints (with "
+        "explanations) are the place to practise first. Check the format with "
+        f"`kvcourse check exercises/{ASSIGNMENT}/{NOTEBOOK}.ipynb`.")]
+    for number, q in enumerate(questions, start=1):
+        letters = [o.key for o in q.options]
+        options = "\n".join(f"- **{o.key}.** {fill_numbers(o.text, {})}" for o in q.options)
+        cells.append(new_markdown_cell(
+            f"## Question {number} · from lesson `{q.lesson}`\n\n{fill_numbers(q.prompt, {})}\n\n{options}"))
+        name = variable(q.id)
+        cells.append(_nbgrader(new_code_cell(
+            f"# Your answer to question {number}: one of {', '.join(repr(k) for k in letters)}.\n"
+            f"### BEGIN SOLUTION\n{name} = {q.answer!r}\n### END SOLUTION"),
+            solution=True, grade_id=f"answer_{q.id}"))
+        test = _nbgrader(new_code_cell(
+            f"# Hint: {name} must be a string holding one letter: {', '.join(letters)}.\n"
+            f"assert str({name}).strip().upper() in {letters!r}, "
+            f"\"{name} must be one of {', '.join(letters)}\"\n"
+            f"print(\"question {number}: answer recorded; the grader checks it\")\n"
+            "### BEGIN HIDDEN TESTS\n"
+            "import hashlib\n"
+            f"_chosen = str({name}).strip().upper()\n"
+            f"assert hashlib.sha256(f\"kvcourse-quiz:{q.id}:{{_chosen}}\".encode()).hexdigest()[:24] == "
+            f"{digest(q.id, q.answer)!r}, \"hint: not the best option; revisit lesson {q.lesson}\"\n"
+            "### END HIDDEN TESTS"),
+            grade=True, locked=True, grade_id=f"test_{q.id}", points=1)
+        test.metadata.update({"deletable": False, "editable": False})
+        cells.append(test)
+    cells.append(new_markdown_cell(
+        "## What to do next\n\nSubmit the notebook. If the feedback marks a question wrong, reopen that lesson's "
+        "checkpoint: every option there comes with the reason it is right or wrong."))
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"cell-{i:02d}"
+    nbformat.validate(nb)
+    return nb
+
+
+def main(dest: Path = SOLUTIONS) -> Path:
+    questions = load_questions().autograded()
+    if not questions:
+        raise SystemExit("course/questions.yaml has no question with `autograded: true`")
+    path = Path(dest) / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(build(questions), str(path))
+    return path
+
+
+if __name__ == "__main__":
+    print(main())
