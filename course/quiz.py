@@ -52,7 +52,7 @@ MISSING_TEXT = "(not measured yet)"
 CLAUSE = re.compile(r"\[\[(?P<body>[^\[\]|]*)(?:\|(?P<fallback>[^\[\]]*))?\]\]")
 _MISSING = object()
 PLACEHOLDER = re.compile(
-    r"\{(?P<key>[A-Za-z_][\w.]*)"
+    r"\{(?P<key>[A-Za-z_][\w.-]*)"
     r"(?:(?P<op>[*/])(?P<factor>[0-9][0-9.]*(?:e[+-]?[0-9]+)?))?"
     r"(?::(?P<spec>[^{}|]*))?"
     r"(?:\|(?P<fallback>[^{}]*))?\}")
