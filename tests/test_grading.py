@@ -1,0 +1,370 @@
+"""The graders are proven on autograde/samples: references get full marks, blanks 0, every planted bug
+loses points, differently written correct code gets full marks, hostile submissions are graded without
+stopping the class, feedback never shows hidden tests, grading is repeatable and survives being killed.
+
+One batch run grades all samples (slow, about 2-3 minutes on 2 cores); the other slow tests use small
+subsets of the memory-formula samples, whose kernels start fastest.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course import grading
+from course.paths import AUTOGRADE, EXERCISES, PROJECT_ROOT
+
+SAMPLES = AUTOGRADE / "samples"
+MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
+EVIDENCE = {  # manifest "evidence" -> words report.csv must contain for that submission
+    "timeout": "ran past the timeout",
+    "kernel died": "kernel died",
+    "edited test": "edited test cell(s) restored",
+    "deleted test": "deleted test cell(s) put back",
+    "deleted answer": "deleted answer cell(s) replaced",
+    "metadata restored": "test cell metadata restored",
+    "MemoryError": "memory cap (MemoryError)",
+}
+
+
+def html_text(path: Path) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
+
+
+def squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+# ----------------------------------------------------------------------------- fast: no kernels
+
+def test_the_samples_cover_what_the_issue_asks():
+    for assignment in grading.assignments():
+        kinds = [e["student"].split("-")[1] if "-" in e["student"] else e["student"]
+                 for e in MANIFEST if e["assignment"] == assignment]
+        assert kinds.count("bug") >= 6, f"{assignment}: at least 6 planted bugs"
+        assert kinds.count("alt") >= 2, f"{assignment}: at least 2 correct but different submissions"
+        assert {"reference", "blank"} <= set(kinds)
+    adversarial = {e["about"] for e in MANIFEST if e["student"].startswith("adv-")}
+    for needed in ("never ends", "raises", "rewrites the visible test", "deletes its test cells", "sys.exit()",
+                   "os._exit(1)", "6 GiB", "not valid JSON"):
+        assert any(needed in about for about in adversarial), needed
+
+
+def test_config_keeps_all_nbgrader_state_in_the_course_folder(tmp_path):
+    cfg = grading.load_config(tmp_path / "course", timeout=7, memory_mb=512)
+    course = str((tmp_path / "course").resolve())
+    assert cfg.CourseDirectory.root == course
+    assert cfg.CourseDirectory.db_url == f"sqlite:///{course}/gradebook.db"
+    assert cfg.Exchange.root.startswith(course)
+    assert cfg.Execute.timeout == 7 and cfg.Execute.interrupt_on_timeout is True
+    assert cfg.GraderKernelManager.memory_limit_mb == 512
+    assert cfg.OverwriteCells.add_missing_cells is True
+    default = grading.load_config()
+    assert default.CourseDirectory.root == str(AUTOGRADE) and str(AUTOGRADE) in default.CourseDirectory.db_url
+    assert str(Path.home()) not in json.dumps({k: str(v) for k, v in default.CourseDirectory.items()})
+
+
+def test_kernels_start_under_a_memory_cap():
+    from course.nbgrader_ext import GraderKernelManager
+
+    km = GraderKernelManager(kernel_name="python3")
+    km.memory_limit_mb = 256
+    cmd = km.format_kernel_cmd()
+    if sys.platform.startswith("linux"):
+        assert cmd[:2] == [sys.executable, "-c"] and "RLIMIT_AS" in cmd[2] and cmd[3] == str(256 * 2 ** 20)
+        assert "ipykernel" in " ".join(cmd[4:])
+    km.memory_limit_mb = 0
+    assert "RLIMIT_AS" not in " ".join(km.format_kernel_cmd())
+
+
+def test_discover_sorts_out_bad_files(tmp_path):
+    good = SAMPLES / "reference" / "01_memory_formula" / "memory_formula.ipynb"
+    (tmp_path / "ann" / "01_memory_formula").mkdir(parents=True)
+    shutil.copy(good, tmp_path / "ann" / "01_memory_formula")
+    (tmp_path / "bob").mkdir()
+    shutil.copy(good, tmp_path / "bob")  # DIR/<student>/<notebook>.ipynb: assignment from the name
+    (tmp_path / "bob" / "notes.ipynb").write_text("{}")
+    (tmp_path / "bob" / "kv_cache.ipynb").write_text('{"cells": [')
+    shutil.copy(good, tmp_path / "loose.ipynb")
+    (tmp_path / "ann" / ".ipynb_checkpoints").mkdir()
+    shutil.copy(good, tmp_path / "ann" / ".ipynb_checkpoints")
+    found = {(s.student, s.path.name): s for s in grading.discover(tmp_path)}
+    assert set(found) == {("ann", "memory_formula.ipynb"), ("bob", "memory_formula.ipynb"),
+                          ("bob", "notes.ipynb"), ("bob", "kv_cache.ipynb"), ("", "loose.ipynb")}
+    assert found["ann", "memory_formula.ipynb"].problem == "" and found["bob", "memory_formula.ipynb"].problem == ""
+    assert found["bob", "memory_formula.ipynb"].assignment == "01_memory_formula"
+    assert found["bob", "notes.ipynb"].problem.startswith("unknown notebook")
+    assert found["bob", "kv_cache.ipynb"].problem.startswith("invalid notebook")
+    assert found["", "loose.ipynb"].problem.startswith("misplaced")
+    with pytest.raises(grading.GradingError, match="not a folder"):
+        grading.discover(tmp_path / "nope")
+
+
+def test_repair_reports_tampering_and_restores_deleted_answer_cells():
+    release = nbformat.read(str(EXERCISES / "01_memory_formula" / "memory_formula.ipynb"), as_version=4)
+    nb = nbformat.read(str(EXERCISES / "01_memory_formula" / "memory_formula.ipynb"), as_version=4)
+    ids = [grading._grade_id(c) for c in nb.cells]
+    nb.cells[ids.index("test_kv_cache_bytes")].source = "pass"
+    nb.cells[ids.index("test_max_context")].metadata["nbgrader"]["points"] = 99
+    for gone in ("max_batch", "test_max_batch", "test_gqa_saving_hidden"):
+        del nb.cells[[grading._grade_id(c) for c in nb.cells].index(gone)]
+    problems = grading.repair(nb, release)
+    assert problems == ["deleted answer cell(s) replaced by empty ones: max_batch",
+                        "deleted test cell(s) put back: test_max_batch, test_gqa_saving_hidden",
+                        "edited test cell(s) restored: test_kv_cache_bytes",
+                        "test cell metadata restored: test_max_context"]
+    order = [grading._grade_id(c) for c in nb.cells if grading._grade_id(c)]
+    assert order.index("max_batch") == order.index("test_max_context_hidden") + 1, "back where it was"
+    assert grading.repair(release, release) == []
+
+
+def test_feedback_preprocessor_removes_hidden_tests():
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from course.nbgrader_ext import HideHiddenTests
+
+    source = "# visible part\nprint(1)\n### BEGIN HIDDEN TESTS\nassert secret(3) == 42, 'hint: think'\n### END HIDDEN TESTS"
+    failed = new_code_cell(source, outputs=[new_output("error", ename="AssertionError", evalue="hint: think",
+                                                       traceback=["assert secret(3) == 42"])])
+    passed = new_code_cell(source, outputs=[new_output("stream", name="stdout", text="1\n")])
+    other = new_code_cell(source, outputs=[new_output("error", ename="KeyError", evalue="'the answer is 42'",
+                                                      traceback=[])])
+    nb, _ = HideHiddenTests().preprocess(new_notebook(cells=[failed, passed, other]), {})
+    for cell in nb.cells:
+        assert "secret" not in cell.source and "42" not in json.dumps(cell.outputs)
+        assert "print(1)" in cell.source
+    assert nb.cells[0].outputs[0].text == "hidden tests failed (AssertionError: hint: think)\n"
+    assert nb.cells[1].outputs[0].text == "hidden tests passed\n"
+    assert nb.cells[2].outputs[0].text == "hidden tests failed (KeyError)\n"
+
+
+def test_grade_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="jobs"):
+        grading.grade(SAMPLES, tmp_path, jobs=0)
+    with pytest.raises(ValueError, match="timeout"):
+        grading.grade(SAMPLES, tmp_path, timeout=0)
+
+
+# ----------------------------------------------------------------------------- one batch run over all samples
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    course = tmp_path_factory.mktemp("course")
+    started = time.perf_counter()
+    rows = grading.grade(SAMPLES, course, jobs=2, progress=False, log=lambda *_: None)
+    seconds = time.perf_counter() - started
+    report = list(csv.DictReader(open(course / "report.csv")))
+    print(f"\ngraded {len(rows)} samples in {seconds:.0f} s")
+    return {"course": course, "rows": {(r.student, r.assignment): r for r in rows}, "report": report}
+
+
+@pytest.mark.slow
+def test_every_sample_gets_the_grade_it_must(graded):
+    rows = graded["rows"]
+    assert len(rows) == len(MANIFEST), "one row per submission: no grade lost"
+    wrong = []
+    for entry in MANIFEST:
+        row = rows[entry["student"], entry["assignment"]]
+        expect = entry["expect"]
+        if expect == "invalid":
+            ok = row.status == "invalid"
+        else:
+            ok = row.status == "graded" and row.max_score > 0 and {
+                "full": row.score == row.max_score, "zero": row.score == 0,
+                "loses": 0 <= row.score < row.max_score}[expect]
+        if not ok:
+            wrong.append(f"{entry['student']}/{entry['assignment']}: expected {expect}, got {row}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.slow
+def test_adversarial_submissions_leave_evidence(graded):
+    rows = graded["rows"]
+    for entry in MANIFEST:
+        if entry["evidence"]:
+            row = rows[entry["student"], entry["assignment"]]
+            assert EVIDENCE[entry["evidence"]] in row.problems, (entry["student"], row.problems)
+    autograded = graded["course"] / "autograded"
+    restored = nbformat.read(str(autograded / "adv-deleted-test" / "01_memory_formula" / "memory_formula.ipynb"), 4)
+    assert {"test_gqa_saving", "test_gqa_saving_hidden"} <= {grading._grade_id(c) for c in restored.cells}
+    edited = nbformat.read(str(autograded / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"), 4)
+    (cell,) = [c for c in edited.cells if grading._grade_id(c) == "test_kv_cache_bytes"]
+    assert "524_288" in cell.source and any(o.output_type == "error" for o in cell.outputs)
+    assert rows["adv-points", "01_memory_formula"].max_score == rows["reference", "01_memory_formula"].max_score
+    hog = nbformat.read(str(autograded / "adv-huge-alloc" / "01_memory_formula" / "memory_formula.ipynb"), 4)
+    assert any(o.get("ename") == "MemoryError" for c in hog.cells for o in c.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_reference_tests_give_no_partial_credit_or_stderr(graded):
+    """nbgrader scores a test cell by its outputs: a value or stderr output would change the score."""
+    for path in (graded["course"] / "autograded" / "reference").rglob("*.ipynb"):
+        nb = nbformat.read(str(path), as_version=4)
+        for cell in nb.cells:
+            if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
+                kinds = {o.output_type for o in cell.outputs} | {o.get("name") for o in cell.outputs}
+                assert not kinds & {"execute_result", "error", "stderr"}, (path.name, grading._grade_id(cell))
+
+
+@pytest.mark.slow
+def test_csv_exports_match_the_gradebook(graded):
+    course, rows = graded["course"], graded["rows"]
+    exported = {(r["student_id"], r["assignment"]): r for r in csv.DictReader(open(course / "grades.csv"))}
+    for (student, assignment), row in rows.items():
+        if row.status == "graded":
+            assert float(exported[student, assignment]["score"]) == row.score
+            assert float(exported[student, assignment]["max_score"]) == row.max_score
+    assert exported["adv-invalid-json", "01_memory_formula"]["score"] == "0.0", "invalid files count as 0"
+    report = {(r["student"], r["assignment"]): r for r in graded["report"]}
+    assert set(report) == set(rows)
+    assert "not appear to be JSON" in report["adv-invalid-json", "01_memory_formula"]["problems"]
+
+
+@pytest.mark.slow
+def test_feedback_never_shows_hidden_tests(graded):
+    course = graded["course"]
+    hidden = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
+    secrets, public = [], set()  # hidden-test lines (quiz digests included), and lines students see anyway
+    for source in (PROJECT_ROOT / "solutions").rglob("*.ipynb"):
+        for cell in nbformat.read(str(source), as_version=4).cells:
+            public |= {squeeze(ln) for ln in hidden.sub("", cell.source).splitlines()}
+            for region in hidden.findall(cell.source):
+                secrets += [squeeze(ln) for ln in region.splitlines() if len(ln.strip()) > 15]
+    secrets = [s for s in secrets if s not in public]
+    assert len(secrets) > 40
+    files = sorted((course / "feedback").rglob("*.html"))
+    graded_rows = [r for r in graded["rows"].values() if r.status == "graded"]
+    assert len(files) == len(graded_rows), "feedback for every graded submission"
+    for path in files:
+        text = html_text(path)
+        assert "BEGIN HIDDEN TESTS" not in text
+        flat = squeeze(text)
+        leaked = [s for s in secrets if s in flat]
+        assert not leaked, f"{path}: {leaked[:3]}"
+    text = html_text(course / "feedback" / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.html")
+    assert "hidden tests failed (AssertionError: hint: round down to whole tokens)" in text
+    assert "hidden tests passed" in text
+
+
+# ----------------------------------------------------------------------------- repeatable, resumable, parallel
+
+def _subset(tmp_path: Path, students: list[str], assignment: str = "01_memory_formula") -> Path:
+    folder = tmp_path / "submissions"
+    for student in students:
+        shutil.copytree(SAMPLES / student / assignment, folder / student / assignment)
+    return folder
+
+
+def _scores(rows):
+    return {(r.student, r.assignment): (r.status, r.score, r.max_score) for r in rows}
+
+
+@pytest.mark.slow
+def test_grading_twice_gives_the_same_grades_and_a_second_run_skips(tmp_path):
+    folder = _subset(tmp_path, ["reference", "mem-bug-no-factor-2", "mem-bug-rounds-up", "adv-os-exit"])
+    course = tmp_path / "course"
+    first = grading.grade(folder, course, jobs=2, progress=False, log=lambda *_: None)
+    messages = []
+    again = grading.grade(folder, course, progress=False, log=messages.append)
+    assert _scores(again) == _scores(first) and not messages, "nothing changed: nothing is regraded"
+    forced = grading.grade(folder, course, jobs=1, force=True, progress=False, log=lambda *_: None)
+    assert _scores(forced) == _scores(first), "regrading from scratch gives the same grades"
+    (folder / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.ipynb").write_bytes(
+        (SAMPLES / "reference" / "01_memory_formula" / "memory_formula.ipynb").read_bytes())
+    fixed = grading.grade(folder, course, progress=False, log=messages.append)
+    assert messages and messages[0].startswith("grading 1 submission"), "only the changed file is regraded"
+    assert _scores(fixed)["mem-bug-rounds-up", "01_memory_formula"] == ("graded", 14.0, 14.0)
+
+
+@pytest.mark.slow
+def test_a_run_killed_halfway_resumes_and_completes(tmp_path):
+    students = ["reference", "blank", "mem-bug-bits", "mem-bug-gqa-inverted", "mem-alt-prod", "adv-sys-exit"]
+    folder, course = _subset(tmp_path, students), tmp_path / "course"
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "course.cli", "grade", str(folder), "--course", str(course),
+                             "--quiet"], cwd=PROJECT_ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = course / "work" / "ledger.json"
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if ledger.exists() and len(json.loads(ledger.read_text() or "{}").get("graded", {})) >= 2:
+                break
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole run: the main process and its worker and kernels
+        proc.wait()
+    done_before = len(json.loads(ledger.read_text())["graded"])
+    assert 2 <= done_before < len(students), "the run was killed halfway"
+    messages = []
+    rows = grading.grade(folder, course, progress=False, log=messages.append)
+    assert messages[0].startswith(f"grading {len(students) - done_before} submission"), messages
+    assert all(r.status == "graded" for r in rows) and len(rows) == len(students), "every grade is present"
+    clean = grading.grade(folder, tmp_path / "clean", progress=False, log=lambda *_: None)
+    assert _scores(rows) == _scores(clean), "the resumed run gives the grades of an uninterrupted one"
+
+
+# ----------------------------------------------------------------------------- the learner's side
+
+def _kvcourse(*args) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
+    return subprocess.run([sys.executable, "-m", "course.cli", *args], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_check_passes_a_correct_notebook_and_explains_a_wrong_one():
+    ok = _kvcourse("check", str(SAMPLES / "mem-alt-prod" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "[pass] test_kv_cache_bytes" in ok.stdout and "[hidden] test_kv_cache_bytes_hidden" in ok.stdout
+    assert "5/5 visible tests pass" in ok.stdout
+    bad = _kvcourse("check", str(SAMPLES / "mem-bug-no-factor-2" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "[FAIL] test_kv_cache_bytes" in bad.stdout
+    assert "AssertionError: Llama-2-7B in FP16 holds 524,288 bytes per token" in bad.stdout
+    assert "hint: one K and one V per layer" in bad.stdout
+    assert "[pass] test_max_context" in bad.stdout, "an unrelated part still passes"
+
+
+def test_check_rejects_files_it_cannot_run(tmp_path):
+    broken = _kvcourse("check", str(SAMPLES / "adv-invalid-json" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert broken.returncode == 2 and "not appear to be JSON" in broken.stderr
+    missing = _kvcourse("check", str(tmp_path / "nope.ipynb"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.slow
+def test_the_validate_button_still_works(tmp_path):
+    """JupyterLab's Validate button loads nbgrader_config.py from the server's folder (the project root)."""
+    script = (
+        "import json, os, sys\n"
+        "from jupyter_core.paths import jupyter_config_path\n"
+        "from nbgrader.apps import NbGrader\n"
+        "from nbgrader.validator import Validator\n"
+        "paths = jupyter_config_path(); paths.insert(0, os.getcwd())\n"  # what the Validate handler does
+        "app = NbGrader(); app.config_file_paths.append(paths); app.load_config_file()\n"
+        "assert app.config.CourseDirectory.root.endswith('autograde'), app.config\n"
+        "print(json.dumps(Validator(config=app.config).validate(sys.argv[1])))\n")
+    from course.paths import jupyter_env
+
+    env = jupyter_env(dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)), state=tmp_path / "jupyter")
+    results = {}
+    for student in ("reference", "mem-bug-no-factor-2"):
+        path = SAMPLES / student / "01_memory_formula" / "memory_formula.ipynb"
+        out = subprocess.run([sys.executable, "-c", script, str(path)], cwd=PROJECT_ROOT, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        results[student] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "failed" not in results["reference"]
+    assert any("524,288" in json.dumps(f) for f in results["mem-bug-no-factor-2"]["failed"])
