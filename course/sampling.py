@@ -84,7 +84,10 @@ def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     check_params(top_p=p)
     if p is None or p >= 1.0:
         return logits
-    sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # [..., V]
+    if bool((logits[..., 1:] <= logits[..., :-1]).all()):
+        sorted_logits = logits  # already most likely first (a widget caches sorted logits): skip the sort
+    else:
+        sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # [..., V]
     probs = sorted_logits.softmax(dim=-1)
     cum = probs.cumsum(dim=-1)
     mass_before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)  # mass ranked above
@@ -122,13 +125,18 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
 
 def kept_mask(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
               top_p: float | None = None) -> torch.Tensor:
-    """Boolean mask of the tokens that can still be drawn (probability > 0) under these settings."""
-    return probabilities(logits, temperature, top_k, top_p) > 0
+    """Boolean mask of the tokens the settings keep: the argmax alone at temperature 0, else every token
+    top-k and top-p leave a finite logit (a kept token far below the top may still round to probability 0)."""
+    _check_logits(logits)
+    check_params(temperature, top_k, top_p)
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).bool()
+    return torch.isfinite(transform_logits(logits, temperature, top_k, top_p))
 
 
 def nucleus_size(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None) -> torch.Tensor:
-    """How many tokens can still be drawn: [V] → scalar tensor, [B, V] → [B]."""
+    """How many tokens the settings keep: [V] → scalar tensor, [B, V] → [B]."""
     return kept_mask(logits, temperature, top_k, top_p).sum(dim=-1)
 
 
@@ -152,4 +160,4 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
 def entropy_bits(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in bits of a distribution (0 for a one-hot, log2(n) for uniform over n)."""
     p = probs.clamp_min(0)
-    return -(p * torch.where(p > 0, p.log2(), torch.zeros_like(p))).sum(-1)
+    return -(p * torch.where(p > 0, p.log2(), torch.zeros_like(p))).sum(-1) + 0.0  # + 0.0 turns -0.0 into 0.0
