@@ -60,6 +60,31 @@ def default_sizes(full: bool | None = None) -> Sizes:
                  held_out_prompt=512, held_out_new=32, held_out_repeats=3, full=False)
 
 
+def steady_threads(device="cpu", threads: int | None = None) -> str:
+    """Choose PyTorch's CPU thread count for timing, and say why.
+
+    PyTorch splits each operation across its threads and waits for the slowest. When other programs
+    already keep every core busy (load average >= cores), a descheduled thread stalls every operation,
+    and timings balloon by several times; one thread is then far steadier. `threads` (or the
+    environment variable KVCOURSE_THREADS) overrides the choice.
+    """
+    if torch.device(device).type != "cpu":
+        return f"timing on {device}; CPU threads left at {torch.get_num_threads()}"
+    threads = threads or int(os.environ.get("KVCOURSE_THREADS", "0") or 0) or None
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(threads)
+        return f"{threads} CPU thread(s), as asked (load average {load:.1f} on {cores} cores)"
+    if load >= cores and torch.get_num_threads() > 1:
+        torch.set_num_threads(1)
+        return (f"this machine is busy (load average {load:.1f} on {cores} cores): timing with 1 CPU thread, "
+                f"since threads waiting on each other would distort every number; expect slower but steadier timings")
+    return f"{torch.get_num_threads()} CPU threads (load average {load:.1f} on {cores} cores)"
+
+
 def _check_lengths(name: str, lengths: Sequence[int], limit: int) -> list[int]:
     lengths = list(lengths)
     if not lengths:
@@ -126,7 +151,7 @@ def plot_token_timeline(gen: Generation, tokenizer=None, ax=None):
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(10, 3.2))
     colors = ["tab:orange"] + ["tab:blue"] * (len(lat_ms) - 1)
     ax.bar(range(1, len(lat_ms) + 1), lat_ms, color=colors)
-    ax.set_xlabel("token number in the answer")
+    ax.set_xlabel("answer tokens, in the order they arrived")
     ax.set_ylabel("ms waited for this token")
     T = len(gen.prompt_ids)
     itl = gen.mean_inter_token_latency
@@ -458,7 +483,8 @@ def plot_roofline(machine: Machine, comparison: Comparison):
     ax.plot(x, np.minimum(machine.flops_per_s, machine.bytes_per_s * x) / 1e9, "k-", lw=2,
             label=f"roof: min({machine.bytes_per_s / 1e9:.0f} GB/s × intensity, {machine.flops_per_s / 1e9:.0f} GFLOP/s)")
     ax.axvline(machine.ridge, color="gray", ls=":", lw=1)
-    ax.text(machine.ridge, machine.flops_per_s / 1e9 * 1.15, f" ridge {machine.ridge:.1f} FLOP/B", fontsize=8)
+    ax.text(machine.ridge, machine.flops_per_s / 1e9 * 0.5, f" ridge: {machine.ridge:.1f} FLOP/byte", fontsize=8,
+            color="gray")
     for phase, marker, color in (("prefill", "o", "tab:orange"), ("decode", "s", "tab:blue")):
         rows = [r for r in comparison.rows if r["phase"] == phase]
         ax.scatter([r["intensity"] for r in rows], [r["achieved_flops_per_s"] / 1e9 for r in rows],
@@ -853,6 +879,7 @@ def plot_latency_fit(prefill_: Sweep, decode_: Sweep, latency: LatencyModel, hel
         ax.plot(inside, [fn(x) * scale for x in inside], "-", color="tab:green", label="fit")
         ax.plot(beyond, [fn(x) * scale for x in beyond], "--", color="tab:green", label="fit, extrapolated")
         ax.set(xlabel=label.split(" vs ")[1], ylabel=label.split(" vs ")[0], title=label)
+        ax.set_ylim(bottom=0)  # from zero, so a small slope looks as small as it is
         ax.grid(True, alpha=0.3)
     for name, (p, n) in CHECKPOINT_REQUESTS.items():
         left.axvline(p, color="gray", ls=":", lw=1)

@@ -56,6 +56,36 @@ def test_decode_needs_room_for_one_more_token(tiny):
         phases.decode_cost(tiny.config, 0)
 
 
+@pytest.fixture
+def thread_calls(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(phases.os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("KVCOURSE_THREADS", raising=False)
+    return calls
+
+
+def test_steady_threads_drops_to_one_thread_on_a_busy_machine(monkeypatch, thread_calls):
+    monkeypatch.setattr(phases.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    note = phases.steady_threads("cpu")
+    assert thread_calls == [1] and "busy" in note and "9.5" in note
+
+
+def test_steady_threads_leaves_an_idle_machine_alone(monkeypatch, thread_calls):
+    monkeypatch.setattr(phases.os, "getloadavg", lambda: (0.3, 0.2, 0.1))
+    assert "2 CPU threads" in phases.steady_threads("cpu") and thread_calls == []
+    assert "cuda" in phases.steady_threads("cuda") and thread_calls == []  # GPU timing: threads untouched
+
+
+def test_steady_threads_obeys_an_explicit_choice(monkeypatch, thread_calls):
+    monkeypatch.setattr(phases.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    monkeypatch.setenv("KVCOURSE_THREADS", "2")
+    assert "as asked" in phases.steady_threads("cpu") and thread_calls == [2]
+    with pytest.raises(ValueError, match="threads"):
+        phases.steady_threads("cpu", threads=-1)
+
+
 # --- sweeps on the tiny model ---------------------------------------------------------------------
 
 def test_prefill_sweep_on_tiny(tiny):
