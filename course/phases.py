@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -70,7 +70,8 @@ def steady_threads(device="cpu", threads: int | None = None) -> str:
     """
     if torch.device(device).type != "cpu":
         return f"timing on {device}; CPU threads left at {torch.get_num_threads()}"
-    threads = threads or int(os.environ.get("KVCOURSE_THREADS", "0") or 0) or None
+    if threads is None and os.environ.get("KVCOURSE_THREADS"):
+        threads = int(os.environ["KVCOURSE_THREADS"])
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if threads is not None:

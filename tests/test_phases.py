@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from course import phases  # noqa: E402
 from course.config import ModelConfig  # noqa: E402
-from course.generate import decode_one_token, forward_uncached, prefill  # noqa: E402
+from course.generate import decode_one_token, forward_uncached  # noqa: E402
 from course.kv_cache import KVCache  # noqa: E402
 from course.model import Transformer, tiny_model  # noqa: E402
 from course.timing import Timing  # noqa: E402
@@ -83,7 +83,7 @@ def test_steady_threads_obeys_an_explicit_choice(monkeypatch, thread_calls):
     monkeypatch.setenv("KVCOURSE_THREADS", "2")
     assert "as asked" in phases.steady_threads("cpu") and thread_calls == [2]
     with pytest.raises(ValueError, match="threads"):
-        phases.steady_threads("cpu", threads=-1)
+        phases.steady_threads("cpu", threads=0)
 
 
 # --- sweeps on the tiny model ---------------------------------------------------------------------
