@@ -180,4 +180,6 @@ def test_blank_exercise_passes_no_visible_test(assignment):
     results, answer_errors = check(exercise, timeout=120)
     visible = [t for t in results if t.status != "hidden"]
     assert visible and all(t.status == "fail" for t in visible), [(t.grade_id, t.status) for t in visible]
-    assert answer_errors and all("NotImplementedError" in e for e in answer_errors)
+    # they fail because nothing is implemented (the stubs raise), not because the tests are broken
+    assert all(re.match(r"(NotImplementedError|NameError)", t.message) for t in visible), [t.message for t in visible]
+    assert all("NotImplementedError" in e for e in answer_errors)
