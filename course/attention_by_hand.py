@@ -158,14 +158,18 @@ def layer0_walkthrough(model, ids, layer: int = 0) -> Layer0Walkthrough:
     return Layer0Walkthrough(T, d_pair, d_model, T * (T + 1) // 2, T, tuple(cache.k.shape))
 
 
+def _letters(t: torch.Tensor) -> str:
+    """A [B, H_kv, T, D_h] tensor's shape in the lesson's letters: '[B=1, H_kv=3, T=37, D_h=64]'."""
+    return "[" + ", ".join(f"{n}={s}" for n, s in zip(("B", "H_kv", "T", "D_h"), t.shape)) + "]"
+
+
 def cache_shapes(cache: KVCache, seq_len: int, layers=(0, 1, -1)) -> str:
     """Lines like 'layer  0  K [B=1, H_kv=3, T=37, D_h=64]  V [...]' for the filled part of a cache."""
     lines = []
     for i in layers:
         i = i % len(cache)
         k, v = cache[i].k[:, :, :seq_len], cache[i].v[:, :, :seq_len]
-        letters = lambda t: "[" + ", ".join(f"{n}={s}" for n, s in zip(("B", "H_kv", "T", "D_h"), t.shape)) + "]"  # noqa: E731
-        lines.append(f"layer {i:>2}  K {letters(k)}  V {letters(v)}  {str(k.dtype).replace('torch.', '')}")
+        lines.append(f"layer {i:>2}  K {_letters(k)}  V {_letters(v)}  {str(k.dtype).replace('torch.', '')}")
     if len(layers) < len(cache):
         lines.insert(len(layers) - 1, f"   ... {len(cache) - len(layers)} more layers of the same shapes ...")
     return "\n".join(lines)

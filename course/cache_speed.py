@@ -31,8 +31,9 @@ class Equivalence:
 @torch.inference_mode()
 def check_equivalence(model, prompt_ids, n_tokens: int = 24) -> Equivalence:
     """Cached vs uncached: logits at every generated position, and the greedy tokens of both generate() paths."""
-    cached = generate(model, prompt_ids, n_tokens, use_cache=True).tokens
-    uncached = generate(model, prompt_ids, n_tokens, use_cache=False).tokens
+    with tqdm(total=2 * n_tokens, desc="greedy generation, with and without cache", unit="tok") as bar:
+        cached = generate(model, prompt_ids, n_tokens, use_cache=True, on_token=lambda _: bar.update()).tokens
+        uncached = generate(model, prompt_ids, n_tokens, use_cache=False, on_token=lambda _: bar.update()).tokens
     ids = torch.as_tensor(list(prompt_ids) + cached, dtype=torch.long, device=model.device).view(1, -1)
     T = len(prompt_ids)
     full = model(ids)[0, T - 1:-1]  # [n_tokens, V]: one uncached pass, logits that predict each new token
@@ -113,7 +114,8 @@ def plot_cache_speed(result: SpeedComparison, seed_speedup: float = 5.21):
     ax.axhline(seed_speedup, color="gray", ls="--", label=f"seed: {seed_speedup}× (GPT-2, HF, T4 GPU)")
     for i, s in enumerate(result.speedups):
         ax.text(i, s, f"{s:.1f}×", ha="center", va="bottom")
-    ax.set(xlabel="tokens generated", ylabel="uncached / cached time", title="Speedup from the cache")
+    ax.set(xlabel="tokens generated", ylabel="uncached / cached time", title="Speedup from the cache",
+           ylim=(0, 1.3 * max(result.speedups + [seed_speedup])))  # room for the legend
     ax.legend(loc="upper left")
     fig.tight_layout()
     return fig

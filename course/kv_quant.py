@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from tqdm.auto import tqdm
 
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -141,7 +142,7 @@ def compare_int8_cache(model, prompt_ids, n_tokens: int = 64) -> QuantComparison
     ref_logits = [model(ids, 0, ref_cache, last_only=True)]
     q_logits = [model(ids, 0, q_cache, last_only=True)]
     tokens = [int(ref_logits[0].argmax(-1))]
-    for step in range(1, n_tokens):
+    for step in tqdm(range(1, n_tokens), desc="float and INT8 caches, same tokens", unit="tok"):
         tok = torch.tensor([[tokens[-1]]], device=model.device)
         ref_logits.append(model(tok, T + step - 1, ref_cache, last_only=True))
         q_logits.append(model(tok, T + step - 1, q_cache, last_only=True))
