@@ -131,8 +131,9 @@ def test_widget_sliders_drive_the_callback(explorer):
     assert explorer.last.temperature == 0.0 and explorer.last.nucleus_size == 1
     c["prompt"].value = "b"
     assert explorer.last.prompt == "b"
-    chart = box.children[1].value
-    assert chart.startswith("<svg") and "nucleus: 1 token," in chart
+    assert box.chart.format == "svg+xml" and box.chart.value == explorer.svg.encode()
+    ET.fromstring(box.chart.value)
+    assert "nucleus: 1 token," in box.status.value and "T=0 " in box.status.value
 
 
 def test_sample_button_uses_current_settings_and_new_seeds(explorer):

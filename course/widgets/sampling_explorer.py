@@ -64,11 +64,11 @@ class View:
     labels: list[str]  # their text, as on the chart's axis
     before: list[float]  # their probabilities: plain softmax (T = 1, no filter)
     after: list[float]  # their probabilities after temperature, top-k, top-p and renormalising
-    kept: list[bool]  # which of them can still be drawn
+    kept: list[bool]  # which of them the settings keep
     nucleus_size: int  # how many tokens of the whole vocabulary top-k / top-p keep (1 when greedy)
     entropy_before_bits: float
     entropy_after_bits: float
-    redraw_ms: float = float("nan")  # compute + chart update + PNG render
+    redraw_ms: float = float("nan")  # in the kernel: sampler on the cached logits + SVG chart
 
     def summary(self) -> str:
         k = "off" if not self.top_k else self.top_k
@@ -263,15 +263,17 @@ class SamplingExplorer:
         p_slider = w.FloatSlider(value=top_p, min=0.05, max=1.0, step=0.05, description="top-p", style=style,
                                  readout_format=".2f")
         chooser = w.Dropdown(options=list(self.prompts), value=prompt, description="prompt", style=style)
-        chart = w.HTML()
+        chart = w.Image(format="svg+xml")  # the browser draws the SVG; the kernel only writes it
+        status = w.HTML()
         button = w.Button(description="sample 3 continuations", icon="random",
                           layout=w.Layout(width="220px"))
         samples = w.HTML()
 
         def on_change(_=None):
             view = self.redraw(temp.value, k_slider.value, p_slider.value, chooser.value)
-            chart.value = (f"{self.svg}<div><code>{html.escape(view.summary())}</code> &nbsp; "
-                           f"<small>redraw {view.redraw_ms:.0f} ms</small></div>")
+            chart.value = self.svg.encode()
+            status.value = (f"<code>{html.escape(view.summary())}</code> &nbsp; "
+                            f"<small>redraw {view.redraw_ms:.0f} ms</small>")
             return view
 
         def on_sample(_=None):
@@ -291,10 +293,12 @@ class SamplingExplorer:
             control.observe(on_change, names="value")
         button.on_click(on_sample)
         on_change()
-        box = w.VBox([w.HBox([w.VBox([chooser, temp]), w.VBox([k_slider, p_slider])]), chart, button, samples])
+        box = w.VBox([w.HBox([w.VBox([chooser, temp]), w.VBox([k_slider, p_slider])]), chart, status, button,
+                      samples])
         # handles for driving the widget from code (tests, or a learner's cell)
         box.controls = dict(temperature=temp, top_k=k_slider, top_p=p_slider, prompt=chooser)
-        box.redraw, box.sample, box.samples = on_change, on_sample, samples
+        box.chart, box.status, box.samples = chart, status, samples
+        box.redraw, box.sample = on_change, on_sample
         return box
 
     def show(self, prompt: str = "factual", temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
