@@ -282,6 +282,8 @@ def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | 
     work.mkdir(parents=True, exist_ok=True)
     known = assignments()
     subs = discover(folder, known)
+    if not subs:
+        raise GradingError(f"no notebooks under {folder}; expected {folder}/<student>/<assignment>/<notebook>.ipynb")
     cfg = load_config(course, timeout, memory_mb)
     api = nbgrader_api(cfg)
     ledger = Ledger(work / "ledger.json")
@@ -403,7 +405,11 @@ def _run_workers(pending, course, cfg, jobs, timeout, memory_mb, ledger, progres
                 finished_workers += 1
                 continue
             sub = by_key[message["key"]]
-            row = _merge(sub, message, procs[worker][2], cfg, merge_apis, course)
+            try:
+                row = _merge(sub, message, procs[worker][2], cfg, merge_apis, course)
+            except Exception as exc:  # one submission must never stop the class
+                row = Row(sub.student, sub.assignment, sub.notebook, "failed",
+                          problems=f"merging into the gradebook failed: {type(exc).__name__}: {exc}")
             remaining.discard(sub.key)
             if row.status == "graded":
                 ledger.data["graded"][sub.key] = {"hash": sub.digest, "row": asdict(row)}
