@@ -23,6 +23,7 @@ start: setup
 	$(BIN)/kvcourse lab
 
 test: setup
+	@sh scripts/ensure_chromium.sh
 	$(BIN)/python -m pytest
 
 test-fast: setup

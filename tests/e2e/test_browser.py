@@ -1,0 +1,301 @@
+"""The course as a learner sees it: JupyterLab in headless Chromium, driven by Playwright.
+
+One JupyterLab server and one browser serve the whole module (see conftest.py). Each test saves
+screenshots of its steps under test-artifacts/e2e/. Run:  .venv/bin/python -m pytest -m browser tests/e2e
+"""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from course.paths import EXERCISES, LESSONS, PROJECT_ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]
+
+START_HERE = "lessons/00_start_here.ipynb"
+LESSON_PATHS = sorted(p.relative_to(PROJECT_ROOT).as_posix() for p in LESSONS.glob("[0-9]*.ipynb")
+                      if p.stem != "00_start_here")
+EXERCISE_PATHS = sorted(p.relative_to(PROJECT_ROOT).as_posix() for p in EXERCISES.glob("*/*.ipynb")
+                        if ".ipynb_checkpoints" not in p.parts)
+BYTES = re.compile(r"\d[\d,.]*\s*(?:bytes|[KMGTP]i?B|B)\b")
+
+# A rendered ipywidgets slider (IntSlider, FloatSlider, SelectionSlider …) whose description matches.
+SLIDER = ".widget-slider"
+
+
+def lesson_using(*needles: str) -> str | None:
+    """The first lesson whose source mentions one of `needles` (the lessons are written by others)."""
+    for path in sorted(LESSONS.glob("[0-9]*.ipynb")):
+        text = path.read_text(encoding="utf-8")
+        if any(n in text for n in needles):
+            return path.relative_to(PROJECT_ROOT).as_posix()
+    return None
+
+
+SAMPLING_NEEDLES = ("sampling_explorer", "SamplingExplorer")
+KV_NEEDLES = ("kv_calculator", "KVCalculator", "KvCalculator")
+
+
+@pytest.fixture(scope="module")
+def kept_pages():
+    """Lesson pages already run in test_every_lesson_runs_clean, reused by the slider test."""
+    pages: dict = {}
+    yield pages
+    for page in pages.values():
+        if not page.is_closed():
+            page.close()
+
+
+def assert_clean(lab, page, state, what: str) -> None:
+    errors = lab.errors(state) + lab.dom_errors(page)
+    assert not errors, f"{what}: error output after Run All:\n" + "\n".join(errors)
+    not_run = lab.not_run(state)
+    assert not not_run, f"{what}: cells that never ran (Run All stopped early?): {not_run}"
+
+
+def answer_text_js(marker: str) -> str:
+    return f"""() => {{
+      for (const cell of document.querySelectorAll('.jp-Notebook .jp-CodeCell')) {{
+        const src = cell.querySelector('.jp-InputArea-editor');
+        if (src && src.textContent.includes({marker!r})) {{
+          const out = cell.querySelector('.jp-OutputArea');
+          return out ? out.innerText : '';
+        }}
+      }}
+      return null;
+    }}"""
+
+
+# ----------------------------------------------------------------------------------------------- 1
+@pytest.mark.slow
+def test_start_here_runs_and_streams_an_answer(lab):
+    page = lab.open(START_HERE)
+    lab.shot(page, "opened")
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+    # Watch the answer cell while it runs: a streamed answer shows up in pieces, not all at once.
+    answer_cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea-editor", has_text="TokenStreamer"))
+    seen: list[str] = []
+    read_answer = answer_text_js("TokenStreamer")
+    for _ in range(9000):  # ≤ ~15 min of polling; the loop ends as soon as the cell has finished
+        text = page.evaluate(read_answer) or ""
+        if text and (not seen or seen[-1] != text):
+            seen.append(text)
+            if len(seen) == 1:
+                answer_cell.scroll_into_view_if_needed()
+                lab.shot(page, "streaming")
+        if "time to first token" in text:
+            break
+        page.wait_for_timeout(100)
+    state = lab.wait_run_finished(page, timeout_s=900)
+
+    answer_cell.scroll_into_view_if_needed()
+    lab.shot(page, "answer")
+    final = seen[-1] if seen else ""
+    assert "Paris" in final.split("time to first token")[0], f"no 'Paris' in the streamed answer: {final!r}"
+    partial = [t for t in seen[:-1] if t and final.startswith(t.rstrip()) and len(t) < len(final)]
+    assert partial, (f"the answer appeared all at once, not streamed token by token (saw {len(seen)} states: "
+                     f"{[t[:40] for t in seen]})")
+    assert_clean(lab, page, state, START_HERE)
+    texts = " ".join(lab.output_texts(state))
+    assert re.search(r"time to first token: \d+ ms", texts), "the TTFT line is missing"
+    assert page.locator(".jp-OutputArea-output img").count() >= 1, "the per-token timing plot is missing"
+    assert page.locator(".kvcourse-quiz").count() == 1, "the checkpoint quiz widget did not render"
+    page.locator(".kvcourse-quiz").scroll_into_view_if_needed()
+    lab.shot(page, "checkpoint")
+
+
+# ----------------------------------------------------------------------------------------------- 2
+@pytest.mark.slow
+@pytest.mark.parametrize("path", LESSON_PATHS or [pytest.param(None, marks=pytest.mark.skip("no lessons yet"))])
+def test_every_lesson_runs_clean(lab, kept_pages, path):
+    page = lab.open(path)
+    lab.shot(page, "opened")
+    state = lab.run_all(page, timeout_s=1200)
+    lab.shot(page, "finished")
+    page.locator(".jp-Notebook .jp-Cell").last.scroll_into_view_if_needed()
+    lab.shot(page, "end")
+    assert_clean(lab, page, state, path)
+    source = (PROJECT_ROOT / path).read_text(encoding="utf-8")
+    if any(n in source for n in SAMPLING_NEEDLES + KV_NEEDLES):
+        kept_pages[path] = lab.keep(page)  # the slider test uses its live widgets
+
+
+# ----------------------------------------------------------------------------------------------- 3
+def find_slider(page, label: re.Pattern):
+    sliders = page.locator(SLIDER).filter(has=page.locator(".widget-label", has_text=label))
+    sliders.first.wait_for(state="visible", timeout=60_000)
+    return sliders.first
+
+
+def drag_slider(page, slider, fraction: float) -> None:
+    """Drag the slider's handle by `fraction` of the track's width, as a learner does with the mouse."""
+    handle = slider.locator(".noUi-handle").first
+    track = slider.locator(".noUi-base, .noUi-target").first
+    handle.scroll_into_view_if_needed()
+    hb, tb = handle.bounding_box(), track.bounding_box()
+    x0, y0 = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
+    x1 = min(max(x0 + fraction * tb["width"], tb["x"] + 1), tb["x"] + tb["width"] - 1)
+    page.mouse.move(x0, y0)
+    page.mouse.down()
+    page.mouse.move((x0 + x1) / 2, y0, steps=5)
+    page.mouse.move(x1, y0, steps=5)
+    page.mouse.up()
+
+
+def lesson_page(lab, kept_pages, needles, what, slider_label):
+    """The lesson page with the widget live: the page test_every_lesson_runs_clean left open, or a fresh
+    Run All stopped (Kernel > Interrupt) once the widget is up, so its later cells need not run."""
+    path = lesson_using(*needles)
+    if path is None:
+        pytest.skip(f"no lesson uses the {what} yet ({' / '.join(needles)} not found in lessons/*.ipynb)")
+    page = kept_pages.pop(path, None)
+    if page is not None and not page.is_closed():
+        lab.adopt(page)
+        page.bring_to_front()
+        return path, page
+    page = lab.open(path)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    widget_cell = page.locator(".jp-CodeCell").filter(
+        has=page.locator(SLIDER).filter(has=page.locator(".widget-label", has_text=slider_label)))
+    widget_cell.first.wait_for(state="attached", timeout=1_200_000)
+    page.wait_for_function("el => !el.querySelector('.jp-InputPrompt').textContent.includes('*')",
+                           arg=widget_cell.first.element_handle(), timeout=600_000)
+    for _ in range(3):  # stop the cells after the widget: its callbacks would queue behind them
+        if (lab.state(page) or {}).get("kernel") == "idle":
+            break
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Kernel$")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Interrupt Kernel$")).click()
+        page.wait_for_timeout(5000)
+    lab.wait_run_finished(page, timeout_s=1200)
+    return path, page
+
+
+@pytest.mark.slow
+def test_sampling_temperature_slider_redraws_the_chart(lab, kept_pages):
+    label = re.compile(r"^\s*temperature\s*$", re.I)
+    path, page = lesson_page(lab, kept_pages, SAMPLING_NEEDLES, "sampling explorer", label)
+    slider = find_slider(page, label)
+    box = page.locator(".widget-vbox").filter(has=slider).filter(has=page.locator(".widget-image")).last
+    image = box.locator("img.widget-image, .widget-image").first
+    image.scroll_into_view_if_needed()
+    readout = slider.locator(".widget-readout")
+    before_value, before_src = readout.inner_text(), image.get_attribute("src")
+    before_png = lab.shot(image, "chart-before").read_bytes()
+    lab.shot(page, "explorer-before")
+
+    drag_slider(page, slider, -0.3 if float(before_value) > 1.0 else 0.3)
+    page.wait_for_function("([el, old]) => el.getAttribute('src') !== old",
+                           arg=[image.element_handle(), before_src], timeout=60_000)
+    lab.wait_kernel_idle(page)
+    page.wait_for_timeout(500)  # the last redraw of the drag has landed
+    after_value = readout.inner_text()
+    after_png = lab.shot(image, "chart-after").read_bytes()
+    lab.shot(page, "explorer-after")
+    assert after_value != before_value, f"the temperature readout did not move ({before_value})"
+    assert after_png != before_png, "the bar chart looks the same after moving the temperature slider"
+    summary = box.inner_text()
+    assert f"T={float(after_value):g}" in summary, f"the summary does not show T={after_value}: {summary[:300]!r}"
+
+
+@pytest.mark.slow
+def test_kv_calculator_context_slider_changes_the_bytes(lab, kept_pages):
+    label = re.compile(r"context|seq", re.I)
+    path, page = lesson_page(lab, kept_pages, KV_NEEDLES, "KV-cache calculator", label)
+    slider = find_slider(page, label)
+    area = page.locator(".jp-OutputArea").filter(has=slider).first
+    slider.scroll_into_view_if_needed()
+    readout = slider.locator(".widget-readout")
+    before_value = readout.inner_text()
+    before = BYTES.findall(area.inner_text())
+    assert before, f"no byte figure next to the context slider: {area.inner_text()[:300]!r}"
+    lab.shot(area, "calculator-before")
+
+    drag_slider(page, slider, 0.25)
+    page.wait_for_function(
+        "([el, old]) => el.innerText !== old", arg=[area.element_handle(), area.inner_text()], timeout=60_000)
+    lab.wait_kernel_idle(page)
+    page.wait_for_timeout(500)
+    after = BYTES.findall(area.inner_text())
+    lab.shot(area, "calculator-after")
+    after_value = readout.inner_text()
+    assert after_value != before_value, "the context readout did not move"
+    assert after and after != before, f"the byte figures did not change: {before} → {after}"
+    # The cache's byte count is proportional to T: some figure must scale by exactly T_after / T_before.
+    t0, t1 = (int(re.sub(r"\D", "", v)) for v in (before_value, after_value))
+    counts = lambda figs: {int(re.sub(r"\D", "", f)) for f in figs if re.fullmatch(r"[\d,]+\s*(?:bytes|B)", f)}
+    scaled = [b for b in counts(before) if any(abs(a - b * t1 / t0) <= 0.005 * a for a in counts(after))]
+    assert scaled, f"no byte count scaled with the context {t0} → {t1}: {sorted(counts(before))} → {sorted(counts(after))}"
+
+
+# ----------------------------------------------------------------------------------------------- 4
+def test_checkpoint_quiz_answers_and_explains(lab):
+    from course.quiz import load_questions
+
+    question = load_questions().for_lesson("00_start_here")[0]
+    wrong = next(o for o in question.options if o.key != question.answer)
+    page = lab.open(START_HERE)
+    cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea-editor",
+                                                         has_text='checkpoint("00_start_here")'))
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")  # run just this cell, as a learner coming back to the quiz would
+    quiz = cell.locator(".kvcourse-quiz")
+    quiz.wait_for(state="visible", timeout=120_000)
+    first = quiz.locator(".kvcourse-quiz-question").first
+    first.scroll_into_view_if_needed()
+    lab.shot(page, "quiz")
+
+    def pick_and_check(option):
+        # the picker is letter buttons (or radio labels "A. …"): click the one for this option
+        first.locator(".kvcourse-quiz-options button, .kvcourse-quiz-options label").filter(
+            has_text=re.compile(rf"^\s*{option.key}(\.|\s*$)")).first.click()
+        first.locator(".kvcourse-quiz-check").click()
+        feedback = first.locator(".kvcourse-quiz-feedback")
+        feedback.locator("b").first.wait_for(state="visible", timeout=60_000)
+        return feedback
+
+    feedback = pick_and_check(wrong)
+    assert "Wrong" in feedback.inner_text() and "Try another option" in feedback.inner_text()
+    lab.shot(first, "quiz-wrong")
+
+    feedback = pick_and_check(question.correct)
+    page.wait_for_function("el => el.innerText.includes('Right')", arg=feedback.element_handle(), timeout=60_000)
+    text = " ".join(feedback.inner_text().split())
+    lab.shot(first, "quiz-right")
+    expected = " ".join(question.correct.explanation.split())
+    if "{" not in expected and "[[" not in expected:  # no measured numbers: the explanation is fixed text
+        assert expected[:60] in text, f"the explanation is not shown: {text[:300]!r}"
+    assert "Why not the others" in text
+    score = quiz.locator(".kvcourse-quiz-score")
+    assert re.search(r"\b1 of \d+\b", score.inner_text()), score.inner_text()
+
+
+# ----------------------------------------------------------------------------------------------- 5
+@pytest.mark.parametrize("path", EXERCISE_PATHS or [pytest.param(None, marks=pytest.mark.skip("no exercises yet"))])
+def test_validate_shows_failing_tests_for_a_blank_exercise(lab, path):
+    # Validate saves the notebook first, so the learner's view is reproduced on a scratch copy of the
+    # exercise folder (gitignored), never on the committed blank exercise.
+    src = PROJECT_ROOT / path
+    work = lab.scratch_copy(src.parent)
+    page = lab.open((work / src.name).relative_to(PROJECT_ROOT).as_posix())
+    button = page.locator(".jp-NotebookPanel-toolbar jp-button, .jp-NotebookPanel-toolbar button").filter(
+        has_text=re.compile(r"^\s*Validate\s*$"))
+    button.first.wait_for(state="visible", timeout=60_000)
+    lab.shot(page, "exercise")
+    button.first.click()
+    dialog = page.locator(".jp-Dialog").filter(has_text="Validation Results")
+    dialog.wait_for(state="visible", timeout=300_000)  # nbgrader runs the whole notebook in a fresh kernel
+    lab.shot(page, "validate-dialog")
+    message = dialog.locator("#validation-message")
+    assert "validation-failed" in (message.get_attribute("class") or ""), message.inner_text()[:500]
+    text = message.inner_text()
+    assert "The following cell failed" in text
+    assert re.search(r"NotImplementedError|NameError", text), text[:500]
+    dialog.locator("button", has_text="Ok").first.click()
+    dialog.wait_for(state="hidden")
+    shutil.rmtree(work, ignore_errors=True)
