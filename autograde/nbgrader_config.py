@@ -51,6 +51,7 @@ c.ClearHiddenTests.end_test_delimeter = "END HIDDEN TESTS"
 c.Execute.timeout = 30
 c.Execute.interrupt_on_timeout = True
 c.Execute.startup_timeout = 120
+c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]  # the kernel's own chatter, not the student's output
 c.GraderKernelManager.memory_limit_mb = 4096
 
 # A deleted test cell is put back from the gradebook; an edited one is overwritten (nbgrader's checksums).

@@ -562,7 +562,8 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
 
         cfg = Config()
         cfg.GraderKernelManager.memory_limit_mb = memory_mb
-        executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg)
+        executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg,
+                               extra_arguments=["--IPKernelApp.log_level=ERROR"])
         executor.preprocess(nb, {"metadata": {"path": str(Path(notebook).resolve().parent)}})
     finally:
         os.environ.clear()
@@ -594,6 +595,22 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
     return results, answer_errors
 
 
+def _changed_locked_cells(path: Path) -> list[str]:
+    """What repair() would report against the released exercise of the same name (nothing if unknown)."""
+    import nbformat
+
+    by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
+    release = EXERCISES / by_stem.get(path.stem, "?") / f"{path.stem}.ipynb"
+    if not release.exists():
+        return []
+    problems = repair(nbformat.read(str(path), as_version=4), nbformat.read(str(release), as_version=4))
+    learner_words = {"deleted answer cell(s) replaced by empty ones": "you deleted answer cell(s)",
+                     "deleted test cell(s) put back": "you deleted test cell(s)",
+                     "edited test cell(s) restored": "you edited test cell(s)",
+                     "test cell metadata restored": "you changed the metadata of test cell(s)"}
+    return [learner_words[p.split(":")[0]] + p[p.index(":"):] for p in problems]
+
+
 def add_arguments_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("notebook", type=Path, help="your exercise notebook, e.g. exercises/01_memory_formula/memory_formula.ipynb")
     p.add_argument("--timeout", type=int, default=60, help="seconds per cell before it is interrupted (default 60)")
@@ -611,6 +628,8 @@ def run_check(args) -> int:
     if reason:
         print(f"error: {path}: {reason}. Restore it from exercises/ or your last checkpoint.", file=sys.stderr)
         return 2
+    for problem in _changed_locked_cells(path):
+        print(f"  note: {problem}; the grader uses the tests as released, so fix this before submitting")
     print(f"Running {path} in a fresh kernel ...", flush=True)
     results, answer_errors = check(path, timeout=args.timeout)
     visible = [t for t in results if t.status != "hidden"]

@@ -338,6 +338,13 @@ def test_check_passes_a_correct_notebook_and_explains_a_wrong_one():
     assert "1/5 visible tests pass" in bad.stdout
 
 
+def test_check_warns_about_changed_test_cells():
+    edited = SAMPLES / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"
+    assert grading._changed_locked_cells(edited) == [
+        "you edited test cell(s): test_kv_cache_bytes, test_kv_cache_bytes_hidden"]
+    assert grading._changed_locked_cells(SAMPLES / "reference" / "02_kv_cache" / "kv_cache.ipynb") == []
+
+
 def test_check_rejects_files_it_cannot_run(tmp_path):
     broken = _kvcourse("check", str(SAMPLES / "adv-invalid-json" / "01_memory_formula" / "memory_formula.ipynb"))
     assert broken.returncode == 2 and "not appear to be JSON" in broken.stderr
