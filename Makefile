@@ -34,3 +34,10 @@ bench: setup
 
 clean-state:
 	rm -rf .state
+
+# After editing solutions/ or course/questions.yaml: rebuild the quiz source, the student versions
+# (exercises/, exactly what nbgrader generate_assignment makes) and the sample submissions.
+exercises: setup
+	$(BIN)/python autograde/make_quiz.py
+	$(BIN)/python -m course.grading exercises
+	$(BIN)/python autograde/make_samples.py
