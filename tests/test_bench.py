@@ -1,0 +1,180 @@
+"""The benchmark suite and the fast decode path: the suite runs and writes a valid result; speed is never asserted.
+
+The smoke test runs `kvcourse bench --quick` on the random tiny model (seconds); the same suite on the course
+model is a slow test. The compiled decode path (course/fast.py) must give the eager model's logits.
+"""
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from course import bench
+from course.cli import main
+from course.fast import FastModel, GemvLinear, use_gemv_linears
+from course.generate import decode_one_token, generate, prefill
+from course.kv_cache import KVCache
+from course.model import tiny_model
+
+ITEM_ROW_KEYS = {
+    "decode": {"engine", "dtype", "context", "batch", "ms_per_token", "tokens_per_s", "bytes_per_step",
+               "achieved_bytes_per_s", "roofline_ms", "x_roofline", "fraction_of_bandwidth", "repeats"},
+    "prefill": {"dtype", "tokens", "seconds", "tokens_per_s", "flops", "achieved_flops_per_s",
+                "matmul_flops_per_s", "fraction_of_matmul_flops", "repeats"},
+    "transformers": {"engine", "dtype", "new_tokens", "decode_tokens_per_s", "x_transformers",
+                     "greedy_tokens_agreeing", "repeats"},
+    "notebooks": {"notebook", "seconds", "ok", "error"},
+    "widgets": {"widget", "callback", "median_ms", "p90_ms", "max_ms", "moves"},
+}
+ITEM_KEYS = {
+    "cache_speedup": {"prompt_tokens", "new_tokens", "uncached_s", "cached_s", "speedup"},
+    "load": {"cold_s", "warm_s", "gguf_bytes", "cache_bytes"},
+    "grading": {"submissions", "seconds", "s_per_submission"},
+    "notebooks": {"total_s", "lessons_s", "all_ok"},
+}
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def check_schema(result: dict):
+    """Structure and types of a bench result (never the figures' sizes)."""
+    assert result["schema"] == bench.SCHEMA
+    meta = result["meta"]
+    for key in ("started", "device", "device_name", "threads", "torch", "quick", "load_average_before", "wall_s"):
+        assert key in meta, key
+    assert set(result["items"]) == set(bench.ITEMS)
+    for name, item in result["items"].items():
+        assert item["status"] in bench.STATUSES, (name, item)
+        if item["status"] != "ok":
+            assert item["reason"], f"{name} is {item['status']} without a reason"
+            continue
+        for key in ITEM_KEYS.get(name, ()):
+            assert key in item, (name, key)
+        if name in ITEM_ROW_KEYS:
+            assert item["rows"], name
+            for row in item["rows"]:
+                assert ITEM_ROW_KEYS[name] <= set(row), (name, ITEM_ROW_KEYS[name] - set(row))
+    dec = result["items"]["decode"]
+    if dec["status"] == "ok":
+        for row in dec["rows"]:
+            assert all(_positive(row[k]) for k in ("ms_per_token", "bytes_per_step", "x_roofline")), row
+            # the bookkeeping, not the speed: achieved bytes/s is bytes per step over the measured time
+            assert row["achieved_bytes_per_s"] == pytest.approx(row["bytes_per_step"] / (row["ms_per_token"] / 1e3))
+            assert row["x_roofline"] == pytest.approx(1 / row["fraction_of_bandwidth"])
+    assert "memory_bandwidth_bytes_per_s" in result["hardware"]
+    names = {t["name"] for t in result["targets"]}
+    assert names == set(bench.TARGETS)
+    for t in result["targets"]:
+        assert t["met"] in (True, False, None)
+        assert t["value"] is None or isinstance(t["value"], (int, float))
+
+
+def _run_cli(tmp_path, *args) -> tuple[dict, str]:
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--threads", "1", "--out", str(out), *args]) == 0
+    result = json.loads((out / "latest.json").read_text())
+    markdown = (out / "latest.md").read_text()
+    stamped = sorted(out.glob("bench-*.json"))
+    assert len(stamped) == 1 and json.loads(stamped[0].read_text()) == result
+    return result, markdown
+
+
+def test_quick_suite_on_tiny_model_writes_valid_json_and_markdown(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    result, markdown = _run_cli(tmp_path, "--model", "tiny")
+    assert torch.get_num_threads() == threads  # --threads does not leak into the caller
+    check_schema(result)
+    items = result["items"]
+    assert items["decode"]["status"] == "ok" and items["prefill"]["status"] == "ok"
+    assert {r["dtype"] for r in items["decode"]["rows"]} == {"float32", "bfloat16"}
+    assert [r["tokens"] for r in items["prefill"]["rows"] if r["dtype"] == "float32"] == bench.QUICK["prefill_tokens"]
+    for slow in bench.SLOW_ITEMS:  # --quick never runs the slow items, and says so
+        assert items[slow]["status"] == "skipped" and "quick" in items[slow]["reason"]
+    assert items["load"]["status"] == "skipped"  # needs the course model
+    assert all(t["met"] is None for t in result["targets"])  # quick sizes never claim a target
+    assert "| engine | dtype | context | ms/token" in markdown and "### Targets" in markdown
+    assert "wrote " in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_quick_suite_on_course_model(tmp_path):
+    result, markdown = _run_cli(tmp_path)
+    check_schema(result)
+    for name in ("decode", "prefill", "cache_speedup", "load", "widgets"):
+        assert result["items"][name]["status"] in ("ok", "not available"), result["items"][name]
+    assert result["items"]["load"]["warm_s"] > 0
+
+
+def test_not_available_items_carry_no_number(monkeypatch):
+    """A part of the course that is not there yet is reported, never given a figure."""
+    monkeypatch.setattr(bench, "notebook_paths", lambda: [])
+    monkeypatch.setattr(bench.util, "find_spec", lambda name: None)
+    ctx = bench._Context(torch.device("cpu"), bench.QUICK, False, print, "tiny")
+    for item in (bench.bench_notebooks(ctx), bench.bench_grading(ctx), bench.bench_widgets(ctx)):
+        assert item["status"] in ("not available", "skipped") and item["reason"]
+        assert not any(isinstance(v, float) for v in item.values())
+
+
+def test_bad_arguments_are_rejected(tmp_path):
+    with pytest.raises(ValueError, match="threads"):
+        main(["bench", "--quick", "--threads", "0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["bench", "--skip", "everything"])
+    with pytest.raises(ValueError, match="model"):
+        bench.run_suite(items=["decode"], quick=True, model="gpt-5")
+
+
+def test_prefill_flops_match_torch_flop_counter():
+    """The matmul part of our FLOP count equals what torch counts for a real prefill of the tiny model."""
+    model = tiny_model()
+    c, T = model.config, 16
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model(torch.randint(0, c.vocab_size, (1, T)), last_only=True)
+    attention = 4 * c.n_layers * c.n_heads * c.head_dim * T * (T + 1) // 2  # SDPA, which the counter omits on CPU
+    assert bench.prefill_flops(c, T) - attention == counter.get_total_flops()
+
+
+# --- course/fast.py ------------------------------------------------------------------------------------------
+def test_gemv_linear_is_plain_linear_in_eager_mode():
+    model = tiny_model()
+    x = torch.randint(0, 256, (2, 7))
+    before = model(x)
+    use_gemv_linears(model)
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    assert isinstance(model.output, GemvLinear) and model.output.weight is model.tok_embeddings.weight
+    torch.testing.assert_close(model(x), before, rtol=0, atol=0)
+
+
+def test_fast_model_routes_prefill_eager_and_decode_to_the_step_function():
+    model = tiny_model()
+    fast = FastModel(model, compile=False)
+    calls = []
+    fast._decode = lambda *a, **k: calls.append(a[0].shape) or model(*a, **k)
+    assert fast.config is model.config and fast.dtype == model.dtype and fast.device == model.device
+    ids = torch.randint(0, 256, (1, 9))
+    cache = KVCache(model.config, 1, 20)
+    prefill(fast, ids, cache)
+    assert calls == []  # prefill ([1, 9]) stays eager
+    decode_one_token(fast, ids[:, -1:], 9, cache)
+    assert calls == [torch.Size([1, 1])]
+
+
+@pytest.mark.slow
+def test_compiled_decode_matches_eager_logits_and_greedy_tokens():
+    eager = tiny_model(seed=3)
+    fast = FastModel(tiny_model(seed=3))
+    ids = torch.randint(0, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    caches = [KVCache(eager.config, 1, 40) for _ in range(2)]
+    prefill(eager, ids, caches[0])
+    prefill(fast, ids, caches[1])
+    for pos in range(12, 20):  # several positions: the compiled step must not be stuck on the first one
+        token = torch.tensor([[pos * 5 % 256]])
+        a = decode_one_token(eager, token, pos, caches[0])
+        b = decode_one_token(fast, token, pos, caches[1])
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+    assert fast.compiled
+    assert generate(fast, ids[0].tolist(), 16).tokens == generate(eager, ids[0].tolist(), 16).tokens
