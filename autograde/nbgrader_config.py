@@ -36,6 +36,7 @@ c.CourseDirectory.autograded_directory = "autograded"
 c.CourseDirectory.feedback_directory = "feedback"
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "gradebook.db")
 c.Exchange.root = os.path.join(HERE, "exchange")
+c.Exchange.cache = os.path.join(HERE, "exchange", ".cache")  # nbgrader's default is in the home folder
 
 # Student version: solution regions become a stub that fails loudly; hidden tests are removed.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}

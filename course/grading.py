@@ -73,6 +73,7 @@ def load_config(course: Path = AUTOGRADE, timeout: int | None = None, memory_mb:
     cfg.CourseDirectory.root = str(root)
     cfg.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
     cfg.Exchange.root = str(root / "exchange")
+    cfg.Exchange.cache = str(root / "exchange" / ".cache")
     if timeout is not None:
         cfg.Execute.timeout = int(timeout)
     if memory_mb is not None:

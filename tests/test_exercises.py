@@ -183,3 +183,17 @@ def test_blank_exercise_passes_no_visible_test(assignment):
     # they fail because nothing is implemented (the stubs raise), not because the tests are broken
     assert all(re.match(r"(NotImplementedError|NameError)", t.message) for t in visible), [t.message for t in visible]
     assert all("NotImplementedError" in e for e in answer_errors)
+
+
+@pytest.mark.slow
+def test_real_model_demo_with_the_reference_solution(real):
+    """The KV-cache exercise's demo cell: the reference cache + attention on SmolLM2 match no cache at all."""
+    from course.exercise_tools import real_model_demo
+
+    source = nbformat.read(str(SOLUTIONS / "02_kv_cache" / "kv_cache.ipynb"), as_version=4)
+    namespace: dict = {}
+    for cell in source.cells:
+        if cell.cell_type == "code" and (cell.source.startswith("import math") or nbgrader_meta(cell).get("solution")):
+            exec(cell.source, namespace)
+    result = real_model_demo(namespace["new_cache"], namespace["cached_attention"], n_tokens=12)
+    assert result["identical"], "greedy tokens with the reference cache must equal those without a cache"

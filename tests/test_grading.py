@@ -66,13 +66,15 @@ def test_config_keeps_all_nbgrader_state_in_the_course_folder(tmp_path):
     course = str((tmp_path / "course").resolve())
     assert cfg.CourseDirectory.root == course
     assert cfg.CourseDirectory.db_url == f"sqlite:///{course}/gradebook.db"
-    assert cfg.Exchange.root.startswith(course)
+    assert cfg.Exchange.root.startswith(course) and cfg.Exchange.cache.startswith(course)
     assert cfg.Execute.timeout == 7 and cfg.Execute.interrupt_on_timeout is True
     assert cfg.GraderKernelManager.memory_limit_mb == 512
     assert cfg.OverwriteCells.add_missing_cells is True
     default = grading.load_config()
     assert default.CourseDirectory.root == str(AUTOGRADE) and str(AUTOGRADE) in default.CourseDirectory.db_url
-    assert str(Path.home()) not in json.dumps({k: str(v) for k, v in default.CourseDirectory.items()})
+    for section in ("CourseDirectory", "Exchange"):
+        for key, value in default[section].items():
+            assert str(Path.home()) not in str(value) or str(AUTOGRADE) in str(value), (section, key, value)
 
 
 def test_kernels_start_under_a_memory_cap():
