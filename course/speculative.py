@@ -102,13 +102,14 @@ def verify_greedy(target_logits: torch.Tensor, drafted: list[int]) -> tuple[int,
     return len(drafted), best[len(drafted)]
 
 
-def speculative_first_token(p: torch.Tensor, q: torch.Tensor, n: int,
-                            generator: torch.Generator | None = None) -> torch.Tensor:
+def speculative_first_token(p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator | None = None,
+                            return_accepted: bool = False):
     """n independent draws of the first emitted token at one fixed context, vectorised.
 
     The same rule as verify_sampled (draft x ~ q, keep it if u < p(x)/q(x), else draw from the
     residual), applied to n parallel copies of the same step: how the lesson collects thousands
-    of samples from the real model's p and q in a second. p, q: [V]. Returns [n] token ids.
+    of samples from the real model's p and q in a second. p, q: [V]. Returns [n] token ids
+    (and, with return_accepted, a [n] bool mask of the draws that kept the draft's token).
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
@@ -116,7 +117,8 @@ def speculative_first_token(p: torch.Tensor, q: torch.Tensor, n: int,
     ratio = (p[x] / q[x]).clamp(max=1.0)  # [n] accept probabilities
     accept = torch.rand(n, generator=generator, device=p.device) < ratio
     fallback = torch.multinomial(residual_distribution(p, q), n, replacement=True, generator=generator)
-    return torch.where(accept, x, fallback)
+    tokens = torch.where(accept, x, fallback)
+    return (tokens, accept) if return_accepted else tokens
 
 
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
@@ -274,11 +276,20 @@ class SpeculativeStats:
     target_seconds: float = 0.0  # verification passes only
     wall_seconds: float = 0.0  # the whole call, prefill included
     accepted_per_pass: list[int] = field(default_factory=list)
+    proposed_per_pass: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
         """Share of proposed draft tokens the target kept (nan if nothing was proposed)."""
         return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def agreement(self) -> float:
+        """Per-token acceptance α: kept / tested. A round stops testing at its first rejection, so
+        the drafts after it are proposed but never tested; α counts only tested ones."""
+        rejections = sum(1 for a, p in zip(self.accepted_per_pass, self.proposed_per_pass) if a < p)
+        tested = self.accepted + rejections
+        return self.accepted / tested if tested else float("nan")
 
     @property
     def tokens_per_target_pass(self) -> float:
@@ -381,6 +392,7 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
         stats.accepted += n_ok
         stats.emitted += len(new)
         stats.accepted_per_pass.append(n_ok)
+        stats.proposed_per_pass.append(len(drafted))
         seq += new
         done = emit(new)
     synchronize(device)
@@ -415,8 +427,22 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float, verify_cost:
     return expected_tokens_per_pass(acceptance, k) / (k * draft_cost + verify_cost)
 
 
+def break_even_acceptance(k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """The per-token acceptance α at which predicted_speedup = 1 (nan if even α = 1 cannot pay)."""
+    check_k(k)
+    if predicted_speedup(1.0, k, draft_cost, verify_cost) < 1:
+        return float("nan")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: the speedup grows with α
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_speedup(mid, k, draft_cost, verify_cost) < 1 else (lo, mid)
+    return hi
+
+
 def time_pass(model: nn.Module, context: int, n_tokens: int, repeats: int = 5) -> float:
-    """Median seconds of one forward pass of n_tokens after `context` cached tokens (the verify shape)."""
+    """Seconds of one forward pass of n_tokens after `context` cached tokens (the verify shape).
+
+    The fastest of `repeats` runs: on a shared machine the slow runs measure the neighbours, not the pass."""
     from .timing import measure
 
     if context < 1 or n_tokens < 1:
@@ -429,4 +455,4 @@ def time_pass(model: nn.Module, context: int, n_tokens: int, repeats: int = 5) -
         def one_pass():
             model(ids[:, context:], start_pos=context, cache=cache)
 
-        return measure(one_pass, model.device, warmup=1, repeats=repeats).median
+        return measure(one_pass, model.device, warmup=1, repeats=repeats).best

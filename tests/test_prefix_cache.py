@@ -11,11 +11,9 @@ from course.prefix_cache import PrefixCache, generate_with_prefix
 
 
 @pytest.fixture(autouse=True)
-def one_thread_for_tiny_models(request):
-    """Microsecond-sized ops: one thread avoids thread-sync overhead on a busy 2-core machine."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
+def one_thread():
+    """One torch thread. Tiny-model tests run thousands of microsecond-sized ops, and on a busy shared
+    2-core machine two threads waiting on a descheduled partner run ~10x slower. No test here times anything."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

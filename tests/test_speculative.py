@@ -17,12 +17,9 @@ from course.speculative import (Draft, ModelDraft, PromptLookupDraft, accept_pro
 
 
 @pytest.fixture(autouse=True)
-def one_thread_for_tiny_models(request):
-    """Tiny-model tests run thousands of microsecond-sized ops: one thread avoids sync overhead,
-    which on a busy 2-core machine costs ~50x. Tests of the real model keep every thread."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
+def one_thread():
+    """One torch thread. Tiny-model tests run thousands of microsecond-sized ops, and on a busy shared
+    2-core machine two threads waiting on a descheduled partner run ~10x slower. No test here times anything."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -294,3 +291,13 @@ def test_greedy_speculative_equals_greedy_target_real(real_model, tokenizer):
         assert out.tokens == base, draft.name
     lookup = speculative_generate(real_model, PromptLookupDraft(), prompt, 24, k=4).stats
     assert lookup.tokens_per_target_pass > 1.5  # the answer copies the prompt: drafts get accepted
+
+
+def test_break_even_acceptance():
+    from course.speculative import break_even_acceptance
+
+    a = break_even_acceptance(2, draft_cost=0.3, verify_cost=1.2)
+    assert predicted_speedup(a, 2, 0.3, 1.2) == pytest.approx(1.0, abs=1e-6)
+    assert predicted_speedup(a - 0.05, 2, 0.3, 1.2) < 1 < predicted_speedup(a + 0.05, 2, 0.3, 1.2)
+    assert break_even_acceptance(4, draft_cost=0.0, verify_cost=1.0) == pytest.approx(0.0, abs=1e-9)
+    assert break_even_acceptance(2, draft_cost=1.0, verify_cost=1.5) != break_even_acceptance(2, 1.0, 1.5)  # nan
