@@ -50,6 +50,7 @@ class PrefixCacheStats:
     hits: int = 0  # requests that found a stored prefix
     misses: int = 0  # requests that found none
     evictions: int = 0
+    bytes: int = 0  # bytes held by the stored entries now (always <= max_bytes)
     tokens_reused: int = 0  # prompt tokens whose K/V came from the store
     tokens_computed: int = 0  # prompt tokens the model had to prefill
     seconds_copying: float = 0.0  # time spent copying stored rows into request caches
@@ -123,12 +124,14 @@ class PrefixCache:
                             v=[layer.v.clone() for layer in cache.layers], last_logits=logits.clone())
         self._evict(room_for=entry.nbytes)
         self.entries[tokens] = entry
+        self.stats.bytes += entry.nbytes
         return entry
 
     def _evict(self, room_for: int) -> None:
         while self.entries and self.nbytes + room_for > self.max_bytes:
-            self.entries.popitem(last=False)  # least recently used first
+            _, old = self.entries.popitem(last=False)  # least recently used first
             self.stats.evictions += 1
+            self.stats.bytes -= old.nbytes
 
     def match(self, ids) -> PrefixEntry | None:
         """The longest stored prefix that ids start with (marked most recently used), or None."""

@@ -115,7 +115,7 @@ def test_lru_eviction_respects_the_byte_bound(tiny):
     assert a not in store and c in store and d in store
     for n in (5, 10, 30, 40):  # many sizes: the bound always holds
         store.add(_ids(n, 100 + n))
-        assert store.nbytes <= store.max_bytes
+        assert store.nbytes <= store.max_bytes and store.stats.bytes == store.nbytes
     with pytest.raises(ValueError, match="max_bytes"):
         store.add(_ids(200, 12)[:100])  # bigger than the whole budget
 
