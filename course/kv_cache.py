@@ -24,6 +24,20 @@ class LayerKVCache:
     def max_seq_len(self) -> int:
         return self.k.shape[2]
 
+    def check_fits(self, start_pos: int, n_new: int) -> int:
+        """The end position of a write of n_new tokens at start_pos; ValueError if it overflows."""
+        end = start_pos + n_new
+        if start_pos < 0 or end > self.max_seq_len:
+            raise ValueError(
+                f"KV cache overflow: positions {start_pos}..{end - 1} do not fit in a cache of "
+                f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len"
+            )
+        return end
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every buffer this layer holds (what its bytes are made of)."""
+        return self.k, self.v
+
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v ([B, H_kv, T_new, D_h]) at positions start_pos..start_pos+T_new-1.
 
@@ -31,12 +45,7 @@ class LayerKVCache:
         Writing at an earlier start_pos overwrites what was there (how speculative decoding
         throws away rejected draft tokens).
         """
-        end = start_pos + k.shape[2]
-        if start_pos < 0 or end > self.max_seq_len:
-            raise ValueError(
-                f"KV cache overflow: positions {start_pos}..{end - 1} do not fit in a cache of "
-                f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len"
-            )
+        end = self.check_fits(start_pos, k.shape[2])
         self.k[:, :, start_pos:end] = k
         self.v[:, :, start_pos:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]
@@ -45,6 +54,8 @@ class LayerKVCache:
 class KVCache:
     """All layers' caches for one batch of sequences."""
 
+    layer_class = LayerKVCache  # a variant cache (e.g. INT8) swaps in its own layer type
+
     def __init__(self, config: ModelConfig, batch: int = 1, max_seq_len: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         max_seq_len = max_seq_len or config.max_seq_len
@@ -52,7 +63,7 @@ class KVCache:
             raise ValueError(f"batch and max_seq_len must be positive, got {batch} and {max_seq_len}")
         self.config = config
         self.layers = [
-            LayerKVCache(batch, config.n_kv_heads, max_seq_len, config.head_dim, dtype, device)
+            self.layer_class(batch, config.n_kv_heads, max_seq_len, config.head_dim, dtype, device)
             for _ in range(config.n_layers)
         ]
 
@@ -68,5 +79,5 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all K and V buffers: 2 · L · B · T_max · H_kv · D_h · dtype_bytes."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.k, layer.v))
+        """Bytes held by all buffers: 2 · L · B · T_max · H_kv · D_h · dtype_bytes for the plain cache."""
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors())

@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import ModelConfig
-from .kv_cache import KVCache
+from .kv_cache import KVCache, LayerKVCache
 
 QMAX = 127  # symmetric int8 range [-127, 127]; -128 is left unused so that 0 is exactly representable
 SCALE_DTYPE = torch.float16
@@ -41,7 +41,7 @@ def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = t
     return (q.float() * scale.float()).to(dtype)
 
 
-class Int8LayerKVCache:
+class Int8LayerKVCache(LayerKVCache):
     """One layer's K and V as int8 [B, H_kv, T_max, D_h] buffers plus fp16 scales [B, H_kv, T_max, 1]."""
 
     def __init__(self, batch: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
@@ -53,18 +53,9 @@ class Int8LayerKVCache:
         self.v_scale = torch.zeros(shape[:3] + (1,), dtype=SCALE_DTYPE, device=device)
         self.dtype = dtype  # what attention reads back
 
-    @property
-    def max_seq_len(self) -> int:
-        return self.k.shape[2]
-
     def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Quantize and store k, v ([B, H_kv, T_new, D_h]) at start_pos; return every position so far, dequantized."""
-        end = start_pos + k.shape[2]
-        if start_pos < 0 or end > self.max_seq_len:
-            raise ValueError(
-                f"KV cache overflow: positions {start_pos}..{end - 1} do not fit in a cache of "
-                f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len"
-            )
+        end = self.check_fits(start_pos, k.shape[2])
         self.k[:, :, start_pos:end], self.k_scale[:, :, start_pos:end] = quantize_int8(k)
         self.v[:, :, start_pos:end], self.v_scale[:, :, start_pos:end] = quantize_int8(v)
         # Dequantize on read: the bytes stay int8 in memory, attention sees floats.
@@ -76,32 +67,13 @@ class Int8LayerKVCache:
         return self.k, self.v, self.k_scale, self.v_scale
 
 
-class Int8KVCache:
-    """All layers' INT8 caches for one batch; drop-in for course.kv_cache.KVCache."""
+class Int8KVCache(KVCache):
+    """All layers' INT8 caches for one batch; drop-in for course.kv_cache.KVCache.
 
-    def __init__(self, config: ModelConfig, batch: int = 1, max_seq_len: int | None = None,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        max_seq_len = max_seq_len or config.max_seq_len
-        if batch <= 0 or max_seq_len <= 0:
-            raise ValueError(f"batch and max_seq_len must be positive, got {batch} and {max_seq_len}")
-        self.config = config
-        self.layers = [Int8LayerKVCache(batch, config.n_kv_heads, max_seq_len, config.head_dim, dtype, device)
-                       for _ in range(config.n_layers)]
+    `nbytes` counts every buffer: the int8 K and V plus their fp16 scales.
+    """
 
-    def __getitem__(self, layer: int) -> Int8LayerKVCache:
-        return self.layers[layer]
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.layers[0].max_seq_len
-
-    @property
-    def nbytes(self) -> int:
-        """Measured bytes of every buffer: int8 K and V plus their fp16 scales."""
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.tensors())
+    layer_class = Int8LayerKVCache
 
 
 def int8_bytes_per_token(config: ModelConfig) -> int:
