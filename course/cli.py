@@ -12,6 +12,7 @@ COMMANDS = {
     "lab": ("course.lab", "open the course in JupyterLab"),
     "check": ("course.grading", "run the visible tests of your exercise notebook, with hints"),
     "grade": ("course.grading", "autograde a folder of submitted notebooks (instructors)"),
+    "classroom": ("course.classroom", "teach a class on JupyterHub: release, collect, grade, feedback, export"),
     "progress": ("course.progress", "show (or --reset) your saved quiz and exercise progress"),
     "bench": ("course.bench", "measure the engine against the hardware limits; writes JSON + Markdown"),
 }
