@@ -74,6 +74,10 @@ class JupyterLabServer:
         env["JUPYTERLAB_SETTINGS_DIR"] = str(state / "lab-settings")
         env["JUPYTERLAB_WORKSPACES_DIR"] = str(state / "lab-workspaces")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        # Chromium shares the cores with the kernels: one torch thread keeps the lessons' timing sections
+        # from stalling on threads that wait for each other (they ran ~10x slower with two).
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("KVCOURSE_THREADS", "1")
         for plugin, values in LAB_SETTINGS.items():
             path = state / "lab-settings" / f"{plugin}.jupyterlab-settings"
             path.parent.mkdir(parents=True, exist_ok=True)
