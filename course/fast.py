@@ -4,12 +4,14 @@
     generate(fast, ids, 64)                  # prefill runs eagerly, every decode step runs compiled
 
 Why it is faster. Decode multiplies one row vector by every weight matrix: a matrix-vector product
-(GEMV) that should run at memory speed. On x86 CPUs the BLAS call behind `F.linear` reaches about a
-third of the machine's bandwidth for a single row, while the same product written as a reduction,
-`(x * W).sum(-1)`, and compiled by torch.compile's Inductor becomes one vectorised loop that streams
-each weight row once. Compiling the whole decode step also fuses RMSNorm, RoPE and SwiGLU's
+(GEMV) that should run at memory speed. On the course's AMD CPU the BLAS call behind `F.linear` (MKL)
+reaches well under half of the memory bandwidth for a single row, while the same product written as a
+reduction, `(x * W).sum(-1)`, and compiled by torch.compile's Inductor becomes one vectorised loop that
+streams each weight row once. Compiling the whole decode step also fuses RMSNorm, RoPE and SwiGLU's
 pointwise work and removes most of Python's per-op overhead (~900 small ops per token in eager mode).
-Prefill (many rows) is already a matrix-matrix product that BLAS does well, so it stays eager.
+Measured side by side on 1 thread: eager 46.5 ms/token, compiled 26.7 ms, and 25.7 ms for torch just to
+sum every weight tensor once, so the compiled step reads its weights about as fast as torch reads them
+at all. Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
 
 The weights are not copied: the model's `nn.Linear` modules get a subclass whose forward differs only
 while being compiled, so the eager model (and every test of it) is unchanged.
