@@ -82,12 +82,17 @@ class JupyterLabServer:
             path = state / "lab-settings" / f"{plugin}.jupyterlab-settings"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
+        # Checkpoints (JupyterLab makes one when it opens a notebook) go to the temporary folder too,
+        # mirroring the project's layout, never into lessons/.ipynb_checkpoints.
+        checkpoints = state / "checkpoints"
+        for folder in [ROOT, *ROOT.glob("lessons"), *ROOT.glob("exercises/*/")]:
+            (checkpoints / folder.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
         jupyter = Path(sys.executable).with_name("jupyter")
         cmd = [str(jupyter) if jupyter.exists() else "jupyter", "lab", "--no-browser",
                "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={ROOT}",
                "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: read notebook models in tests
-               "--LabApp.news_url=None"]
+               "--LabApp.news_url=None", f"--FileCheckpoints.root_dir={checkpoints}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         self.log_path = state / "jupyterlab.log"
@@ -286,6 +291,7 @@ class Lab:
         dest = ARTIFACTS / "work" / f"{self.test_name}-{folder.name}"
         shutil.rmtree(dest, ignore_errors=True)
         shutil.copytree(folder, dest, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        (self.server.state / "checkpoints" / dest.relative_to(ROOT)).mkdir(parents=True, exist_ok=True)
         return dest
 
     def close_all(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from course.paths import EXERCISES, LESSONS, PROJECT_ROOT
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(2400)]
 
 START_HERE = "lessons/00_start_here.ipynb"
 LESSON_PATHS = sorted(p.relative_to(PROJECT_ROOT).as_posix() for p in LESSONS.glob("[0-9]*.ipynb")
@@ -55,16 +55,24 @@ def assert_clean(lab, page, state, what: str) -> None:
     assert not not_run, f"{what}: cells that never ran (Run All stopped early?): {not_run}"
 
 
-def answer_text_js(marker: str) -> str:
+def watch_output_js(marker: str) -> str:
+    """Install a MutationObserver that records every distinct text of the output of the code cell whose
+    source contains `marker` (in window.__outputStates), so no intermediate state is missed by polling."""
     return f"""() => {{
-      for (const cell of document.querySelectorAll('.jp-Notebook .jp-CodeCell')) {{
-        const src = cell.querySelector('.jp-InputArea-editor');
-        if (src && src.textContent.includes({marker!r})) {{
-          const out = cell.querySelector('.jp-OutputArea');
-          return out ? out.innerText : '';
+      const read = () => {{
+        for (const cell of document.querySelectorAll('.jp-Notebook .jp-CodeCell')) {{
+          const src = cell.querySelector('.jp-InputArea-editor');
+          if (src && src.textContent.includes({marker!r})) {{
+            const out = cell.querySelector('.jp-OutputArea');
+            return out ? out.innerText : '';
+          }}
         }}
-      }}
-      return null;
+        return '';
+      }};
+      const states = window.__outputStates = [];
+      const note = () => {{ const t = read(); if (t && t !== states[states.length - 1]) states.push(t); }};
+      new MutationObserver(note).observe(document.querySelector('.jp-Notebook'),
+                                         {{subtree: true, childList: true, characterData: true}});
     }}"""
 
 
@@ -73,32 +81,28 @@ def answer_text_js(marker: str) -> str:
 def test_start_here_runs_and_streams_an_answer(lab):
     page = lab.open(START_HERE)
     lab.shot(page, "opened")
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-
     # Watch the answer cell while it runs: a streamed answer shows up in pieces, not all at once.
     answer_cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea-editor", has_text="TokenStreamer"))
-    seen: list[str] = []
-    read_answer = answer_text_js("TokenStreamer")
-    for _ in range(9000):  # ≤ ~15 min of polling; the loop ends as soon as the cell has finished
-        text = page.evaluate(read_answer) or ""
-        if text and (not seen or seen[-1] != text):
-            seen.append(text)
-            if len(seen) == 1:
-                answer_cell.scroll_into_view_if_needed()
-                lab.shot(page, "streaming")
-        if "time to first token" in text:
-            break
-        page.wait_for_timeout(100)
+    page.evaluate(watch_output_js("TokenStreamer"))
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    page.wait_for_function("() => window.__outputStates.length > 0", timeout=900_000, polling=100)
+    answer_cell.scroll_into_view_if_needed()
+    lab.shot(page, "streaming")
+    page.wait_for_function("() => window.__outputStates.some(t => t.includes('time to first token'))",
+                           timeout=900_000, polling=250)
+    seen: list[str] = page.evaluate("() => window.__outputStates")
     state = lab.wait_run_finished(page, timeout_s=900)
 
     answer_cell.scroll_into_view_if_needed()
     lab.shot(page, "answer")
-    final = seen[-1] if seen else ""
-    assert "Paris" in final.split("time to first token")[0], f"no 'Paris' in the streamed answer: {final!r}"
-    partial = [t for t in seen[:-1] if t and final.startswith(t.rstrip()) and len(t) < len(final)]
+    final = next(t for t in seen if "time to first token" in t)
+    answer = final.split("time to first token")[0].strip()
+    assert "Paris" in answer, f"no 'Paris' in the streamed answer: {final!r}"
+    partial = [t for t in seen if t.strip() and answer.startswith(t.strip()) and len(t.strip()) < len(answer)]
     assert partial, (f"the answer appeared all at once, not streamed token by token (saw {len(seen)} states: "
                      f"{[t[:40] for t in seen]})")
+    print(f"streamed answer seen in {len(partial) + 1} steps: {[t.strip()[-12:] for t in partial]}")
     assert_clean(lab, page, state, START_HERE)
     texts = " ".join(lab.output_texts(state))
     assert re.search(r"time to first token: \d+ ms", texts), "the TTFT line is missing"
@@ -114,7 +118,7 @@ def test_start_here_runs_and_streams_an_answer(lab):
 def test_every_lesson_runs_clean(lab, kept_pages, path):
     page = lab.open(path)
     lab.shot(page, "opened")
-    state = lab.run_all(page, timeout_s=1200)
+    state = lab.run_all(page, timeout_s=1500)
     lab.shot(page, "finished")
     page.locator(".jp-Notebook .jp-Cell").last.scroll_into_view_if_needed()
     lab.shot(page, "end")
@@ -171,7 +175,7 @@ def lesson_page(lab, kept_pages, needles, what, slider_label):
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Kernel$")).click()
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Interrupt Kernel$")).click()
         page.wait_for_timeout(5000)
-    lab.wait_run_finished(page, timeout_s=1200)
+    lab.wait_run_finished(page, timeout_s=1500)
     return path, page
 
 
