@@ -13,6 +13,7 @@ students, every step through the Hub:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import csv
 import html
 import io
@@ -273,7 +274,10 @@ class Hub:
         assert r.status_code == 200, r.text
         name = r.json()["name"]
         try:
-            return asyncio.run(self._type(user, name, command, timeout))
+            # A thread of its own: an event loop may already run in this one (Playwright's, when the
+            # browser suite ran first in the same session), and asyncio.run refuses to nest.
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                return pool.submit(asyncio.run, self._type(user, name, command, timeout)).result()
         finally:
             self.user("DELETE", user, f"api/terminals/{name}")
 

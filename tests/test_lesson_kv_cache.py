@@ -19,7 +19,7 @@ PER_TOKEN = {"llama-2-7b": 524_288, "gpt2-124m": 36_864, "llama-2-70b": 327_680}
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from conftest import execute_notebook
+    from notebook_runner import execute_notebook
 
     # One OpenMP thread: on a shared 2-core machine, spinning extra threads make the uncached sweep many
     # times slower without changing what the test checks (ratios measured under the same conditions).

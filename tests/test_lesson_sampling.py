@@ -21,7 +21,7 @@ def test_notebook_is_committed_without_outputs():
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    from conftest import execute_notebook
+    from notebook_runner import execute_notebook
 
     # One torch thread: on a shared CPU, two threads per process spin-wait on each other and the run
     # takes many times longer; the lesson's numbers do not depend on it (across_threads sets its own).

@@ -12,7 +12,7 @@ NOTEBOOK = LESSONS / "04_speculative_prefix.ipynb"
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    from conftest import execute_notebook
+    from notebook_runner import execute_notebook
 
     # One torch thread: on a shared, busy 2-core machine two threads waiting on each other's
     # descheduled partner make each step ~10x slower. The test checks behaviour, not speed.
