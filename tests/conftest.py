@@ -36,6 +36,18 @@ def tokenizer(real):
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the test. Tiny-model tests run thousands of microsecond-sized ops; on a busy
+    2-core machine two threads waiting on a descheduled partner run ~10x slower. Nothing here is timed."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def tiny():
     from course.model import tiny_model
 

@@ -11,13 +11,8 @@ from course.prefix_cache import PrefixCache, generate_with_prefix
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread. Tiny-model tests run thousands of microsecond-sized ops, and on a busy shared
-    2-core machine two threads waiting on a descheduled partner run ~10x slower. No test here times anything."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _steady(one_thread):
+    """Every test here runs with one torch thread (see conftest.one_thread)."""
 
 
 def full_prefill(model, ids):

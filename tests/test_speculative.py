@@ -17,13 +17,8 @@ from course.speculative import (Draft, ModelDraft, PromptLookupDraft, accept_pro
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread. Tiny-model tests run thousands of microsecond-sized ops, and on a busy shared
-    2-core machine two threads waiting on a descheduled partner run ~10x slower. No test here times anything."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _steady(one_thread):
+    """Every test here runs with one torch thread (see conftest.one_thread)."""
 
 
 P_HAND = torch.tensor([0.5, 0.3, 0.2])
