@@ -650,6 +650,13 @@ def run_check(args) -> int:
             if t.hint:
                 print(f"         hint: {t.hint}")
     passed = sum(t.status == "pass" for t in visible)
+    try:  # the learner's progress file remembers each self-check (`kvcourse progress` shows it)
+        from .progress import record_exercise_check
+
+        record_exercise_check(path.stem, passed, len(visible),
+                              {t.grade_id: t.status for t in visible})
+    except Exception as exc:  # progress is a convenience: never let it break the check itself
+        print(f"  note: could not save this check to your progress file ({exc})")
     print(f"{passed}/{len(visible)} visible tests pass"
           + ("" if passed == len(visible) else "; fix the failing ones and run kvcourse check again"))
     return 0 if passed == len(visible) else 1

@@ -340,6 +340,16 @@ def test_check_passes_a_correct_notebook_and_explains_a_wrong_one():
     assert "1/5 visible tests pass" in bad.stdout
 
 
+@pytest.mark.slow
+def test_check_saves_its_result_in_the_progress_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    bad = _kvcourse("check", str(SAMPLES / "mem-bug-no-factor-2" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert bad.returncode == 1
+    shown = _kvcourse("progress")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "memory_formula" in shown.stdout and "1/5" in shown.stdout
+
+
 def test_check_warns_about_changed_test_cells():
     edited = SAMPLES / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"
     assert grading._changed_locked_cells(edited) == [
