@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from course.grading import grade  # noqa: E402
+from course.grade.grading import grade  # noqa: E402
 
 
 def make_class(folder: Path, students: int) -> list[str]:

@@ -3,7 +3,7 @@
 Every question marked `autograded: true` (the seed's five checkpoints) becomes one answer cell and one
 test cell. The visible part of the test only checks that the answer is one of the option letters; the
 hidden part compares a digest of the answer, so neither the student version nor the feedback shows
-which letter is right. Regenerate after editing questions.yaml, then `python -m course.grading exercises`:
+which letter is right. Regenerate after editing questions.yaml, then `python -m course.grade.grading exercises`:
 
     python autograde/make_quiz.py
 """
@@ -19,7 +19,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from course.paths import SOLUTIONS  # noqa: E402
-from course.quiz import fill_numbers, load_questions  # noqa: E402
+from course.teach.quiz import fill_numbers, load_questions  # noqa: E402
 
 ASSIGNMENT, NOTEBOOK = "04_checkpoint_quiz", "checkpoint_quiz"
 

@@ -477,7 +477,7 @@ SAMPLER = {
 # ----------------------------------------------------------------------------- 04 checkpoint quiz (from questions.yaml)
 
 def quiz_samples() -> dict[str, Sample]:
-    from course.quiz import load_questions
+    from course.teach.quiz import load_questions
 
     questions = load_questions().autograded()
     name = {q.id: "answer_" + q.id.replace("-", "_") for q in questions}

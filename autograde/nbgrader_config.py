@@ -20,7 +20,7 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
                                     LimitOutput, SaveAutoGrades)
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
-from course.nbgrader_ext import HideHiddenTests, SafeExecute
+from course.grade.nbgrader_ext import HideHiddenTests, SafeExecute
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .config import PRESETS, ModelConfig
-from .device import pick_device, pick_dtype
+from course.engine.config import PRESETS, ModelConfig
+from course.engine.device import pick_device, pick_dtype
 
 __all__ = ["ModelConfig", "PRESETS", "load", "pick_device", "pick_dtype"]
 __version__ = "0.1.0"
@@ -12,8 +12,8 @@ __version__ = "0.1.0"
 
 @lru_cache(maxsize=4)
 def _load(path, device, dtype):
-    from .tokenizer import load_tokenizer
-    from .weights import load_model
+    from course.engine.tokenizer import load_tokenizer
+    from course.engine.weights import load_model
 
     return load_model(path, device=device, dtype=dtype), load_tokenizer(path)
 

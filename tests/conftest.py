@@ -49,7 +49,7 @@ def one_thread():
 
 @pytest.fixture
 def tiny():
-    from course.model import tiny_model
+    from course.engine.model import tiny_model
 
     return tiny_model(seed=0)
 

@@ -11,12 +11,12 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from course import bench
+from course.cli import bench
 from course.cli import main
-from course.fast import FastModel, GemvLinear, use_gemv_linears
-from course.generate import decode_one_token, generate, prefill
-from course.kv_cache import KVCache
-from course.model import tiny_model
+from course.engine.fast import FastModel, GemvLinear, use_gemv_linears
+from course.engine.generate import decode_one_token, generate, prefill
+from course.engine.kv_cache import KVCache
+from course.engine.model import tiny_model
 
 ITEM_ROW_KEYS = {
     "decode": {"engine", "dtype", "context", "batch", "ms_per_token", "tokens_per_s", "bytes_per_step",

@@ -35,7 +35,7 @@ import nbformat
 import pytest
 from traitlets.config.loader import PyFileConfigLoader
 
-from course import classroom, grading
+from course.grade import classroom, grading
 from course.paths import AUTOGRADE, PROJECT_ROOT
 
 CLASSROOM = AUTOGRADE / "classroom"

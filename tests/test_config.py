@@ -1,6 +1,6 @@
 import pytest
 
-from course.config import PRESETS, ModelConfig
+from course.engine.config import PRESETS, ModelConfig
 
 PUBLISHED = {  # parameter counts from the model cards / papers
     "llama-2-7b": 6_738_415_616,

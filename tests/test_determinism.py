@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from course.determinism import (alone_vs_batched, across_threads, compare_logits, flip_rate_estimate, greedy_gaps,
+from course.lessons.determinism import (alone_vs_batched, across_threads, compare_logits, flip_rate_estimate, greedy_gaps,
                                 near_tie, sum_orders, three_term_examples)
-from course.sampling_demos import entropy_grid, matching_top_p, nucleus_by_order
+from course.lessons.sampling_demos import entropy_grid, matching_top_p, nucleus_by_order
 
 
 def test_sum_orders_disagree_but_stay_near_the_exact_sum():
@@ -84,7 +84,7 @@ def test_near_tie_flips_the_argmax_when_runs_differ(tiny):
 
 
 def test_greedy_gaps_follow_the_greedy_path(tiny):
-    from course.generate import generate
+    from course.engine.generate import generate
 
     ids = [3, 9, 27, 81]
     gaps = greedy_gaps(tiny, ids, n_new=6)

@@ -15,7 +15,7 @@ import nbformat
 import pytest
 import torch
 
-from course.grading import HIDDEN_BEGIN, assignments, generate_exercises
+from course.grade.grading import HIDDEN_BEGIN, assignments, generate_exercises
 from course.paths import AUTOGRADE, EXERCISES, PROJECT_ROOT, SOLUTIONS
 
 ASSIGNMENTS = assignments()
@@ -36,7 +36,7 @@ def nbgrader_meta(cell) -> dict:
 def test_the_four_assignments_exist():
     assert list(ASSIGNMENTS) == ["01_memory_formula", "02_kv_cache", "03_sampler", "04_checkpoint_quiz"]
     for assignment, path in notebooks(EXERCISES):
-        assert path.exists(), f"{path} missing: run `python -m course.grading exercises`"
+        assert path.exists(), f"{path} missing: run `python -m course.grade.grading exercises`"
 
 
 @pytest.mark.parametrize("assignment", list(ASSIGNMENTS))
@@ -75,7 +75,7 @@ def test_exercises_equal_what_nbgrader_generates(tmp_path):
         mine = nbformat.read(str(committed), as_version=4)
         assert [(c.cell_type, c.source) for c in mine.cells] == [(c.cell_type, c.source) for c in fresh.cells], (
             f"{committed} differs from nbgrader's student version of solutions/{assignment}: "
-            "run `python -m course.grading exercises` and commit exercises/")
+            "run `python -m course.grade.grading exercises` and commit exercises/")
         assert [nbgrader_meta(c) for c in mine.cells] == [nbgrader_meta(c) for c in fresh.cells], committed
 
 
@@ -101,7 +101,7 @@ def test_no_solution_or_hidden_test_leaks(assignment):
 
 
 def test_quiz_answers_are_not_in_the_student_version():
-    from course.quiz import load_questions
+    from course.teach.quiz import load_questions
 
     sys.path.insert(0, str(AUTOGRADE))
     import make_quiz
@@ -117,7 +117,7 @@ def test_quiz_answers_are_not_in_the_student_version():
 
 
 def test_quiz_source_is_generated_from_questions_yaml():
-    from course.quiz import load_questions
+    from course.teach.quiz import load_questions
 
     sys.path.insert(0, str(AUTOGRADE))
     import make_quiz
@@ -125,7 +125,7 @@ def test_quiz_source_is_generated_from_questions_yaml():
     fresh = make_quiz.build(load_questions().autograded())
     committed = nbformat.read(str(SOLUTIONS / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb"), as_version=4)
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in fresh.cells], \
-        "course/questions.yaml changed: run `python autograde/make_quiz.py` and `python -m course.grading exercises`"
+        "course/questions.yaml changed: run `python autograde/make_quiz.py` and `python -m course.grade.grading exercises`"
 
 
 def test_samples_are_built_from_the_current_exercises(tmp_path):
@@ -143,8 +143,8 @@ def test_samples_are_built_from_the_current_exercises(tmp_path):
 def test_attention_replaced_runs_the_given_attention_and_restores_the_model(tiny):
     import torch.nn.functional as F
 
-    from course.exercise_tools import attention_replaced
-    from course.kv_cache import KVCache
+    from course.grade.exercise_tools import attention_replaced
+    from course.engine.kv_cache import KVCache
 
     calls = []
 
@@ -174,7 +174,7 @@ def test_attention_replaced_runs_the_given_attention_and_restores_the_model(tiny
 @pytest.mark.parametrize("assignment", list(ASSIGNMENTS))
 def test_blank_exercise_passes_no_visible_test(assignment):
     """`kvcourse check` on the released exercise: every visible test fails (hidden ones: see test_grading)."""
-    from course.grading import check
+    from course.grade.grading import check
 
     (exercise,) = [p for a, p in notebooks(EXERCISES) if a == assignment]
     results, answer_errors = check(exercise, timeout=120)
@@ -188,7 +188,7 @@ def test_blank_exercise_passes_no_visible_test(assignment):
 @pytest.mark.slow
 def test_real_model_demo_with_the_reference_solution(real):
     """The KV-cache exercise's demo cell: the reference cache + attention on SmolLM2 match no cache at all."""
-    from course.exercise_tools import real_model_demo
+    from course.grade.exercise_tools import real_model_demo
 
     source = nbformat.read(str(SOLUTIONS / "02_kv_cache" / "kv_cache.ipynb"), as_version=4)
     namespace: dict = {}

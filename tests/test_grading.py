@@ -22,7 +22,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course import grading
+from course.grade import grading
 from course.paths import AUTOGRADE, EXERCISES, PROJECT_ROOT
 
 SAMPLES = AUTOGRADE / "samples"
@@ -78,7 +78,7 @@ def test_config_keeps_all_nbgrader_state_in_the_course_folder(tmp_path):
 
 
 def test_kernels_start_under_a_memory_cap():
-    from course.nbgrader_ext import GraderKernelManager
+    from course.grade.nbgrader_ext import GraderKernelManager
 
     km = GraderKernelManager(kernel_name="python3")
     km.memory_limit_mb = 256
@@ -134,7 +134,7 @@ def test_repair_reports_tampering_and_restores_deleted_answer_cells():
 def test_feedback_preprocessor_removes_hidden_tests():
     from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-    from course.nbgrader_ext import HideHiddenTests
+    from course.grade.nbgrader_ext import HideHiddenTests
 
     source = "# visible part\nprint(1)\n### BEGIN HIDDEN TESTS\nassert secret(3) == 42, 'hint: think'\n### END HIDDEN TESTS"
     failed = new_code_cell(source, outputs=[new_output("error", ename="AssertionError", evalue="hint: think",

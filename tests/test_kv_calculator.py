@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from course import memory as M
-from course.config import PRESETS
+from course.measure import costs as M
+from course.engine.config import PRESETS
 from course.widgets.kv_calculator import DTYPES, calculator_numbers, calculator_view, figure_png, kv_calculator
 
 GiB = 2 ** 30

@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from course.attention_by_hand import (attend_one_query, attention_with_cache, attention_without_cache,
+from course.lessons.attention_by_hand import (attend_one_query, attention_with_cache, attention_without_cache,
                                       layer0_walkthrough, side_by_side, MARK)
-from course.beam import beam_search, sequence_logprob
-from course.cache_speed import SpeedComparison, check_equivalence
-from course.config import PRESETS
-from course.generate import generate
-from course.kv_cache import KVCache, LayerKVCache
-from course.kv_quant import (Int8KVCache, cache_bytes_by_dtype, compare_int8_cache, dequantize_int8,
+from course.engine.beam import beam_search, sequence_logprob
+from course.measure.cache_speed import SpeedComparison, check_equivalence
+from course.engine.config import PRESETS
+from course.engine.generate import generate
+from course.engine.kv_cache import KVCache, LayerKVCache
+from course.engine.kv_quant import (Int8KVCache, cache_bytes_by_dtype, compare_int8_cache, dequantize_int8,
                              int8_bytes_per_token, quantize_int8)
-from course.memory import kv_cache_bytes, tensor_bytes
-from course.paging import BlockAllocator, blocks_needed, plot_paging, sample_request_lengths, simulate_paging
+from course.measure.costs import kv_cache_bytes, tensor_bytes
+from course.lessons.paging import BlockAllocator, blocks_needed, plot_paging, sample_request_lengths, simulate_paging
 
 
 # ------------------------------------------------------------------ INT8 cache
@@ -255,7 +255,7 @@ def test_formula_equals_transformers_dynamic_cache_bytes(real):
     """transformers' own cache for the same GGUF holds exactly the formula's bytes."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
-    from course.weights import default_gguf_path
+    from course.engine.weights import default_gguf_path
 
     model, tok = real
     p = default_gguf_path()

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from course.lab import command
+from course.cli.lab import command
 from course.paths import PROJECT_ROOT
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 """Lesson 02 runs headless, end to end; its record()ed numbers are checked here, not its printed text."""
 import pytest
 
-from course.memory import GB, GiB, MiB
+from course.measure.costs import GB, GiB, MiB
 from course.paths import LESSONS
 
 pytestmark = pytest.mark.slow

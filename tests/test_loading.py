@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from course import weights
-from course.device import pick_device, pick_dtype
-from course.weights import default_gguf_path, load_model, load_weights
+from course.engine import weights
+from course.engine.device import pick_device, pick_dtype
+from course.engine.weights import default_gguf_path, load_model, load_weights
 
 
 def test_default_model_found_without_importing_its_package():

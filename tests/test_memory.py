@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from course import memory as M
-from course.config import PRESETS, ModelConfig
-from course.kv_cache import KVCache
+from course.measure import costs as M
+from course.engine.config import PRESETS, ModelConfig
+from course.engine.kv_cache import KVCache
 
 KiB, MiB, GiB, GB = 2 ** 10, 2 ** 20, 2 ** 30, 10 ** 9
 

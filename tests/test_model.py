@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from course.config import ModelConfig
-from course.kv_cache import KVCache
-from course.model import Transformer, apply_rope, rope_tables, tiny_model
+from course.engine.config import ModelConfig
+from course.engine.kv_cache import KVCache
+from course.engine.model import Transformer, apply_rope, rope_tables, tiny_model
 
 
 def test_logits_shape(tiny):

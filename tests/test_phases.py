@@ -16,12 +16,12 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from course import phases  # noqa: E402
-from course.config import ModelConfig  # noqa: E402
-from course.generate import decode_one_token, forward_uncached  # noqa: E402
-from course.kv_cache import KVCache  # noqa: E402
-from course.model import Transformer, tiny_model  # noqa: E402
-from course.timing import Timing  # noqa: E402
+from course.measure import phases  # noqa: E402
+from course.engine.config import ModelConfig  # noqa: E402
+from course.engine.generate import decode_one_token, forward_uncached  # noqa: E402
+from course.engine.kv_cache import KVCache  # noqa: E402
+from course.engine.model import Transformer, tiny_model  # noqa: E402
+from course.measure.timing import Timing  # noqa: E402
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "lessons" / "01_prefill_decode.ipynb"
 SMOL = ModelConfig.from_name("smollm2-135m")

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course.generate import generate
-from course.kv_cache import KVCache
-from course.memory import kv_cache_bytes
-from course.prefix_cache import PrefixCache, generate_with_prefix
+from course.engine.generate import generate
+from course.engine.kv_cache import KVCache
+from course.measure.costs import kv_cache_bytes
+from course.engine.prefix_cache import PrefixCache, generate_with_prefix
 
 
 @pytest.fixture(autouse=True)

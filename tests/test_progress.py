@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from course.progress import LEVELS, ProgressFileWarning, ProgressStore, default_path, normalise_level
+from course.teach.progress import LEVELS, ProgressFileWarning, ProgressStore, default_path, normalise_level
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +20,7 @@ def test_round_trip_survives_a_new_process(tmp_path):
     path = tmp_path / "p.sqlite"
     # A separate Python process stands in for a kernel that is later restarted.
     script = textwrap.dedent(f"""
-        from course.progress import ProgressStore
+        from course.teach.progress import ProgressStore
         s = ProgressStore({str(path)!r})
         s.record_answer("02_kv_cache", "seed-2", "B", False)
         s.record_answer("02_kv_cache", "seed-2", "A", True)
@@ -201,7 +201,7 @@ def _row(out: str, lesson: str) -> list[str]:
 
 def test_cli_prints_a_per_lesson_summary(progress_file, capsys):
     from course.cli import main
-    from course.quiz import load_questions
+    from course.teach.quiz import load_questions
 
     store = ProgressStore(progress_file)
     store.record_answer("01_prefill_decode", "seed-1", "A", False)

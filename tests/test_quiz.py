@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from course import quiz
+from course.teach import quiz
 from course.paths import LESSONS, PROJECT_ROOT
-from course.progress import LEVELS, ProgressStore
-from course.widgets.quiz_widget import CheckpointQuiz, FlipCard, QuestionWidget, SelfAssessmentWidget
+from course.teach.progress import LEVELS, ProgressStore
+from course.teach.quiz_widget import CheckpointQuiz, FlipCard, QuestionWidget, SelfAssessmentWidget
 
 LESSON_IDS = ["00_start_here", "01_prefill_decode", "02_kv_cache", "03_sampling", "04_speculative_prefix"]
 
@@ -30,7 +30,7 @@ def store(tmp_path):
 @pytest.fixture(autouse=True)
 def clean_results(monkeypatch, tmp_path):
     """Each test starts with nothing record()ed and its own progress file."""
-    from course import results
+    from course.measure import results
 
     monkeypatch.setattr(results, "_recorded", {})
     monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
@@ -80,7 +80,7 @@ def test_correct_answers_are_not_always_the_same_letter(bank):
 
 
 def test_worked_numbers_in_the_questions_match_course_memory():
-    from course.memory import kv_bytes_per_token
+    from course.measure.costs import kv_bytes_per_token
 
     assert kv_bytes_per_token("llama-2-70b", "float16") == 327_680
     assert kv_bytes_per_token("llama-2-7b", "float16") == 524_288
@@ -263,7 +263,7 @@ def _plain(html_text: str) -> str:
 
 
 def test_explanations_cite_the_number_just_measured(bank, store):
-    from course.results import record
+    from course.measure.results import record
 
     q = bank.question("seed-1")
     w = QuestionWidget(q, store=store, values=lambda: quiz.measured_values("01_prefill_decode", store))
@@ -283,7 +283,7 @@ def test_explanations_cite_the_number_just_measured(bank, store):
 
 
 def test_measurements_are_kept_for_after_a_restart(bank, store):
-    from course import results
+    from course.measure import results
 
     results.record("cache_speedup", 6.25)
     quiz.checkpoint("02_kv_cache", store=store, show=False)  # saves recorded() to the progress file
@@ -389,7 +389,7 @@ def test_text_mode_prints_and_answers_in_code(bank, monkeypatch, capsys):
 
 
 def test_a_broken_progress_file_never_stops_the_quiz(bank, tmp_path):
-    from course.progress import ProgressFileWarning
+    from course.teach.progress import ProgressFileWarning
 
     path = tmp_path / "broken.sqlite"
     path.write_bytes(b"garbage" * 100)
@@ -407,8 +407,8 @@ def test_headless_notebook_prints_the_quiz_as_text(run_notebook, tmp_path, bank)
 
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell('from course.results import record\nrecord("cache_speedup", 4.5)'),
-                nbformat.v4.new_code_cell('from course.quiz import checkpoint, self_assessment\n'
+    nb.cells = [nbformat.v4.new_code_cell('from course.measure.results import record\nrecord("cache_speedup", 4.5)'),
+                nbformat.v4.new_code_cell('from course.teach.quiz import checkpoint, self_assessment\n'
                                           'checkpoint("02_kv_cache")\nself_assessment("02_kv_cache")')]
     path = tmp_path / "quiz_demo.ipynb"
     nbformat.write(nb, path)

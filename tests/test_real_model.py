@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from course.generate import generate
-from course.kv_cache import KVCache
-from course.weights import default_gguf_path
+from course.engine.generate import generate
+from course.engine.kv_cache import KVCache
+from course.engine.weights import default_gguf_path
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from course.sampling import (apply_temperature, check_params, entropy_bits, kept_mask, nucleus_size, probabilities,
+from course.engine.sampling import (apply_temperature, check_params, entropy_bits, kept_mask, nucleus_size, probabilities,
                              sample, top_k_filter, top_p_filter, transform_logits)
 
 V = 50

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from course.sampling import entropy_bits, kept_mask, nucleus_size, probabilities
+from course.engine.sampling import entropy_bits, kept_mask, nucleus_size, probabilities
 from course.widgets.sampling_explorer import (PROMPTS, TOP_K_CHOICES, Prompt, SamplingExplorer, headless,
                                               sample_continuations, static_grid, svg_chart)
 
@@ -149,7 +149,7 @@ def test_sample_button_uses_current_settings_and_new_seeds(explorer):
 
 
 def test_sample_continuations_greedy_matches_generate(tiny):
-    from course.generate import generate
+    from course.engine.generate import generate
 
     tok = ByteTokenizer()
     ids = tok.chat_ids("Hello")

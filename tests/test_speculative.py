@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from course.generate import generate
-from course.model import tiny_model
-from course.speculative import (Draft, ModelDraft, PromptLookupDraft, accept_probability, empirical_distribution,
+from course.engine.generate import generate
+from course.engine.model import tiny_model
+from course.engine.speculative import (Draft, ModelDraft, PromptLookupDraft, accept_probability, empirical_distribution,
                                 expected_tokens_per_pass, predicted_speedup, residual_distribution, shallow_copy,
                                 shallow_draft, speculative_first_token, speculative_generate, total_variation,
                                 verify_greedy, verify_sampled)
@@ -289,7 +289,7 @@ def test_greedy_speculative_equals_greedy_target_real(real_model, tokenizer):
 
 
 def test_break_even_acceptance():
-    from course.speculative import break_even_acceptance
+    from course.engine.speculative import break_even_acceptance
 
     a = break_even_acceptance(2, draft_cost=0.3, verify_cost=1.2)
     assert predicted_speedup(a, 2, 0.3, 1.2) == pytest.approx(1.0, abs=1e-6)

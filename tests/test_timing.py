@@ -1,4 +1,4 @@
-"""course.timing and course.device.synchronize: the clock waits for the device, medians, probes.
+"""course.measure.timing and course.engine.device.synchronize: the clock waits for the device, medians, probes.
 
 The CUDA path is exercised without a GPU: torch.cuda.Event and torch.cuda.synchronize are replaced
 by fakes that record what was asked of them.
@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-import course.device
-import course.timing as timing
-from course.timing import Stopwatch, Timing, matmul_flops, measure, memory_bandwidth
+import course.engine.device
+import course.measure.timing as timing
+from course.measure.timing import Stopwatch, Timing, matmul_flops, measure, memory_bandwidth
 
 
 class FakeEvent:
@@ -65,9 +65,9 @@ def test_measure_on_cuda_takes_the_median_of_event_times(fake_cuda):
 
 
 def test_device_synchronize_calls_cuda_synchronize(fake_cuda):
-    course.device.synchronize("cuda")
-    course.device.synchronize(torch.device("cuda:0"))
-    course.device.synchronize("cpu")  # nothing to wait for on the CPU
+    course.engine.device.synchronize("cuda")
+    course.engine.device.synchronize(torch.device("cuda:0"))
+    course.engine.device.synchronize("cpu")  # nothing to wait for on the CPU
     assert [str(d) for d in fake_cuda] == ["cuda", "cuda:0"]
 
 

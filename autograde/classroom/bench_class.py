@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from course import classroom, grading  # noqa: E402
+from course.grade import classroom, grading  # noqa: E402
 
 
 def submit(student: str, assignment: str, notebook: Path, home: Path, exchange: Path) -> None:

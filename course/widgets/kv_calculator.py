@@ -4,7 +4,7 @@
     kv_calculator(...)                           the ipywidgets front end; headless it shows the same
                                                  numbers as text and the plot as a PNG
 
-Every number comes from course.memory, so the widget, the lesson's formula cells and the tests agree.
+Every number comes from course.measure.costs, so the widget, the lesson's formula cells and the tests agree.
 """
 from __future__ import annotations
 
@@ -16,18 +16,18 @@ import ipywidgets as widgets
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..config import PRESETS, ModelConfig
-from ..memory import (DTYPE_BYTES, GiB, _positive_int, dtype_bytes, human_bytes, kv_bytes_per_token,
+from course.engine.config import PRESETS, ModelConfig
+from course.measure.costs import (DTYPE_BYTES, GiB, _positive_int, dtype_bytes, human_bytes, kv_bytes_per_token,
                       kv_cache_bytes_for, weights_bytes)
 
-DTYPES = {"fp32": "fp32", "fp16/bf16": "fp16", "int8": "int8", "fp8": "fp8"}  # label → course.memory name
+DTYPES = {"fp32": "fp32", "fp16/bf16": "fp16", "int8": "int8", "fp8": "fp8"}  # label → course.measure.costs name
 T_MAX = 131_072  # the slider's top: 128 Ki tokens
 B_MAX = 256
 BEAM_MAX = 64
 
 
 def _dtype_name(dtype: str, argument: str) -> str:
-    """A selector label ('fp16/bf16') or a course.memory dtype name ('bf16', 'float32') → 'fp32'|'fp16'|'int8'|'fp8'."""
+    """A selector label ('fp16/bf16') or a course.measure.costs dtype name ('bf16', 'float32') → 'fp32'|'fp16'|'int8'|'fp8'."""
     key = dtype.lower() if isinstance(dtype, str) else None
     if key in DTYPES:
         return DTYPES[key]

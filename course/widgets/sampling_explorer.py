@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kv_cache import KVCache
-from ..sampling import check_params, entropy_bits, probabilities, sample, transform_logits
+from course.engine.kv_cache import KVCache
+from course.engine.sampling import check_params, entropy_bits, probabilities, sample, transform_logits
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,7 @@ def test_kv_calculator_context_slider_changes_the_bytes(lab, kept_pages):
 
 # ----------------------------------------------------------------------------------------------- 4
 def test_checkpoint_quiz_answers_and_explains(lab):
-    from course.quiz import load_questions
+    from course.teach.quiz import load_questions
 
     question = load_questions().for_lesson("00_start_here")[0]
     wrong = next(o for o in question.options if o.key != question.answer)

@@ -1,0 +1,52 @@
+"""`kvcourse doctor`: is everything in place? Versions, device, the model file, and a bandwidth probe."""
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+
+def add_arguments(p):
+    p.add_argument("--quick", action="store_true", help="skip loading the model (used by `make setup`)")
+    p.add_argument("--device", default="auto")
+
+
+def run(args) -> int:
+    from importlib import metadata
+
+    import torch
+
+    from course.engine.device import pick_device
+    from course.measure.timing import memory_bandwidth
+    from course.engine.weights import cache_dir, cached_weights_path, default_gguf_path
+
+    ok = True
+    print(f"python      {sys.version.split()[0]} on {platform.machine()} ({platform.system()})")
+    for pkg in ("torch", "gguf", "tokenizers", "jupyterlab", "nbgrader", "ipywidgets"):
+        try:
+            print(f"{pkg:<11} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            print(f"{pkg:<11} MISSING — run `make setup`")
+            ok = False
+    device = pick_device(args.device)
+    cuda = f"CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no CUDA GPU"
+    print(f"device      {device}  ({cuda}; {torch.get_num_threads()} CPU threads)")
+    try:
+        path = default_gguf_path()
+        print(f"model       {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+        cached = cached_weights_path(path)
+        print(f"cache       {cached if cached.exists() else str(cache_dir()) + ' (filled on first load)'}")
+    except FileNotFoundError as exc:
+        print(f"model       MISSING — {exc}")
+        ok = False
+    if not args.quick:
+        bw = memory_bandwidth(device, nbytes=128 << 20, repeats=3)
+        print(f"bandwidth   {bw.bytes_per_s / 1e9:.1f} GB/s (read {bw.read_bytes_per_s / 1e9:.1f}, copy {bw.copy_bytes_per_s / 1e9:.1f})")
+        if ok:
+            import course
+
+            t0 = time.perf_counter()
+            model, tok = course.load(device=device)
+            print(f"load        {time.perf_counter() - t0:.1f} s  ({model.config.n_params / 1e6:.1f} M parameters)")
+    print("all good" if ok else "something is missing: see above")
+    return 0 if ok else 1

@@ -1,0 +1,439 @@
+"""Speculative decoding: a cheap draft proposes k tokens, the target checks them all in ONE pass.
+
+Decode is bandwidth-bound: each target pass streams every weight once to produce one token. If a
+draft guesses the next k tokens, the target can score all k+1 positions in a single pass (like a
+small prefill) and keep the longest run it agrees with, so one weight read yields 1..k+1 tokens.
+
+    draft      x_1..x_k ~ q            k cheap passes (or a free n-gram lookup)
+    verify     p_1..p_{k+1}            ONE target pass over [last, x_1..x_k] against its KV cache
+    accept     x_i with probability min(1, p_i(x_i) / q_i(x_i)), left to right
+    on reject  draw from the residual  max(0, p_i - q_i) / sum(max(0, p_i - q_i)), then stop
+    all kept   draw a bonus token from p_{k+1}
+
+Every emitted token is distributed exactly as the target alone would have sampled it
+(Leviathan et al. 2023, Chen et al. 2023). Greedy decoding is the special case where p and q are
+one-hot: keep drafted tokens while they equal the target's argmax, then take the target's argmax.
+
+Rejected positions need no clean-up in either KV cache: the next pass writes at the first rejected
+position, and attention only reads keys up to start_pos + T (see KVCache.update).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from course.engine.device import synchronize
+from course.engine.generate import Generation
+from course.engine.kv_cache import KVCache
+from course.engine.sampling import check_params, probabilities
+
+# ---------------------------------------------------------------------------------------------
+# The accept / reject step (pure functions of two distributions)
+# ---------------------------------------------------------------------------------------------
+
+
+def accept_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> float:
+    """min(1, p(x) / q(x)) for a token x the draft drew from q. p, q: [V] probabilities."""
+    q_x = float(q[token])
+    if q_x <= 0:
+        raise ValueError(f"the draft gave token {token} probability 0, so it cannot have drawn it; "
+                         "pass the distribution the draft actually sampled from")
+    return min(1.0, float(p[token]) / q_x)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Where to sample after a rejection: max(0, p - q), renormalised. p, q: [..., V].
+
+    This is the part of p the draft under-proposes; adding it to the accepted mass min(p, q)
+    gives back p exactly. If p == q there is no residual (and no rejection can happen); p is
+    returned so the function is total.
+    """
+    residual = (p - q).clamp_min(0)  # [..., V]
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
+
+
+def one_hot(token: int, vocab_size: int, like: torch.Tensor) -> torch.Tensor:
+    """The draft 'distribution' of a deterministic draft (greedy model or n-gram lookup)."""
+    q = torch.zeros(vocab_size, dtype=like.dtype, device=like.device)
+    q[token] = 1.0
+    return q
+
+
+def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, drafted: list[int],
+                   generator: torch.Generator | None = None,
+                   uniforms: list[float] | None = None) -> tuple[int, int]:
+    """Speculative sampling: how many drafted tokens to keep, and the one token the target adds.
+
+    p: [m+1, V] target probabilities at each drafted position plus one; q: [m, V] the draft's
+    probabilities (None for a deterministic draft: one-hot at each drafted token).
+    uniforms: optional fixed u_i in [0, 1) for the accept tests (to check a step by hand).
+    Returns (n_accepted, next_token): keep drafted[:n_accepted], then append next_token.
+    """
+    m = len(drafted)
+    if p.dim() != 2 or p.shape[0] != m + 1:
+        raise ValueError(f"p must be [len(drafted)+1, V] = [{m + 1}, V], got {tuple(p.shape)}")
+    if q is not None and tuple(q.shape) != (m, p.shape[1]):
+        raise ValueError(f"q must be [len(drafted), V] = [{m}, {p.shape[1]}], got {tuple(q.shape)}")
+    for i, x in enumerate(drafted):
+        q_i = q[i] if q is not None else one_hot(x, p.shape[1], p)
+        u = uniforms[i] if uniforms is not None else float(torch.rand((), generator=generator))
+        if u < accept_probability(p[i], q_i, x):
+            continue  # keep x_i, test the next one
+        residual = residual_distribution(p[i], q_i)
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return m, int(torch.multinomial(p[m], 1, generator=generator))  # every draft kept: a bonus token
+
+
+def verify_greedy(target_logits: torch.Tensor, drafted: list[int]) -> tuple[int, int]:
+    """Greedy speculative decoding: keep drafted tokens while they equal the target's argmax.
+
+    target_logits: [m+1, V]. Returns (n_accepted, next_token) where next_token is the target's
+    argmax at the first disagreement (or after the last drafted token).
+    """
+    best = target_logits.argmax(-1).tolist()  # [m+1]
+    for i, x in enumerate(drafted):
+        if x != best[i]:
+            return i, best[i]
+    return len(drafted), best[len(drafted)]
+
+
+def speculative_first_token(p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator | None = None,
+                            return_accepted: bool = False):
+    """n independent draws of the first emitted token at one fixed context, vectorised.
+
+    The same rule as verify_sampled (draft x ~ q, keep it if u < p(x)/q(x), else draw from the
+    residual), applied to n parallel copies of the same step: how the lesson collects thousands
+    of samples from the real model's p and q in a second. p, q: [V]. Returns [n] token ids
+    (and, with return_accepted, a [n] bool mask of the draws that kept the draft's token).
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    x = torch.multinomial(q, n, replacement=True, generator=generator)  # [n] drafted tokens
+    ratio = (p[x] / q[x]).clamp(max=1.0)  # [n] accept probabilities
+    accept = torch.rand(n, generator=generator, device=p.device) < ratio
+    fallback = torch.multinomial(residual_distribution(p, q), n, replacement=True, generator=generator)
+    tokens = torch.where(accept, x, fallback)
+    return (tokens, accept) if return_accepted else tokens
+
+
+def total_variation(p: torch.Tensor, q: torch.Tensor) -> float:
+    """TV distance ½·Σ|p − q| between two distributions over the same support (0 = identical)."""
+    return 0.5 * float((p.double() - q.double()).abs().sum())
+
+
+def empirical_distribution(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Histogram of sampled token ids, normalised: [V]."""
+    return torch.bincount(tokens.flatten(), minlength=vocab_size).double() / tokens.numel()
+
+
+# ---------------------------------------------------------------------------------------------
+# Drafts
+# ---------------------------------------------------------------------------------------------
+
+
+class Draft:
+    """What speculative_generate needs from a draft. Subclasses propose up to k tokens."""
+
+    name = "draft"
+
+    def reset(self, prompt_ids: list[int], capacity: int) -> None:
+        """Start a new sequence. capacity: the most tokens the sequence can reach (for KV buffers)."""
+
+    def propose(self, seq: list[int], k: int, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None
+                ) -> tuple[list[int], torch.Tensor | None]:
+        """Up to k tokens to follow seq, and the [len, V] distributions they were drawn from
+        (None if the draft is deterministic: then q is one-hot at each proposed token)."""
+        raise NotImplementedError
+
+
+class ModelDraft(Draft):
+    """A smaller language model with the same tokenizer, running with its own KV cache."""
+
+    def __init__(self, model: nn.Module, name: str | None = None):
+        self.model = model
+        self.name = name or f"model ({model.config.n_layers} layers)"
+        self.cache: KVCache | None = None
+        self.fed: list[int] = []  # tokens whose K/V sit in self.cache, in order
+        self.passes = 0
+
+    def reset(self, prompt_ids: list[int], capacity: int) -> None:
+        cfg = self.model.config
+        if self.cache is None or self.cache.max_seq_len < capacity:
+            self.cache = KVCache(cfg, batch=1, max_seq_len=capacity, dtype=self.model.dtype, device=self.model.device)
+        self.fed, self.passes = [], 0
+
+    @torch.inference_mode()
+    def propose(self, seq, k, temperature=0.0, top_k=None, top_p=None, generator=None):
+        if k <= 0:
+            return [], None
+        # Reuse the cached K/V of the longest prefix of seq already fed; re-feed at least the last token
+        # (its logits were not kept). Stale rows past that point are overwritten.
+        valid = 0
+        limit = min(len(self.fed), len(seq) - 1)
+        while valid < limit and self.fed[valid] == seq[valid]:
+            valid += 1
+        device = self.model.device
+        new = torch.tensor([seq[valid:]], dtype=torch.long, device=device)  # [1, T_new]
+        pos, drafted, dists = valid, [], []
+        for i in range(k):
+            logits = self.model(new, start_pos=pos, cache=self.cache, last_only=True)[0]  # [V]
+            self.passes += 1
+            pos += new.shape[1]
+            if temperature == 0:
+                token = int(logits.argmax())
+            else:
+                q = probabilities(logits, temperature, top_k, top_p)
+                token = int(torch.multinomial(q, 1, generator=generator))
+                dists.append(q)
+            drafted.append(token)
+            new = torch.tensor([[token]], dtype=torch.long, device=device)
+        self.fed = list(seq) + drafted[:-1]  # the last drafted token was never fed
+        return drafted, (torch.stack(dists) if dists else None)
+
+
+def shallow_copy(model: nn.Module, n_layers: int) -> nn.Module:
+    """The first n_layers blocks of `model` plus its final norm and (tied) head, as a Transformer.
+
+    No weights are copied: the new model's modules ARE the original's (same parameter tensors), so
+    the draft costs no memory beyond its own KV cache. An 'early exit' draft: it reads the residual
+    stream after n_layers blocks through the head that was trained to read it after all of them.
+    """
+    from course.engine.model import Transformer
+
+    total = model.config.n_layers
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= total:
+        raise ValueError(f"n_layers must be an integer in [1, {total}] (the target's layers), got {n_layers!r}")
+    config = model.config.with_(n_layers=n_layers)
+    with torch.device("meta"):  # build the skeleton without allocating weights, then plug in the real ones
+        draft = Transformer(config)
+    draft.tok_embeddings = model.tok_embeddings
+    draft.layers = nn.ModuleList(model.layers[:n_layers])
+    draft.norm = model.norm
+    draft.output = model.output
+    draft.rope_cos, draft.rope_sin = model.rope_cos, model.rope_sin
+    return draft.eval()
+
+
+def shallow_draft(model: nn.Module, n_layers: int) -> ModelDraft:
+    """A ModelDraft over shallow_copy(model, n_layers)."""
+    return ModelDraft(shallow_copy(model, n_layers), name=f"shallow SmolLM2 ({n_layers}/{model.config.n_layers} layers)")
+
+
+class PromptLookupDraft(Draft):
+    """Prompt-lookup (n-gram) drafting: find the latest earlier place where the last n tokens
+    occurred and propose what followed them there. Free to run, no model; it shines when the
+    answer copies from the context (edits, extraction, RAG, code) and proposes nothing otherwise.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not (isinstance(min_ngram, int) and isinstance(max_ngram, int) and 1 <= min_ngram <= max_ngram):
+            raise ValueError(f"need integers 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram!r}, "
+                             f"max_ngram={max_ngram!r}")
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.name = f"prompt lookup ({min_ngram}..{max_ngram}-gram)"
+        self.passes = 0
+
+    def reset(self, prompt_ids, capacity):
+        self.passes = 0
+
+    def propose(self, seq, k, temperature=0.0, top_k=None, top_p=None, generator=None):
+        if k <= 0:
+            return [], None
+        n_seq = len(seq)
+        for n in range(min(self.max_ngram, n_seq - 1), self.min_ngram - 1, -1):
+            tail = seq[n_seq - n:]
+            for start in range(n_seq - n - 1, -1, -1):  # latest match first; never the tail itself
+                if seq[start:start + n] == tail:
+                    follow = seq[start + n:start + n + k]
+                    if follow:
+                        return list(follow), None
+        return [], None
+
+
+# ---------------------------------------------------------------------------------------------
+# The generation loop
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SpeculativeStats:
+    """Counts and seconds for one speculative generation (the prefill pass is counted apart)."""
+    k: int
+    draft_name: str
+    target_passes: int = 0  # verification passes (decode phase)
+    proposed: int = 0  # draft tokens offered to the target
+    accepted: int = 0  # of those, kept
+    emitted: int = 0  # tokens produced by the verification passes (accepted + one per pass)
+    draft_passes: int = 0  # draft model forward passes (0 for prompt lookup)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0  # verification passes only
+    wall_seconds: float = 0.0  # the whole call, prefill included
+    accepted_per_pass: list[int] = field(default_factory=list)
+    proposed_per_pass: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of proposed draft tokens the target kept (nan if nothing was proposed)."""
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def agreement(self) -> float:
+        """Per-token acceptance α: kept / tested. A round stops testing at its first rejection, so
+        the drafts after it are proposed but never tested; α counts only tested ones."""
+        rejections = sum(1 for a, p in zip(self.accepted_per_pass, self.proposed_per_pass) if a < p)
+        tested = self.accepted + rejections
+        return self.accepted / tested if tested else float("nan")
+
+    @property
+    def tokens_per_target_pass(self) -> float:
+        """Decode-phase tokens per target pass: 1 for plain decoding, up to k+1 here."""
+        return self.emitted / self.target_passes if self.target_passes else float("nan")
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.wall_seconds - self.prefill_seconds
+
+    def summary(self) -> str:
+        return (f"{self.draft_name}, k={self.k}: acceptance {self.acceptance_rate:.0%}, "
+                f"{self.tokens_per_target_pass:.2f} tokens per target pass over {self.target_passes} passes, "
+                f"{self.wall_seconds:.2f} s (draft {self.draft_seconds:.2f} s, verify {self.target_seconds:.2f} s)")
+
+
+@dataclass
+class SpeculativeGeneration(Generation):
+    stats: SpeculativeStats | None = None
+
+
+def check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (draft tokens per target pass) must be an integer >= 1, got {k!r}")
+    return k
+
+
+@torch.inference_mode()
+def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_tokens: int = 64, k: int = 4, *,
+                         temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+                         seed: int | None = None, eos_id: int | None = None,
+                         on_token: Callable[[int], None] | None = None) -> SpeculativeGeneration:
+    """Generate like course.engine.generate.generate, but with a draft proposing k tokens per target pass.
+
+    temperature 0: greedy speculative decoding (output equals greedy target decoding token for token).
+    temperature > 0: speculative sampling (output distributed exactly as the target's sampler).
+    """
+    check_params(temperature, top_k, top_p)
+    check_k(k)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = target.device
+    prompt = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token")
+    capacity = len(prompt) + max_new_tokens + k + 1
+    if len(prompt) + max_new_tokens > target.config.max_seq_len:
+        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
+                         f"{target.config.max_seq_len} tokens; shorten the prompt or ask for fewer tokens")
+    capacity = min(capacity, target.config.max_seq_len)
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    greedy = temperature == 0
+    stats = SpeculativeStats(k=k, draft_name=getattr(draft, "name", type(draft).__name__))
+    result = SpeculativeGeneration(prompt_ids=prompt, stats=stats)
+    cache = KVCache(target.config, batch=1, max_seq_len=capacity, dtype=target.dtype, device=device)
+    draft.reset(prompt, capacity)
+
+    def emit(tokens) -> bool:
+        """Append tokens (timestamped now); True when generation must stop."""
+        now = time.perf_counter() - t0
+        for token in tokens:
+            result.tokens.append(token)
+            result.token_times.append(now)
+            if on_token is not None:
+                on_token(token)
+            if eos_id is not None and token == eos_id:
+                result.stop_reason = "eos"
+                return True
+            if len(result.tokens) >= max_new_tokens:
+                result.stop_reason = "length"
+                return True
+        return False
+
+    synchronize(device)
+    t0 = time.perf_counter()
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)  # [1, T]
+    logits = target(ids, start_pos=0, cache=cache, last_only=True)[0]  # [V]  the prefill pass
+    first = int(logits.argmax()) if greedy else int(torch.multinomial(
+        probabilities(logits, temperature, top_k, top_p), 1, generator=generator))
+    stats.prefill_seconds = time.perf_counter() - t0
+    seq = prompt + [first]  # invariant: the target's cache holds K/V for seq[:-1]
+    done = emit([first])
+    while not done:
+        k_step = min(k, max_new_tokens - len(result.tokens) - 1)  # never draft past the token limit
+        t_draft = time.perf_counter()
+        drafted, q = draft.propose(seq, k_step, temperature, top_k, top_p, generator)
+        t_verify = time.perf_counter()
+        stats.draft_seconds += t_verify - t_draft
+        pos = len(seq) - 1
+        x = torch.tensor([[seq[-1]] + drafted], dtype=torch.long, device=device)  # [1, m+1]
+        logits = target(x, start_pos=pos, cache=cache)[0]  # [m+1, V]: ONE pass scores every draft
+        if greedy:
+            n_ok, nxt = verify_greedy(logits, drafted)
+        else:
+            n_ok, nxt = verify_sampled(probabilities(logits, temperature, top_k, top_p), q, drafted, generator)
+        stats.target_seconds += time.perf_counter() - t_verify
+        new = drafted[:n_ok] + [nxt]
+        stats.target_passes += 1
+        stats.proposed += len(drafted)
+        stats.accepted += n_ok
+        stats.emitted += len(new)
+        stats.accepted_per_pass.append(n_ok)
+        stats.proposed_per_pass.append(len(drafted))
+        seq += new
+        done = emit(new)
+    synchronize(device)
+    stats.wall_seconds = time.perf_counter() - t0
+    stats.draft_passes = getattr(draft, "passes", 0)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The economics
+# ---------------------------------------------------------------------------------------------
+
+
+def expected_tokens_per_pass(acceptance: float, k: int) -> float:
+    """Mean tokens per target pass if each draft token is kept independently with probability α:
+    1 + α + α² + … + α^k = (1 − α^(k+1)) / (1 − α)."""
+    check_k(k)
+    if not 0 <= acceptance <= 1:
+        raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
+    if acceptance == 1:
+        return k + 1.0
+    return (1 - acceptance ** (k + 1)) / (1 - acceptance)
+
+
+def predicted_speedup(acceptance: float, k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """Tokens per second relative to plain decoding.
+
+    draft_cost: seconds of one draft pass / seconds of one target decode step (0 for prompt lookup).
+    verify_cost: seconds of one target pass over k+1 tokens / one target decode step (1 if the pass
+    is purely bandwidth-bound; more on a CPU, where k+1 tokens also cost arithmetic).
+    """
+    return expected_tokens_per_pass(acceptance, k) / (k * draft_cost + verify_cost)
+
+
+def break_even_acceptance(k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """The per-token acceptance α at which predicted_speedup = 1 (nan if even α = 1 cannot pay)."""
+    check_k(k)
+    if predicted_speedup(1.0, k, draft_cost, verify_cost) < 1:
+        return float("nan")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):  # bisection: the speedup grows with α
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if predicted_speedup(mid, k, draft_cost, verify_cost) < 1 else (lo, mid)
+    return hi

@@ -1,0 +1,125 @@
+"""The byte-level BPE tokenizer, rebuilt from GGUF metadata with Hugging Face `tokenizers`.
+
+SmolLM2's GGUF says: model 'gpt2' (byte-level BPE), pre-tokenizer 'smollm' (digits split one
+by one), control tokens (type 3) such as <|im_start|> = 1 and <|im_end|> = 2 (end of turn, EOS).
+The chat template already opens with <|im_start|>, so no BOS is added.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import json
+from pathlib import Path
+
+from course.engine.weights import _field, cache_dir, cached_weights_path, default_gguf_path, open_gguf
+
+CONTROL = 3  # llama.cpp token type for control tokens
+USER_DEFINED = 4
+
+
+@dataclass
+class ChatTokenizer:
+    tokenizer: "tokenizers.Tokenizer"  # noqa: F821
+    chat_template: str | None
+    bos_id: int | None
+    eos_id: int
+    add_bos: bool
+    special_ids: frozenset
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_text(self, token_id: int) -> str:
+        """How one token reads on its own (for plots): bytes decoded, spaces and newlines made visible."""
+        text = self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+        return text.replace("\n", "\\n").replace(" ", "␣") if text.strip() != text or not text else text
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ValueError("this model's GGUF has no chat template; encode the prompt text directly")
+        import jinja2
+
+        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(self.chat_template).render(messages=messages,
+                                                          add_generation_prompt=add_generation_prompt)
+
+    def chat_ids(self, user: str, system: str | None = None) -> list[int]:
+        """Token ids of one user turn wrapped in the chat template, ready for the assistant's answer."""
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        return self.encode(self.apply_chat_template(messages), add_bos=False)
+
+
+def tokenizer_from_gguf(reader) -> ChatTokenizer:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    kind = _field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"only byte-level BPE ('gpt2') GGUF tokenizers are supported, this one is {kind!r}")
+    tokens = list(_field(reader, "tokenizer.ggml.tokens"))
+    types = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    pre = _field(reader, "tokenizer.ggml.pre", "default")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    elif pre in ("llama3", "llama-bpe"):
+        llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(llama3), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special if types[i] == CONTROL])
+    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in special if types[i] == USER_DEFINED])
+    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+    return ChatTokenizer(
+        tokenizer=tok,
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        bos_id=None if bos is None else int(bos),
+        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
+        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
+        special_ids=frozenset(i for i in special if types[i] == CONTROL),
+    )
+
+
+def load_tokenizer(path: str | os.PathLike | None = None, use_cache: bool = True) -> ChatTokenizer:
+    """The tokenizer of a GGUF file; the first build is stored as JSON next to the cached weights."""
+    from tokenizers import Tokenizer
+
+    path = Path(path) if path is not None else default_gguf_path()
+    if not path.exists():
+        open_gguf(path)  # raises the error that names the setup command
+    cached = cached_weights_path(path).with_suffix(".tokenizer.json") if use_cache else None
+    if cached is not None and cached.exists():
+        try:
+            data = json.loads(cached.read_text())
+            return ChatTokenizer(tokenizer=Tokenizer.from_str(data["tokenizer"]), chat_template=data["chat_template"],
+                                 bos_id=data["bos_id"], eos_id=data["eos_id"], add_bos=data["add_bos"],
+                                 special_ids=frozenset(data["special_ids"]))
+        except (ValueError, KeyError, OSError):
+            cached.unlink(missing_ok=True)  # damaged: rebuild from the GGUF below
+    tok = tokenizer_from_gguf(open_gguf(path))
+    if cached is not None:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"tokenizer": tok.tokenizer.to_str(), "chat_template": tok.chat_template,
+                                   "bos_id": tok.bos_id, "eos_id": tok.eos_id, "add_bos": tok.add_bos,
+                                   "special_ids": sorted(tok.special_ids)}))
+        os.replace(tmp, cached)
+    return tok

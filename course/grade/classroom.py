@@ -1,0 +1,278 @@
+"""`kvcourse classroom`: run the course for a class on JupyterHub with nbgrader's exchange.
+
+The instructor's side of nbgrader's cycle, one subcommand per step, each a thin wrapper over nbgrader's
+own command of the same job (the exchange is nbgrader's; nothing here moves a student's file by hand):
+
+    init                 create the class folder and the shared exchange (mode ugo+rwx, as nbgrader asks)
+    release A            nbgrader generate_assignment (from solutions/) + release_assignment
+    (students fetch and submit with the Assignment List in JupyterLab)
+    collect A            nbgrader collect, into the class folder's inbox/
+    grade A [--jobs N]   `kvcourse grade` (course/grading.py: nbgrader autograde + generate_feedback in
+                         parallel workers, the safe-execution plug-ins, one gradebook writer)
+    feedback A           nbgrader release_feedback (students then fetch it from the Assignment List)
+    export [--to CSV]    nbgrader's CSV export of the gradebook
+    cycle A              collect, grade, feedback and export in one go
+    status [A]           what is in the exchange and the class folder
+
+Where things are: $KVCOURSE_CLASS_DIR (default ~/kvcourse-class) and $KVCOURSE_EXCHANGE (default
+/srv/nbgrader/exchange). On the course's JupyterHub (autograde/classroom/jupyterhub_config.py) the hub
+sets both for each instructor, so the command typed in a JupyterLab terminal and the formgrader agree.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+from . import grading
+from course.paths import AUTOGRADE
+
+COURSE_ID = "kvcourse"
+DEFAULT_EXCHANGE = "/srv/nbgrader/exchange"
+CLASSROOM = AUTOGRADE / "classroom"
+ROLE_CONFIG = {"instructor": CLASSROOM / "jupyter-config" / "instructor",
+               "student": CLASSROOM / "jupyter-config" / "student"}
+INBOX = "inbox"  # nbgrader collect writes here; `kvcourse grade` copies (and repairs) into submitted/
+EXCHANGE_MODE = 0o777  # nbgrader's documented `chmod ugo+rw` on the exchange root: everyone creates in it
+
+
+class ClassroomError(RuntimeError):
+    """A step of the cycle could not run; the message says what to do."""
+
+
+# ----------------------------------------------------------------------------- where things are
+
+def class_dir(path: str | Path | None = None) -> Path:
+    """The instructor's class folder: path, else $KVCOURSE_CLASS_DIR, else ~/kvcourse-class."""
+    return Path(path or os.environ.get("KVCOURSE_CLASS_DIR") or Path.home() / "kvcourse-class").resolve()
+
+
+def exchange_dir(path: str | Path | None = None) -> Path:
+    """nbgrader's exchange root: path, else $KVCOURSE_EXCHANGE, else /srv/nbgrader/exchange."""
+    return Path(path or os.environ.get("KVCOURSE_EXCHANGE") or DEFAULT_EXCHANGE).resolve()
+
+
+def config(course: Path, exchange: Path, timeout: int | None = None, memory_mb: int | None = None):
+    """The course's nbgrader config (autograde/nbgrader_config.py) rooted in the class folder, with the
+    shared exchange: what jupyter-config/instructor/nbgrader_config.py gives the formgrader."""
+    cfg = grading.load_config(course, timeout, memory_mb)
+    cfg.CourseDirectory.course_id = COURSE_ID
+    cfg.Exchange.root = str(exchange)
+    return cfg
+
+
+def make_exchange(exchange: Path) -> Path:
+    """Create nbgrader's exchange root, writable by everyone (nbgrader makes the per-course folders in it
+    with its own, narrower permissions: inbound is write-only for students, outbound read-only)."""
+    exchange = Path(exchange)
+    try:
+        exchange.mkdir(parents=True, exist_ok=True)
+        if stat.S_IMODE(exchange.stat().st_mode) & EXCHANGE_MODE != EXCHANGE_MODE:
+            os.chmod(exchange, stat.S_IMODE(exchange.stat().st_mode) | EXCHANGE_MODE)
+    except PermissionError as exc:
+        raise ClassroomError(f"cannot create the exchange {exchange} ({exc.strerror}); as root run: "
+                             f"mkdir -p {exchange} && chmod ugo+rwx {exchange}") from None
+    return exchange
+
+
+def _assignment(name: str) -> str:
+    known = grading.assignments()
+    if name not in known:
+        raise ValueError(f"assignment must be one of {sorted(known)}, got {name!r}")
+    return name
+
+
+def _api(course: Path, exchange: Path, **changes):
+    cfg = config(course, exchange)
+    for section, values in changes.items():
+        for key, value in values.items():
+            setattr(cfg[section], key, value)
+    return grading.nbgrader_api(cfg)
+
+
+def _run(result: dict, what: str) -> str:
+    if not result.get("success"):
+        detail = (result.get("error") or result.get("log") or "").strip().splitlines()[-12:]
+        raise ClassroomError(f"nbgrader {what} failed:\n" + "\n".join(detail))
+    return result.get("log") or ""
+
+
+# ----------------------------------------------------------------------------- the steps
+
+def init(course: Path, exchange: Path, roster: list[str] = ()) -> None:
+    """Class folder, exchange, and the roster in the gradebook (so the export lists who did not submit)."""
+    course.mkdir(parents=True, exist_ok=True)
+    make_exchange(exchange)
+    if roster:
+        from nbgrader.api import Gradebook
+
+        grading._venv_on_path(os.environ)  # a new gradebook runs `alembic`
+        with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
+            for student in roster:
+                gb.update_or_create_student(student)
+
+
+def release(assignment: str, course: Path, exchange: Path, force: bool = False) -> Path:
+    """nbgrader generate_assignment + release_assignment. Returns the assignment's folder in the exchange."""
+    _assignment(assignment)
+    course.mkdir(parents=True, exist_ok=True)
+    if not exchange.is_dir():
+        raise ClassroomError(f"no exchange at {exchange}: run `kvcourse classroom init` first")
+    api = _api(course, exchange, ExchangeReleaseAssignment={"force": force})
+    _run(api.generate_assignment(assignment, force=True, create=True), f"generate_assignment {assignment}")
+    outbound = exchange / COURSE_ID / "outbound" / assignment
+    if outbound.exists() and not force:
+        raise ClassroomError(f"{assignment} is already released; add --force to release it again "
+                             "(students who fetched it keep their copy)")
+    _run(api.release_assignment(assignment), f"release_assignment {assignment}")
+    return outbound
+
+
+def collect(assignment: str, course: Path, exchange: Path) -> list[str]:
+    """nbgrader collect (newest submission of each student) into inbox/. Returns the students collected."""
+    _assignment(assignment)
+    api = _api(course, exchange, CourseDirectory={"submitted_directory": INBOX})
+    _run(api.collect(assignment, update=True), f"collect {assignment}")
+    return sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}"))
+
+
+def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout: int | None = None,
+          force: bool = False, progress: bool = True, log=print) -> list:
+    """`kvcourse grade` on the collected submissions (every collected assignment; the ledger skips what
+    is already graded), then give each feedback folder the submission's secret, which nbgrader's
+    release_feedback names the student's feedback file by."""
+    _assignment(assignment)
+    inbox = course / INBOX
+    if not any(inbox.glob(f"*/{assignment}/*.ipynb")):
+        raise ClassroomError(f"nothing collected for {assignment} in {inbox}: run `kvcourse classroom "
+                             f"collect {assignment}` first (or wait for submissions)")
+    rows = grading.grade(inbox, course, jobs=jobs, timeout=timeout, force=force, progress=progress, log=log)
+    for folder in sorted(inbox.glob(f"*/{assignment}")):
+        feedback = course / "feedback" / folder.parent.name / assignment
+        for name in ("submission_secret.txt", "timestamp.txt"):
+            if (folder / name).exists() and feedback.is_dir():
+                shutil.copyfile(folder / name, feedback / name)
+    return rows
+
+
+def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
+    """nbgrader release_feedback for every graded student. Returns the students whose feedback went out."""
+    _assignment(assignment)
+    ready = sorted(p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")
+                   if any(p.glob("*.html")) and (p / "submission_secret.txt").exists())
+    if not ready:
+        raise ClassroomError(f"no feedback for {assignment} in {course / 'feedback'}: run `kvcourse classroom "
+                             f"grade {assignment}` first")
+    _run(_api(course, exchange).release_feedback(assignment), f"release_feedback {assignment}")
+    return ready
+
+
+def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
+    """nbgrader's CSV export of the class gradebook (one row per student and assignment)."""
+    if not (course / "gradebook.db").exists():
+        raise ClassroomError(f"no gradebook in {course}: release and grade an assignment first")
+    dest = Path(dest or course / "grades.csv")
+    grading._export_csv(config(course, exchange), dest)
+    return dest
+
+
+def status(course: Path, exchange: Path, assignment: str | None = None) -> dict:
+    """Counts per assignment: released, submissions waiting in the exchange, collected, graded, feedback."""
+    names = [_assignment(assignment)] if assignment else list(grading.assignments())
+    root = exchange / COURSE_ID
+    out = {}
+    for a in names:
+        inbound = {p.name.split("+")[0] for p in (root / "inbound").glob(f"*+{a}+*")} if (root / "inbound").is_dir() else set()
+        out[a] = {"released": (root / "outbound" / a).is_dir(),
+                  "submitted": len(inbound),
+                  "collected": len(list((course / INBOX).glob(f"*/{a}"))),
+                  "graded": len(list((course / "autograded").glob(f"*/{a}"))),
+                  "feedback": len(list((course / "feedback").glob(f"*/{a}")))}
+    return out
+
+
+# ----------------------------------------------------------------------------- command line
+
+def add_arguments_classroom(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--course", type=Path, default=None,
+                   help="the class folder (default: $KVCOURSE_CLASS_DIR, else ~/kvcourse-class)")
+    p.add_argument("--exchange", type=Path, default=None,
+                   help=f"nbgrader's exchange (default: $KVCOURSE_EXCHANGE, else {DEFAULT_EXCHANGE})")
+    sub = p.add_subparsers(dest="step", metavar="STEP", required=True)
+    s = sub.add_parser("init", help="create the class folder and the shared exchange")
+    s.add_argument("--roster", type=Path, help="a file with one student user name per line")
+    s = sub.add_parser("release", help="generate the student version and release it to the exchange")
+    s.add_argument("assignment")
+    s.add_argument("--force", action="store_true", help="release again (replaces the released version)")
+    for name, text in (("collect", "collect the submissions from the exchange"),
+                       ("feedback", "release the feedback to the exchange")):
+        sub.add_parser(name, help=text).add_argument("assignment")
+    for name, text in (("grade", "autograde the collected submissions and write feedback"),
+                       ("cycle", "collect, grade, release feedback and export, in one go")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("assignment")
+        s.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
+        s.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 30)")
+        s.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
+        s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s = sub.add_parser("export", help="write the gradebook as CSV")
+    s.add_argument("--to", type=Path, default=None, help="CSV file (default: grades.csv in the class folder)")
+    s = sub.add_parser("status", help="what is released, submitted, collected, graded")
+    s.add_argument("assignment", nargs="?")
+
+
+def _print_rows(rows, assignment: str) -> int:
+    mine = [r for r in rows if r.assignment == assignment]
+    for r in mine:
+        score = f"{r.score:g}/{r.max_score:g}" if r.status == "graded" else r.status.upper()
+        print(f"  {r.student:<20} {score:>9}  {r.problems}")
+    bad = [r for r in mine if r.status != "graded"]
+    if bad:
+        print(f"{len(bad)} submission(s) need a look (report.csv); every other one is graded.")
+    return 1 if bad else 0
+
+
+def run_classroom(args) -> int:
+    course, exchange = class_dir(args.course), exchange_dir(args.exchange)
+    try:
+        if getattr(args, "jobs", 1) < 1:
+            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+        if args.step == "init":
+            roster = [] if not args.roster else [ln.strip() for ln in args.roster.read_text().splitlines()
+                                                   if ln.strip() and not ln.startswith("#")]
+            init(course, exchange, roster)
+            print(f"class folder {course}\nexchange     {exchange} (mode {oct(stat.S_IMODE(exchange.stat().st_mode))})"
+                  + (f"\n{len(roster)} student(s) in the gradebook" if roster else ""))
+        elif args.step == "release":
+            where = release(args.assignment, course, exchange, force=args.force)
+            print(f"released {args.assignment} to {where}; students fetch it from Nbgrader > Assignments")
+        elif args.step == "collect":
+            students = collect(args.assignment, course, exchange)
+            print(f"collected {len(students)} submission(s) of {args.assignment} into {course / INBOX}")
+        elif args.step == "feedback":
+            students = feedback(args.assignment, course, exchange)
+            print(f"released feedback on {args.assignment} for {len(students)} student(s); "
+                  "they fetch it from Nbgrader > Assignments")
+        elif args.step == "export":
+            print(f"grades: {export(course, exchange, args.to)}")
+        elif args.step == "status":
+            for a, counts in status(course, exchange, args.assignment).items():
+                print(f"{a:<22} " + "  ".join(f"{k} {v}" for k, v in counts.items()))
+        else:  # grade, cycle
+            if args.step == "cycle":
+                students = collect(args.assignment, course, exchange)
+                print(f"collected {len(students)} submission(s)")
+            rows = grade(args.assignment, course, exchange, jobs=args.jobs, timeout=args.timeout,
+                         force=args.force, progress=not args.quiet)
+            code = _print_rows(rows, args.assignment)
+            if args.step == "cycle":
+                released = feedback(args.assignment, course, exchange)
+                print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")
+            return code
+    except (ClassroomError, grading.GradingError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

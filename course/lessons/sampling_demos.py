@@ -1,0 +1,151 @@
+"""The sampling lesson's experiments: order of composition, one knob or two, settings per task, tie gaps.
+
+Each function returns numbers (for record()) and, where a picture helps, a matplotlib Figure built without
+pyplot (display it with course.widgets.sampling_explorer.show_figure).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from course.engine.sampling import apply_temperature, check_params, entropy_bits, top_p_filter, transform_logits
+from course.widgets.sampling_explorer import Prompt, sample_continuations
+
+
+# -- order of composition ----------------------------------------------------------------------------------
+def nucleus_by_order(logits: torch.Tensor, temperatures: list[float], top_p: float) -> dict[str, list[int]]:
+    """Tokens kept at each temperature (> 0) when temperature comes before top-p (the usual order) or after.
+
+    Temperature first: top-p cuts the reshaped distribution, so the nucleus grows with T.
+    Top-p first: the nucleus is fixed by the T = 1 distribution; temperature only reshapes inside it.
+    """
+    check_params(top_p=top_p)
+    if any(t <= 0 for t in temperatures):
+        raise ValueError("temperatures must all be > 0 here (temperature 0 is greedy: a nucleus of 1)")
+    t_first = [int(torch.isfinite(top_p_filter(apply_temperature(logits, t), top_p)).sum()) for t in temperatures]
+    p_first = [int(torch.isfinite(apply_temperature(top_p_filter(logits, top_p), t)).sum()) for t in temperatures]
+    return {"temperature then top-p": t_first, "top-p then temperature": p_first}
+
+
+def entropy_grid(logits: torch.Tensor, temperatures: list[float], top_ps: list[float]) -> torch.Tensor:
+    """Entropy in bits of the sampled distribution for every (temperature, top_p): [len(T), len(p)]."""
+    out = torch.empty(len(temperatures), len(top_ps))
+    for i, t in enumerate(temperatures):
+        for j, p in enumerate(top_ps):
+            out[i, j] = entropy_bits(transform_logits(logits, t, None, p).softmax(-1))
+    return out
+
+
+def matching_top_p(logits: torch.Tensor, temperature: float, top_ps: list[float]) -> tuple[float, float, float]:
+    """The top-p (at T = 1) whose entropy comes closest to `temperature` alone: (top_p, its bits, target bits)."""
+    target = float(entropy_bits(transform_logits(logits, temperature).softmax(-1)))
+    bits = entropy_grid(logits, [1.0], top_ps)[0]
+    j = int((bits - target).abs().argmin())
+    return top_ps[j], float(bits[j]), target
+
+
+def composition_figure(logits: torch.Tensor, temperatures: list[float], top_ps: list[float], top_p: float = 0.9):
+    """Left: nucleus size vs temperature in both orders. Right: entropy over the (temperature, top-p) plane."""
+    from matplotlib.figure import Figure
+
+    sizes = nucleus_by_order(logits, temperatures, top_p)
+    grid = entropy_grid(logits, temperatures, top_ps)
+    fig = Figure(figsize=(11, 3.8))
+    ax1, ax2 = fig.subplots(1, 2)
+    for label, ys in sizes.items():
+        ax1.plot(temperatures, ys, marker="o", ms=3, label=label)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("temperature")
+    ax1.set_ylabel(f"tokens kept (top-p = {top_p})")
+    ax1.legend(frameon=False, fontsize=8)
+    ax1.set_title("same settings, other order, other nucleus", fontsize=10)
+    im = ax2.contourf(top_ps, temperatures, grid.numpy(), levels=12, cmap="viridis")
+    lines = ax2.contour(top_ps, temperatures, grid.numpy(), levels=[1, 2, 3, 4], colors="white", linewidths=0.8)
+    ax2.clabel(lines, fmt="%g bits", fontsize=7)
+    fig.colorbar(im, ax=ax2, label="entropy (bits)")
+    ax2.set_xlabel("top-p")
+    ax2.set_ylabel("temperature")
+    ax2.set_title("many (T, top-p) pairs, one entropy: two knobs, one effect", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# -- settings per task -------------------------------------------------------------------------------------
+CITY_QUESTION = Prompt("Which city is mentioned in this sentence? 'Last spring I flew to Tokyo to visit my aunt.' "
+                       "Answer with the city name only.")
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    prompt: Prompt
+    temperature: float
+    top_p: float = 1.0
+    must_contain: str | None = None  # a semantic check: the answer mentions this (case-insensitive)
+
+
+GUIDANCE: list[Task] = [
+    Task("extraction, T = 0.1", CITY_QUESTION, 0.1, must_contain="Tokyo"),
+    Task("extraction, T = 1.5 (too hot)", CITY_QUESTION, 1.5, must_contain="Tokyo"),
+    Task("assistant, T = 0.7", Prompt("How can I get better at remembering new words in a foreign language?"), 0.7),
+    Task("brainstorming, T = 1.0", Prompt("Give me one unusual idea for a birthday party."), 1.0),
+    Task("brainstorming, T = 0.2 (too cold)", Prompt("Give me one unusual idea for a birthday party."), 0.2),
+]
+
+
+@dataclass
+class TaskResult:
+    task: Task
+    texts: list[str]
+
+    @property
+    def distinct(self) -> int:
+        return len(set(self.texts))
+
+    @property
+    def passed(self) -> int | None:
+        """How many answers pass the task's semantic check (None when it has none)."""
+        if self.task.must_contain is None:
+            return None
+        return sum(self.task.must_contain.lower() in t.lower() for t in self.texts)
+
+
+def run_tasks(model, tokenizer, tasks: list[Task] = GUIDANCE, n: int = 4, max_new_tokens: int = 16,
+              seed: int = 0) -> list[TaskResult]:
+    """n sampled answers per task (each task its own seed: seed, seed + 1, ...)."""
+    results = []
+    for i, task in enumerate(tqdm(tasks, desc="sampling", leave=False)):
+        texts = sample_continuations(model, tokenizer, task.prompt.ids(tokenizer), n, max_new_tokens,
+                                     temperature=task.temperature, top_p=task.top_p, seed=seed + i)
+        results.append(TaskResult(task, texts))
+    return results
+
+
+def print_tasks(results: list[TaskResult]) -> None:
+    for r in results:
+        check = "" if r.passed is None else f", {r.passed}/{len(r.texts)} mention {r.task.must_contain!r}"
+        print(f"{r.task.name}: {r.distinct} distinct of {len(r.texts)}{check}")
+        for t in r.texts:
+            print("   ", repr(t))
+
+
+# -- how close do argmax decisions come to a tie? ----------------------------------------------------------
+def gaps_figure(gaps: list[float], noise: float):
+    """Histogram of top-1 minus top-2 logit gaps (log scale), with the measured noise marked."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 3))
+    ax = fig.subplots()
+    lo = min(min(gaps), noise) / 2
+    bins = np.logspace(np.log10(lo), np.log10(max(gaps) * 1.5), 40)
+    ax.hist(gaps, bins=bins, color="#1f77b4")
+    ax.set_xscale("log")
+    ax.axvline(noise, color="#d62728", ls="--", label=f"alone-vs-batched noise {noise:.1e}")
+    ax.set_xlabel("logit gap between the top two tokens at a greedy step")
+    ax.set_ylabel("steps")
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig

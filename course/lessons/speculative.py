@@ -1,0 +1,474 @@
+"""The experiments and plots behind lesson 04 (speculative decoding and prefix caching).
+
+Each function runs one measurement on the real model and returns plain numbers, so the notebook
+cells stay one or two lines and the tests can call the same code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from course.engine.generate import generate
+from course.engine.prefix_cache import PrefixCache, generate_with_prefix
+from course.engine.sampling import probabilities
+from course.engine.speculative import (Draft, empirical_distribution, expected_tokens_per_pass, shallow_copy,
+                          speculative_first_token, speculative_generate, total_variation)
+
+# A text the answer must copy: the case prompt lookup is built for (edits, extraction, RAG, code).
+COPY_TEXT = ("The old lighthouse on the northern cape was built in 1871. Its keeper wrote in a logbook "
+             "every night: the strength of the wind, the ships that passed, the colour of the sea and "
+             "the number of gulls resting on the iron rail.")
+COPY_REQUEST = "Copy this paragraph exactly, word for word:\n\n" + COPY_TEXT
+OPEN_REQUEST = "Write a short story about a robot who learns to paint."
+
+# A long, stable system prompt shared by many requests: what prefix caching is for.
+SYSTEM_PROMPT = """You are Quill, the help-desk assistant of the Harbour Street Public Library.
+Answer the visitor's question in one or two short, friendly sentences. Use only the facts below; if the
+answer is not in them, say that a librarian at the front desk will help.
+
+Opening hours: Monday to Friday 9:00 to 19:00, Saturday 10:00 to 16:00, closed on Sunday and on public
+holidays. The children's room closes one hour before the main library.
+
+Membership: free for everyone who lives, works or studies in the city. Bring a photo ID and a proof of
+address dated within the last three months. Children under 14 need a parent or guardian to sign the form.
+Lost cards are replaced for 2 euros.
+
+Borrowing: up to 12 items at a time. Books and audiobooks for three weeks, films and games for one week,
+magazines for one week (the newest issue stays in the reading room). Renew up to three times online, by
+phone or at the desk, unless another member has reserved the item.
+
+Late returns: 20 cents per day for books, 50 cents per day for films and games, capped at 6 euros per item.
+Children's items have no late fees. Lost or damaged items are charged at their replacement cost.
+
+Reservations: reserve up to 8 items online. You get an email when an item is ready; it is held for 7 days
+at the pick-up shelf near the entrance.
+
+Computers and printing: 20 public computers, 2 hours per day per member, bookable online. Printing costs
+10 cents per black-and-white page and 50 cents per colour page. Wi-Fi is free; the network is HarbourLib
+and needs no password.
+
+Rooms: three study rooms for 2 to 6 people, bookable for up to 3 hours, free for members. The event hall
+holds 80 people and is rented through the events office.
+
+Events: story time for children every Wednesday at 10:30, a book club on the first Thursday of each month
+at 18:00, and free digital-skills classes on Saturday mornings. All events are free; some need booking.
+
+Accessibility: step-free entrance on Quay Lane, a lift to every floor, large-print books on the ground floor
+and a hearing loop at the front desk. Assistance dogs are welcome.
+
+Food and drink: water in closed bottles is allowed everywhere; the cafe on the ground floor is open from
+10:00 to 17:00. No food in the reading rooms."""
+
+QUESTIONS = [
+    "Are you open on Sunday?",
+    "How many books can I borrow at once?",
+    "How much does it cost to print in colour?",
+    "What do I need to bring to become a member?",
+    "Is there a book club?",
+]
+
+
+def chat_prefix_ids(tokenizer, system: str) -> list[int]:
+    """Token ids of the system turn alone: a token prefix of every chat_ids(question, system)."""
+    text = tokenizer.apply_chat_template([{"role": "system", "content": system}], add_generation_prompt=False)
+    return tokenizer.encode(text, add_bos=False)
+
+
+# ----------------------------------------------------------------------------------- 1. exactness
+
+@dataclass
+class GreedyCheck:
+    base_tokens: list[int]
+    tokens: dict[str, list[int]]  # draft name -> speculative output
+    stats: dict[str, object]
+
+    def identical(self, name: str) -> bool:
+        return self.tokens[name] == self.base_tokens
+
+    def first_mismatch(self, name: str) -> int | None:
+        for i, (a, b) in enumerate(zip(self.tokens[name], self.base_tokens)):
+            if a != b:
+                return i
+        return None if len(self.tokens[name]) == len(self.base_tokens) else min(len(self.tokens[name]),
+                                                                                  len(self.base_tokens))
+
+
+def greedy_check(model, prompt_ids, drafts: list[tuple[Draft, int]], max_new_tokens: int = 32) -> GreedyCheck:
+    """Plain greedy decoding vs greedy speculative decoding with each (draft, k)."""
+    base = generate(model, prompt_ids, max_new_tokens, temperature=0).tokens
+    tokens, stats = {}, {}
+    for draft, k in tqdm(drafts, desc="greedy speculative runs", leave=False):
+        out = speculative_generate(model, draft, prompt_ids, max_new_tokens, k=k)
+        tokens[draft.name], stats[draft.name] = out.tokens, out.stats
+    return GreedyCheck(base, tokens, stats)
+
+
+@dataclass
+class SamplingCheck:
+    """Next-token samples at one fixed context: speculative vs the target's own sampler."""
+    p: torch.Tensor  # [V] target distribution
+    q: torch.Tensor  # [V] draft distribution
+    speculative: torch.Tensor  # [n] tokens from speculative sampling
+    direct: torch.Tensor  # [n] tokens drawn from p directly
+    temperature: float
+    accepted_share: float  # share of the n speculative draws that kept the draft's token
+    context: list[int] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return self.speculative.numel()
+
+    @property
+    def tv_speculative(self) -> float:
+        """TV(empirical speculative histogram, p): sampling noise only, if the method is exact."""
+        return total_variation(empirical_distribution(self.speculative, self.p.numel()), self.p)
+
+    @property
+    def tv_direct(self) -> float:
+        """TV(empirical histogram of n direct draws from p, p): the noise floor for n samples."""
+        return total_variation(empirical_distribution(self.direct, self.p.numel()), self.p)
+
+    @property
+    def expected_noise_tv(self) -> float:
+        """E[TV] of n exact draws from p: ½ Σ sqrt(2 p (1 − p) / (π n)) (normal approximation)."""
+        p = self.p.double()
+        return float(0.5 * torch.sqrt(2 * p * (1 - p) / (torch.pi * self.n)).sum())
+
+    @property
+    def tv_draft(self) -> float:
+        """TV(q, p): how far off we would be if we simply kept the draft's tokens."""
+        return total_variation(self.q, self.p)
+
+    @property
+    def predicted_acceptance(self) -> float:
+        """P(first draft token kept) = Σ_x min(p(x), q(x)) = 1 − TV(p, q)."""
+        return float(torch.minimum(self.p, self.q).sum())
+
+
+@torch.inference_mode()
+def pick_context(model, draft_model, prompt_ids, continuation, temperature: float = 1.0,
+                 target_acceptance: float = 0.5) -> list[int]:
+    """The prefix of prompt + continuation after which the draft's acceptance Σ min(p, q) is closest to
+    target_acceptance: a context where both branches of the rule (keep, resample) matter."""
+    seq = list(prompt_ids) + list(continuation)
+    ids = torch.tensor([seq], device=model.device)
+    P = len(prompt_ids)
+    p = probabilities(model(ids)[0, P - 1:], temperature)  # [N+1, V]
+    q = probabilities(draft_model(ids)[0, P - 1:], temperature)
+    overlap = torch.minimum(p, q).sum(-1)  # [N+1]
+    i = int((overlap - target_acceptance).abs().argmin())
+    return seq[:P + i]
+
+
+@torch.inference_mode()
+def sampling_check(model, draft_model, context_ids, temperature: float = 1.0, n: int = 20_000,
+                   seed: int = 0) -> SamplingCheck:
+    """Run target and draft once at the context, then draw n speculative and n direct samples."""
+    ids = torch.tensor([list(context_ids)], device=model.device)
+    p = probabilities(model(ids, last_only=True)[0], temperature).double()  # [V]
+    q = probabilities(draft_model(ids, last_only=True)[0], temperature).double()
+    g = torch.Generator(device=p.device).manual_seed(seed)
+    spec, accepted = speculative_first_token(p, q, n, generator=g, return_accepted=True)
+    direct = torch.multinomial(p, n, replacement=True, generator=g)
+    return SamplingCheck(p.cpu(), q.cpu(), spec.cpu(), direct.cpu(), temperature,
+                         accepted_share=float(accepted.float().mean()), context=list(context_ids))
+
+
+def plot_sampling_check(check: SamplingCheck, tokenizer, top: int = 12):
+    import matplotlib.pyplot as plt
+
+    V = check.p.numel()
+    order = torch.argsort(check.p, descending=True)[:top]
+    spec = empirical_distribution(check.speculative, V)[order]
+    direct = empirical_distribution(check.direct, V)[order]
+    x = torch.arange(top).float()
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    w = 0.2
+    ax.bar(x - 1.5 * w, check.p[order], w, label="target p (exact)", color="black")
+    ax.bar(x - 0.5 * w, spec, w, label=f"speculative, {check.n:,} draws", color="tab:green")
+    ax.bar(x + 0.5 * w, direct, w, label=f"target sampler, {check.n:,} draws", color="tab:blue")
+    ax.bar(x + 1.5 * w, check.q[order], w, label="draft q", color="tab:orange", alpha=0.7)
+    ax.set_xticks(x, [tokenizer.token_text(int(t)) for t in order], rotation=30)
+    ax.set_ylabel("probability")
+    ax.set_title(f"Next-token distribution at one context (T={check.temperature}): "
+                 f"TV speculative {check.tv_speculative:.3f}, direct {check.tv_direct:.3f}, draft {check.tv_draft:.3f}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------------------- 2. the economics
+
+@dataclass
+class DepthRow:
+    n_layers: int
+    greedy_agreement: float  # P(draft argmax == target argmax) along the target's greedy path
+    sampled_acceptance: float  # mean Σ min(p, q) at temperature 1 along the same path
+    bytes_share: float  # weights read by one draft pass / one target pass (the bandwidth model)
+
+
+@torch.inference_mode()
+def draft_depth_curve(model, prompt_ids, continuation, depths) -> list[DepthRow]:
+    """How often each shallow draft agrees with the target, teacher-forced along one sequence.
+
+    One forward pass per depth over prompt + continuation: at every generated position, compare the
+    draft's next-token choice with the target's. That per-token agreement α is what speculative
+    decoding's acceptance test sees whenever the earlier drafts in the round were right.
+    """
+    seq = torch.tensor([list(prompt_ids) + list(continuation)], device=model.device)
+    P = len(prompt_ids)
+    p = model(seq)[0, P - 1:-1].softmax(-1)  # [N, V] target at each generated position
+    cfg = model.config
+    per_layer = sum(t.numel() for t in model.layers[0].parameters())
+    head = model.output.weight.numel()
+    rows = []
+    for n in tqdm(depths, desc="shallow drafts", leave=False):
+        q = shallow_copy(model, n)(seq)[0, P - 1:-1].softmax(-1)
+        rows.append(DepthRow(
+            n_layers=n,
+            greedy_agreement=float((q.argmax(-1) == p.argmax(-1)).float().mean()),
+            sampled_acceptance=float(torch.minimum(p, q).sum(-1).mean()),
+            bytes_share=(n * per_layer + head) / (cfg.n_layers * per_layer + head)))
+    return rows
+
+
+@dataclass
+class Costs:
+    """Seconds of the passes speculative decoding is made of, on this machine."""
+    target_step: float  # one target decode step (1 token)
+    verify: dict[int, float]  # k -> one target pass over k + 1 tokens
+    draft_step: dict[int, float]  # draft depth -> one draft decode step
+
+    def verify_ratio(self, k: int) -> float:
+        return self.verify[k] / self.target_step
+
+    def draft_ratio(self, n_layers: int) -> float:
+        return self.draft_step[n_layers] / self.target_step
+
+
+def measure_costs(model, ks, depths, context: int = 128, repeats: int = 5) -> Costs:
+    """Time a target step, a verification pass for each k, and a draft step for each depth.
+
+    The passes are timed in interleaved rounds and each keeps its fastest time, so a burst of load
+    from other programs hits all of them alike instead of inflating one ratio.
+    """
+    from course.engine.kv_cache import KVCache
+    from course.measure.timing import Stopwatch
+
+    def pass_fn(m, n_tokens):
+        cache = KVCache(m.config, batch=1, max_seq_len=context + n_tokens, dtype=m.dtype, device=m.device)
+        ids = torch.zeros(1, context + n_tokens, dtype=torch.long, device=m.device)
+        with torch.inference_mode():
+            m(ids[:, :context], start_pos=0, cache=cache)  # the context, cached once
+
+        def run():
+            with torch.inference_mode():
+                m(ids[:, context:], start_pos=context, cache=cache)
+        return run
+
+    jobs = {("t", 1): pass_fn(model, 1)}
+    jobs.update({("v", k): pass_fn(model, k + 1) for k in ks})
+    jobs.update({("d", n): pass_fn(shallow_copy(model, n), 1) for n in depths})
+    best = {key: float("inf") for key in jobs}
+    for run in jobs.values():
+        run()  # warm-up
+    for _ in tqdm(range(repeats), desc="timing passes", leave=False):
+        for key, run in jobs.items():
+            with Stopwatch(model.device) as sw:
+                run()
+            best[key] = min(best[key], sw.seconds)
+    return Costs(target_step=best[("t", 1)], verify={k: best[("v", k)] for k in ks},
+                 draft_step={n: best[("d", n)] for n in depths})
+
+
+@dataclass
+class SweepRow:
+    draft: str
+    k: int
+    acceptance_rate: float  # accepted / proposed
+    agreement: float  # accepted / (accepted + rejections): the per-token α
+    tokens_per_pass: float
+    decode_seconds: float
+    baseline_decode_seconds: float
+    identical: bool  # output equal to plain greedy decoding
+    proposal_share: float = float("nan")  # share of target passes that had at least one draft token to check
+    predicted_speedup: float = float("nan")
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_decode_seconds / self.decode_seconds
+
+
+@dataclass
+class Sweep:
+    prompt: str
+    baseline_decode_seconds: float
+    baseline_tokens: list[int]
+    rows: list[SweepRow] = field(default_factory=list)
+
+    def best(self) -> SweepRow:
+        return max(self.rows, key=lambda r: r.speedup)
+
+    def row(self, draft_prefix: str, k: int) -> SweepRow:
+        return next(r for r in self.rows if r.draft.startswith(draft_prefix) and r.k == k)
+
+
+def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_new_tokens: int = 32,
+                  repeats: int = 1, costs: Costs | None = None, name: str = "") -> Sweep:
+    """Greedy decode the same prompt plainly and with each (draft, k); time the decode phase.
+
+    EOS is ignored so every run produces exactly max_new_tokens. With repeats > 1 each timing is
+    the fastest of the repeats (least disturbed by other work on a shared machine).
+    """
+    base_times, base_tokens = [], None
+    for _ in range(repeats):
+        g = generate(model, prompt_ids, max_new_tokens, temperature=0)
+        base_times.append(g.total_time - g.time_to_first_token)
+        base_tokens = g.tokens
+    sweep = Sweep(prompt=name, baseline_decode_seconds=min(base_times), baseline_tokens=base_tokens)
+    jobs = [(d, k) for d, ks in drafts for k in ks]
+    for draft, k in tqdm(jobs, desc=f"speculative sweep {name}".strip(), leave=False):
+        times = []
+        for _ in range(repeats):
+            out = speculative_generate(model, draft, prompt_ids, max_new_tokens, k=k)
+            times.append(out.stats.decode_seconds)
+        s = out.stats
+        row = SweepRow(draft=s.draft_name, k=k, acceptance_rate=s.acceptance_rate, agreement=s.agreement,
+                       tokens_per_pass=s.tokens_per_target_pass, decode_seconds=min(times),
+                       baseline_decode_seconds=sweep.baseline_decode_seconds, identical=out.tokens == base_tokens,
+                       proposal_share=sum(n > 0 for n in s.proposed_per_pass) / max(1, s.target_passes))
+        if costs is not None:
+            row.predicted_speedup = predicted_from_costs(row, costs, draft)
+        sweep.rows.append(row)
+    return sweep
+
+
+def predicted_from_costs(row: SweepRow, costs: Costs, draft: Draft) -> float:
+    """Measured tokens per pass ÷ (k draft steps + one verify pass), in target-step units."""
+    n_layers = getattr(getattr(draft, "model", None), "config", None)
+    draft_cost = costs.draft_ratio(n_layers.n_layers) if n_layers is not None and n_layers.n_layers in costs.draft_step else 0.0
+    k_cost = row.k if row.k in costs.verify else min(costs.verify, key=lambda k: abs(k - row.k))
+    return row.tokens_per_pass / (row.k * draft_cost + costs.verify_ratio(k_cost))
+
+
+def plot_sweep(sweeps: list[Sweep]):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
+    for sweep in sweeps:
+        for name in dict.fromkeys(r.draft for r in sweep.rows):
+            rows = [r for r in sweep.rows if r.draft == name]
+            label = f"{name} · {sweep.prompt}"
+            ks = [r.k for r in rows]
+            axes[0].plot(ks, [r.tokens_per_pass for r in rows], "o-", label=label)
+            line, = axes[1].plot(ks, [r.speedup for r in rows], "o-", label=label)
+            if any(r.predicted_speedup == r.predicted_speedup for r in rows):
+                axes[1].plot(ks, [r.predicted_speedup for r in rows], "x--", color=line.get_color(), alpha=0.6)
+    axes[0].set(xlabel="k (draft tokens per target pass)", ylabel="tokens per target pass",
+                title="What one target pass yields")
+    axes[1].axhline(1.0, color="gray", lw=1)
+    axes[1].set(xlabel="k", ylabel="decode speedup vs plain (×)", title="Wall clock (o measured, x predicted)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_depth_curve(rows: list[DepthRow], costs: Costs | None = None, k: int = 4):
+    """Agreement vs depth, and the best speedup each depth could give by the formula."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    n = [r.n_layers for r in rows]
+    ax.plot(n, [r.greedy_agreement for r in rows], "o-", label="greedy agreement α")
+    ax.plot(n, [r.sampled_acceptance for r in rows], "s-", label="sampling acceptance Σmin(p,q), T=1")
+    ax.plot(n, [r.bytes_share for r in rows], "--", color="gray", label="draft cost ÷ target (weight bytes)")
+    ax.set(xlabel="draft depth (first N of 30 layers)", ylim=(0, 1.02), ylabel="share")
+    ax.set_title("Shallow SmolLM2 drafts: agreement with the full model vs cost")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def best_predicted_speedup(alpha: float, draft_cost: float, verify_ratio: dict[int, float]) -> tuple[int, float]:
+    """(k, predicted speedup) for the k ≥ 1 that maximises E[tokens per pass] / (k · draft_cost + v_k).
+    A result below 1 means no k pays: plain decoding is faster."""
+    alpha = min(max(alpha, 0.0), 1.0)
+    options = [(k, expected_tokens_per_pass(alpha, k) / (k * draft_cost + v)) for k, v in verify_ratio.items() if k >= 1]
+    return max(options, key=lambda kv: kv[1])
+
+
+# -------------------------------------------------------------------------------- 3. prefix caching
+
+@dataclass
+class PrefixRow:
+    question: str
+    prompt_tokens: int
+    reused_tokens: int
+    ttft_plain: float  # seconds, full prefill
+    ttft_cached: float  # seconds, through the prefix store
+    identical: bool
+
+    @property
+    def saved(self) -> float:
+        return 1 - self.ttft_cached / self.ttft_plain
+
+
+@dataclass
+class PrefixExperiment:
+    prefix_tokens: int
+    entry_bytes: int
+    rows: list[PrefixRow]
+    store: PrefixCache
+
+    @property
+    def hits(self) -> list[PrefixRow]:
+        return [r for r in self.rows if r.reused_tokens > 0]
+
+    @property
+    def token_share_reused(self) -> float:
+        hits = self.hits
+        return sum(r.reused_tokens for r in hits) / sum(r.prompt_tokens for r in hits)
+
+    @property
+    def time_share_saved(self) -> float:
+        """1 − Σ TTFT with reuse / Σ TTFT without, over the requests that hit the store."""
+        hits = self.hits
+        return 1 - sum(r.ttft_cached for r in hits) / sum(r.ttft_plain for r in hits)
+
+
+def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=QUESTIONS, max_new_tokens: int = 12,
+                      max_bytes: int = 256 << 20) -> PrefixExperiment:
+    """Answer each question with and without a prefix store holding the system prompt's K/V.
+
+    The first request through the store is a miss (it computes and stores the prefix); the rest hit.
+    """
+    prefix = chat_prefix_ids(tokenizer, system)
+    store = PrefixCache(model, max_bytes=max_bytes)
+    rows = []
+    for question in tqdm(questions, desc="requests", leave=False):
+        ids = tokenizer.chat_ids(question, system=system)
+        if ids[:len(prefix)] != prefix:
+            raise ValueError("the system turn does not tokenize as a prefix of the request; check the chat template")
+        plain = generate_with_prefix(model, ids, max_new_tokens, eos_id=tokenizer.eos_id)
+        cached = generate_with_prefix(model, ids, max_new_tokens, prefix_cache=store, prefix_len=len(prefix),
+                                      eos_id=tokenizer.eos_id)
+        rows.append(PrefixRow(question, len(ids), cached.reused_tokens, plain.time_to_first_token,
+                              cached.time_to_first_token, plain.tokens == cached.tokens))
+    return PrefixExperiment(len(prefix), store.entry_bytes(len(prefix)), rows, store)
+
+
+def plot_prefix(exp: PrefixExperiment):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    x = torch.arange(len(exp.rows)).float()
+    ax.bar(x - 0.2, [r.ttft_plain * 1e3 for r in exp.rows], 0.4, label="full prefill")
+    ax.bar(x + 0.2, [r.ttft_cached * 1e3 for r in exp.rows], 0.4, label="system prompt K/V reused")
+    ax.set_xticks(x, [f"#{i + 1}" + (" (miss)" if r.reused_tokens == 0 else "") for i, r in enumerate(exp.rows)])
+    ax.set(ylabel="time to first token (ms)",
+           title=f"{exp.prefix_tokens}-token system prompt, {len(exp.rows)} requests")
+    ax.legend()
+    fig.tight_layout()
+    return fig

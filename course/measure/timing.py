@@ -1,0 +1,107 @@
+"""Timing that tells the truth: warm-up, repeats, medians, and device synchronisation.
+
+GPU work is queued asynchronously, so a CPU clock read right after a launch measures the launch,
+not the work. On CUDA we time with CUDA events; elsewhere with perf_counter after synchronising.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from course.engine.device import synchronize
+
+
+@dataclass
+class Timing:
+    """Seconds per call: the median of `times` (robust to the odd slow run on a shared machine)."""
+    times: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    def __repr__(self) -> str:
+        return f"Timing(median={self.median * 1e3:.2f} ms over {len(self.times)} runs)"
+
+
+class Stopwatch:
+    """`with Stopwatch(device) as sw: ...` then `sw.seconds`. Synchronises the device at both ends."""
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.seconds = float("nan")
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            synchronize(self.device)
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            self._end.record()
+            self._end.synchronize()
+            self.seconds = self._start.elapsed_time(self._end) / 1e3  # events report milliseconds
+        else:
+            synchronize(self.device)
+            self.seconds = time.perf_counter() - self._t0
+        return False
+
+
+def measure(fn: Callable[[], object], device: torch.device | str = "cpu", warmup: int = 1, repeats: int = 5) -> Timing:
+    """Run fn `warmup` times untimed (caches, allocator, lazy init), then time `repeats` runs."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    result = Timing()
+    for _ in range(repeats):
+        with Stopwatch(device) as sw:
+            fn()
+        result.times.append(sw.seconds)
+    return result
+
+
+@dataclass
+class BandwidthProbe:
+    read_bytes_per_s: float  # streaming reads (a sum over a large buffer)
+    copy_bytes_per_s: float  # reads + writes of a large copy, counted both ways
+    nbytes: int
+
+    @property
+    def bytes_per_s(self) -> float:
+        """The figure to divide bytes-read-per-step by: the better of the two probes."""
+        return max(self.read_bytes_per_s, self.copy_bytes_per_s)
+
+
+def memory_bandwidth(device: torch.device | str = "cpu", nbytes: int = 256 << 20, repeats: int = 5) -> BandwidthProbe:
+    """This machine's memory bandwidth, with a buffer far larger than any cache (default 256 MiB)."""
+    device = torch.device(device)
+    n = nbytes // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    read = measure(lambda: src.sum(), device, warmup=1, repeats=repeats)
+    copy = measure(lambda: dst.copy_(src), device, warmup=1, repeats=repeats)
+    return BandwidthProbe(read_bytes_per_s=src.numel() * 4 / read.median,
+                          copy_bytes_per_s=2 * src.numel() * 4 / copy.median, nbytes=n * 4)
+
+
+def matmul_flops(device: torch.device | str = "cpu", n: int = 1024, dtype: torch.dtype = torch.float32,
+                 repeats: int = 5) -> float:
+    """Achieved FLOP/s of an n×n by n×n matmul (2·n³ floating-point operations)."""
+    device = torch.device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = measure(lambda: a @ b, device, warmup=2, repeats=repeats)
+    return 2 * n ** 3 / t.median

@@ -1,0 +1,487 @@
+"""Saved progress: quiz answers, self-assessments, interview cards seen, exercise self-checks.
+
+Everything lives in one SQLite file, by default ``progress.sqlite`` in the user's data directory
+(platformdirs: ~/.local/share/kvcourse on Linux); the environment variable KVCOURSE_PROGRESS names
+another file (or a folder to put ``progress.sqlite`` in). It survives kernel restarts and JupyterLab
+sessions because every write is committed at once.
+
+Two notebooks writing at the same time lose nothing: the file is in WAL mode, every write is its own
+``BEGIN IMMEDIATE`` transaction (the writer takes the lock up front instead of failing half-way), and a
+connection waits up to ``timeout`` seconds for the lock instead of raising "database is locked".
+Rows are only ever appended (answers, self-assessments, ...); "latest" is a query, never an update.
+
+A corrupt or unreadable file is never a crash and never silently lost: it is renamed to
+``<name>.corrupt-<timestamp>`` (with its -wal/-shm side files) with a ProgressFileWarning naming both
+paths, and a fresh file is started. If even that is impossible (a read-only folder), progress goes to a
+temporary file for this session, again with a warning.
+
+``kvcourse progress`` prints a per-lesson summary; ``kvcourse progress --reset`` clears it after asking
+(``--yes`` skips the question).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_VAR = "KVCOURSE_PROGRESS"
+FILE_NAME = "progress.sqlite"
+LEVELS = ("New to it", "Getting there", "Confident")
+SCHEMA_VERSION = 1
+
+_SCHEMA = {
+    "answers": "id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, question_id TEXT NOT NULL, "
+               "choice TEXT NOT NULL, correct INTEGER NOT NULL, at REAL NOT NULL",
+    "self_assessments": "id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, level TEXT NOT NULL, at REAL NOT NULL",
+    "cards": "id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, card_id TEXT NOT NULL, at REAL NOT NULL",
+    "exercise_checks": "id INTEGER PRIMARY KEY, exercise TEXT NOT NULL, passed INTEGER NOT NULL, "
+                       "total INTEGER NOT NULL, details TEXT, at REAL NOT NULL",
+    "measurements": "id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, key TEXT NOT NULL, "
+                    "value TEXT NOT NULL, at REAL NOT NULL",
+}
+# SQLite result codes that mean "this file cannot be used as our database" (vs. busy/locked: wait).
+_UNUSABLE_CODES = {3, 8, 11, 14, 26}  # PERM, READONLY, CORRUPT, CANTOPEN, NOTADB
+
+
+class ProgressFileWarning(UserWarning):
+    """The progress file was unusable and was moved aside (or could not be written)."""
+
+
+class _Unusable(Exception):
+    """Internal: the file is corrupt, unreadable, or not ours."""
+
+
+def default_path() -> Path:
+    """$KVCOURSE_PROGRESS (a file, or a folder for progress.sqlite), else the user data dir."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        path = Path(env).expanduser()
+        return path / FILE_NAME if path.is_dir() else path
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("kvcourse", appauthor=False)) / FILE_NAME
+
+
+def _is_unusable(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _UNUSABLE_CODES
+    msg = str(exc).lower()
+    return any(s in msg for s in ("not a database", "malformed", "unable to open", "readonly", "corrupt"))
+
+
+@dataclass
+class LessonSummary:
+    lesson: str
+    title: str = ""
+    questions: int = 0          # questions in the bank for this lesson
+    answered: int = 0           # distinct questions checked at least once
+    right: int = 0              # questions whose latest answer is right
+    first_try: int = 0          # questions answered right at the first check
+    cards: int = 0              # interview cards in the bank
+    cards_seen: int = 0
+    self_assessment: str | None = None
+    last_activity: float | None = None
+
+
+@dataclass
+class Summary:
+    path: Path
+    lessons: list[LessonSummary] = field(default_factory=list)
+    exercises: list[dict] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.exercises and not any(
+            s.answered or s.cards_seen or s.self_assessment for s in self.lessons)
+
+
+class ProgressStore:
+    """One progress file. Every method opens a short-lived connection, so any number of processes
+    (notebook kernels, `kvcourse check`, tests) can share the file."""
+
+    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 30.0):
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self.path = Path(path) if path is not None else default_path()
+        self.timeout = float(timeout)
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        return f"ProgressStore({str(self.path)!r})"
+
+    # ------------------------------------------------------------------ connection and recovery
+    def _open(self) -> sqlite3.Connection:
+        if self.path.exists() and not self.path.is_file():
+            raise _Unusable(f"{self.path} is not a file")
+        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        # In WAL mode NORMAL is still safe against a crashed kernel (only a power cut can lose the
+        # last commit) and spares an fsync per click.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _initialise(self) -> None:
+        """Create or check the schema; raise _Unusable if the file cannot be our database."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = self._open()
+        except sqlite3.Error as exc:
+            raise _Unusable(str(exc)) from exc
+        try:
+            try:
+                check = conn.execute("PRAGMA quick_check").fetchone()[0]
+                if check != "ok":
+                    raise _Unusable(f"integrity check failed: {check}")
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for table, columns in _SCHEMA.items():
+                    conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
+                    have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+                    want = [c.strip().split()[0] for c in columns.split(",")]
+                    if have != want:
+                        conn.execute("ROLLBACK")
+                        raise _Unusable(f"table {table} has columns {have}, expected {want}")
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if _is_unusable(exc):
+                    raise _Unusable(str(exc)) from exc
+                raise
+        finally:
+            conn.close()
+
+    def _move_aside(self, reason: str) -> None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        moved = False
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            try:
+                os.replace(src, Path(str(aside) + suffix))
+                moved = moved or suffix == ""
+            except FileNotFoundError:
+                continue  # another process moved it first, or there was no side file
+        if moved:
+            warnings.warn(
+                f"The progress file {self.path} could not be used ({reason}). It was kept as {aside} "
+                "and a fresh progress file was started.", ProgressFileWarning, stacklevel=4)
+
+    def _ensure_ready(self) -> None:
+        if self._ready:
+            return
+        with self._lock:
+            if self._ready:
+                return
+            try:
+                self._ensure_ready_locked()
+            except OSError as exc:  # the folder is not writable: keep going, but say so
+                fallback = Path(tempfile.gettempdir()) / f"kvcourse-progress-{os.getpid()}.sqlite"
+                warnings.warn(
+                    f"Cannot write progress to {self.path} ({exc}); saving to {fallback} for this "
+                    f"session only. Set {ENV_VAR} to a writable file to keep it.",
+                    ProgressFileWarning, stacklevel=4)
+                self.path = fallback
+                self._ensure_ready_locked()
+            self._ready = True
+
+    def _ensure_ready_locked(self) -> None:
+        from filelock import FileLock
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The lock file serialises first-time set-up and recovery between processes.
+        with FileLock(str(self.path) + ".lock", timeout=self.timeout):
+            try:
+                self._initialise()
+            except _Unusable as exc:
+                self._move_aside(str(exc))
+                self._initialise()
+
+    @contextmanager
+    def _connection(self, write: bool):
+        self._ensure_ready()
+        conn = self._open()
+        try:
+            if write:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            else:
+                yield conn
+        finally:
+            conn.close()
+
+    def _run(self, fn, write: bool = False):
+        """Run fn(conn); if the file turns out to be corrupt mid-session, recover once and retry."""
+        for attempt in (0, 1):
+            try:
+                with self._connection(write) as conn:
+                    return fn(conn)
+            except (sqlite3.Error, _Unusable) as exc:
+                if attempt or not (isinstance(exc, _Unusable) or _is_unusable(exc)):
+                    raise
+                self._ready = False
+                with self._lock:
+                    from filelock import FileLock
+
+                    with FileLock(str(self.path) + ".lock", timeout=self.timeout):
+                        try:
+                            self._initialise()  # another process may already have recovered
+                        except _Unusable as again:
+                            self._move_aside(str(again))
+                            self._initialise()
+                    self._ready = True
+
+    # ------------------------------------------------------------------ writes
+    def record_answer(self, lesson: str, question_id: str, choice: str, correct: bool) -> None:
+        _need_text(lesson=lesson, question_id=question_id, choice=choice)
+        self._run(lambda c: c.execute(
+            "INSERT INTO answers (lesson, question_id, choice, correct, at) VALUES (?, ?, ?, ?, ?)",
+            (lesson, question_id, choice, int(bool(correct)), time.time())), write=True)
+
+    def record_self_assessment(self, lesson: str, level: str) -> str:
+        _need_text(lesson=lesson)
+        level = normalise_level(level)
+        self._run(lambda c: c.execute(
+            "INSERT INTO self_assessments (lesson, level, at) VALUES (?, ?, ?)",
+            (lesson, level, time.time())), write=True)
+        return level
+
+    def record_card_view(self, lesson: str, card_id: str) -> None:
+        _need_text(lesson=lesson, card_id=card_id)
+        self._run(lambda c: c.execute("INSERT INTO cards (lesson, card_id, at) VALUES (?, ?, ?)",
+                                      (lesson, card_id, time.time())), write=True)
+
+    def record_exercise_check(self, exercise: str, passed: int, total: int, details=None) -> None:
+        """Save one `kvcourse check` run: `passed` of `total` visible tests passed."""
+        _need_text(exercise=exercise)
+        if not (isinstance(total, int) and total >= 0):
+            raise ValueError(f"total must be an integer >= 0, got {total!r}")
+        if not (isinstance(passed, int) and 0 <= passed <= total):
+            raise ValueError(f"passed must be an integer in [0, total={total}], got {passed!r}")
+        blob = json.dumps(details) if details is not None else None
+        self._run(lambda c: c.execute(
+            "INSERT INTO exercise_checks (exercise, passed, total, details, at) VALUES (?, ?, ?, ?, ?)",
+            (exercise, passed, total, blob, time.time())), write=True)
+
+    def record_measurements(self, lesson: str, values: dict) -> int:
+        """Keep the numbers a lesson measured (JSON-serialisable ones), so quiz explanations can cite
+        them after a kernel restart. Returns how many were saved."""
+        _need_text(lesson=lesson)
+        rows = []
+        now = time.time()
+        for key, value in values.items():
+            try:
+                rows.append((lesson, str(key), json.dumps(value), now))
+            except (TypeError, ValueError):
+                continue
+        if rows:
+            self._run(lambda c: c.executemany(
+                "INSERT INTO measurements (lesson, key, value, at) VALUES (?, ?, ?, ?)", rows), write=True)
+        return len(rows)
+
+    def reset(self) -> None:
+        """Delete everything saved (in one transaction)."""
+        def clear(conn):
+            for table in _SCHEMA:
+                conn.execute(f"DELETE FROM {table}")
+        self._run(clear, write=True)
+
+    # ------------------------------------------------------------------ reads
+    def answers(self, lesson: str | None = None) -> list[dict]:
+        """Every answer checked, oldest first."""
+        sql = "SELECT lesson, question_id, choice, correct, at FROM answers"
+        args: tuple = ()
+        if lesson is not None:
+            sql, args = sql + " WHERE lesson = ?", (lesson,)
+        rows = self._run(lambda c: c.execute(sql + " ORDER BY at, id", args).fetchall())
+        return [dict(r, correct=bool(r["correct"])) for r in rows]
+
+    def latest_answers(self, lesson: str | None = None) -> dict[str, dict]:
+        """question id → its most recent answer."""
+        return {a["question_id"]: a for a in self.answers(lesson)}
+
+    def self_assessment(self, lesson: str) -> str | None:
+        row = self._run(lambda c: c.execute(
+            "SELECT level FROM self_assessments WHERE lesson = ? ORDER BY at DESC, id DESC LIMIT 1",
+            (lesson,)).fetchone())
+        return row["level"] if row else None
+
+    def cards_seen(self, lesson: str | None = None) -> set[str]:
+        sql, args = "SELECT DISTINCT card_id FROM cards", ()
+        if lesson is not None:
+            sql, args = sql + " WHERE lesson = ?", (lesson,)
+        return {r["card_id"] for r in self._run(lambda c: c.execute(sql, args).fetchall())}
+
+    def exercise_checks(self) -> list[dict]:
+        """The latest self-check of each exercise, with how many times it was checked."""
+        rows = self._run(lambda c: c.execute(
+            "SELECT exercise, passed, total, details, at, "
+            "(SELECT COUNT(*) FROM exercise_checks e2 WHERE e2.exercise = e.exercise) AS runs "
+            "FROM exercise_checks e WHERE id = (SELECT id FROM exercise_checks e3 "
+            "WHERE e3.exercise = e.exercise ORDER BY at DESC, id DESC LIMIT 1) ORDER BY exercise").fetchall())
+        return [dict(r, details=json.loads(r["details"]) if r["details"] else None) for r in rows]
+
+    def measurements(self, lesson: str | None = None) -> dict:
+        """key → latest saved value (of one lesson, or of all lessons)."""
+        sql, args = "SELECT key, value FROM measurements", ()
+        if lesson is not None:
+            sql, args = sql + " WHERE lesson = ?", (lesson,)
+        rows = self._run(lambda c: c.execute(sql + " ORDER BY at, id", args).fetchall())
+        return {r["key"]: json.loads(r["value"]) for r in rows}
+
+    def counts(self) -> dict[str, int]:
+        def count(conn):
+            return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in _SCHEMA}
+        return self._run(count)
+
+    def summary(self, bank=None) -> Summary:
+        """Per-lesson summary against the question bank (course/questions.yaml by default)."""
+        if bank is None:
+            from course.teach.quiz import load_questions
+
+            bank = load_questions()
+        answers = self.answers()
+        lesson_ids = list(bank.lessons) + sorted({a["lesson"] for a in answers} - set(bank.lessons))
+        out = Summary(path=self.path)
+        for lesson in lesson_ids:
+            mine = [a for a in answers if a["lesson"] == lesson]
+            first: dict[str, dict] = {}
+            latest: dict[str, dict] = {}
+            for a in mine:
+                first.setdefault(a["question_id"], a)
+                latest[a["question_id"]] = a
+            info = bank.lessons.get(lesson)
+            seen = self.cards_seen(lesson)
+            out.lessons.append(LessonSummary(
+                lesson=lesson,
+                title=info.title if info else "",
+                questions=len(bank.for_lesson(lesson)) if info else len(latest),
+                answered=len(latest),
+                right=sum(a["correct"] for a in latest.values()),
+                first_try=sum(a["correct"] for a in first.values()),
+                cards=len(bank.cards_for(lesson)) if info else len(seen),
+                cards_seen=len(seen),
+                self_assessment=self.self_assessment(lesson),
+                last_activity=max((a["at"] for a in mine), default=None),
+            ))
+        out.exercises = self.exercise_checks()
+        return out
+
+
+def normalise_level(level: str) -> str:
+    """Accept 'Confident', 'confident', 'getting_there', 2 … and return the canonical label."""
+    if isinstance(level, int) and not isinstance(level, bool) and 0 <= level < len(LEVELS):
+        return LEVELS[level]
+    if isinstance(level, str):
+        wanted = level.strip().lower().replace("_", " ").replace("-", " ")
+        for label in LEVELS:
+            if wanted == label.lower():
+                return label
+    raise ValueError(f"level must be one of {list(LEVELS)} (or 0, 1, 2), got {level!r}")
+
+
+def _need_text(**values) -> None:
+    for name, value in values.items():
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+
+
+_stores: dict[Path, ProgressStore] = {}
+
+
+def default_store() -> ProgressStore:
+    """The store for default_path() — re-read each call, so changing KVCOURSE_PROGRESS takes effect."""
+    path = default_path()
+    if path not in _stores:
+        _stores[path] = ProgressStore(path)
+    return _stores[path]
+
+
+def record_exercise_check(exercise: str, passed: int, total: int, details=None) -> None:
+    """For `kvcourse check`: save a self-check result in the learner's progress file."""
+    default_store().record_exercise_check(exercise, passed, total, details)
+
+
+# ---------------------------------------------------------------------- `kvcourse progress`
+def add_arguments(p) -> None:
+    p.add_argument("--reset", action="store_true", help="delete all saved progress (asks first)")
+    p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
+    p.add_argument("--file", default=None,
+                   help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
+
+
+def run(args) -> int:
+    store = ProgressStore(args.file) if args.file else default_store()
+    if args.reset:
+        return _reset(store, assume_yes=args.yes)
+    print(format_summary(store.summary()))
+    return 0
+
+
+def _reset(store: ProgressStore, assume_yes: bool) -> int:
+    counts = store.counts()
+    what = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items() if n and t != "measurements")
+    if not assume_yes:
+        prompt = (f"Delete all saved progress in {store.path} ({what or 'nothing saved yet'})? "
+                  "Type 'yes' to confirm: ")
+        try:
+            reply = input(prompt)
+        except EOFError:
+            reply = ""
+        if reply.strip().lower() not in ("y", "yes"):
+            print("Nothing deleted. (Use --yes to reset without this question.)")
+            return 1
+    store.reset()
+    print(f"Progress cleared in {store.path}.")
+    return 0
+
+
+def format_summary(summary: Summary) -> str:
+    lines = [f"Progress file: {summary.path}", ""]
+    width = max([len(s.lesson) for s in summary.lessons] + [6])
+    lines.append(f"{'lesson':<{width}}  {'answered':>8}  {'right':>6}  {'1st try':>7}  {'cards':>5}  "
+                 "self-assessment")
+    for s in summary.lessons:
+        lines.append(
+            f"{s.lesson:<{width}}  {f'{s.answered}/{s.questions}':>8}  {f'{s.right}/{s.questions}':>6}  "
+            f"{f'{s.first_try}/{s.questions}':>7}  {f'{s.cards_seen}/{s.cards}':>5}  "
+            f"{s.self_assessment or '—'}")
+    total_q = sum(s.questions for s in summary.lessons)
+    total_right = sum(s.right for s in summary.lessons)
+    lines.append(f"{'total':<{width}}  {'':>8}  {f'{total_right}/{total_q}':>6}")
+    lines.append("")
+    if summary.exercises:
+        lines.append("Exercises (latest `kvcourse check`):")
+        for e in summary.exercises:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["at"]))
+            status = "all passed" if e["passed"] == e["total"] else "to fix"
+            lines.append(f"  {e['exercise']:<{width}}  {e['passed']}/{e['total']} tests passed  "
+                         f"({status}; {e['runs']} run{'s' if e['runs'] != 1 else ''}, last {when})")
+    else:
+        lines.append("Exercises: no self-check yet (run `kvcourse check NOTEBOOK`).")
+    if summary.empty:
+        lines.append("")
+        lines.append("Nothing saved yet: answer a checkpoint at the end of a lesson to start.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kvcourse progress")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

@@ -1,0 +1,327 @@
+"""Quiz widgets: checkpoint questions, interview flip cards, the end-of-lesson self-assessment.
+
+Each widget's behaviour is a plain method (``QuestionWidget.choose`` / ``.check``, ``FlipCard.flip``,
+``SelfAssessmentWidget.choose``) that the buttons call, so tests drive them without a front end. Each
+is displayed with a ``text/plain`` rendering of itself in its MIME bundle — question and options only,
+no answers — which is what a headless run keeps (see course/quiz.py for why this is the fallback).
+CSS classes (``kvcourse-quiz-*``) give browser tests stable handles.
+"""
+from __future__ import annotations
+
+import html
+import re
+import warnings
+from dataclasses import dataclass, field
+
+import ipywidgets as widgets
+
+from course.teach.progress import LEVELS, ProgressStore, default_store, normalise_level
+
+RIGHT_COLOUR, WRONG_COLOUR = "#1a7f37", "#cf222e"
+
+
+@dataclass
+class CheckResult:
+    question_id: str
+    choice: str
+    correct: bool
+    explanation: str                                   # why the chosen option is right or wrong
+    others: dict[str, str] = field(default_factory=dict)  # shown once right: why the rest are wrong
+    saved: bool = True
+
+    @property
+    def text(self) -> str:
+        lines = [f"{self.choice}: {self.explanation}"]  # explanations start with Right/Wrong
+        if self.correct:
+            lines += [f"  {k}: {why}" for k, why in self.others.items()]
+        else:
+            lines.append("  Try another option.")
+        if not self.saved:
+            lines.append("  (Progress could not be saved: see the warning above.)")
+        return "\n".join(lines)
+
+
+def grade(question, choice: str, values: dict | None = None, store: ProgressStore | None = None) -> CheckResult:
+    """Grade one answer, fill measured numbers into the explanations, save it (if a store is given)."""
+    from course.teach.quiz import fill_numbers
+
+    option = question.option(choice)  # ValueError naming the valid letters
+    correct = option.key == question.answer
+    others = {o.key: fill_numbers(o.explanation, values) for o in question.options if o.key != option.key}
+    result = CheckResult(question.id, option.key, correct, fill_numbers(option.explanation, values), others)
+    if store is not None:
+        try:
+            store.record_answer(question.lesson, question.id, option.key, correct)
+        except Exception as exc:  # the quiz keeps working even if the file cannot be written
+            warnings.warn(f"could not save your answer to {store.path}: {exc}", stacklevel=2)
+            result.saved = False
+    return result
+
+
+def _html(text: str) -> str:
+    """Escape (prompts contain things like <|im_end|>), then render `code` spans."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def _verdict_html(explanation: str) -> str:
+    """Bold the leading Right/Wrong of an explanation."""
+    word, _, rest = explanation.partition(" ")
+    return f"<b>{_html(word)}</b> {_html(rest)}"
+
+
+class _TextFallback:
+    """Mixin: put the widget's own text rendering in text/plain (ipywidgets puts a truncated repr)."""
+
+    def text(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs):
+        data = super()._repr_mimebundle_(**kwargs)
+        if data:
+            data["text/plain"] = self.text()
+        return data
+
+    def __str__(self):
+        return self.text()
+
+
+class QuestionWidget(_TextFallback, widgets.VBox):
+    """One multiple-choice question: pick a letter, press Check, see right/wrong and why."""
+
+    def __init__(self, question, *, number: int | None = None, store: ProgressStore | None = None,
+                 values=None, on_check=None):
+        self.question = question
+        self.number = number
+        self.store = store
+        self._values = values if callable(values) else (lambda v=values or {}: v)
+        self.on_check = on_check
+        self.result: CheckResult | None = None
+        self.attempts = 0
+        head = f"<b>{number}.</b> " if number is not None else ""
+        from course.teach.quiz import fill_numbers
+
+        vals = self._values()
+        # Option texts go in HTML (which wraps); the picker holds only the letters, because radio-button
+        # labels have a fixed one-line height in JupyterLab and long options would overlap.
+        items = "".join(f"<div style='margin:.2em 0 .2em 1em'><b>{o.key}.</b> {_html(fill_numbers(o.text, vals))}</div>"
+                        for o in question.options)
+        self.prompt = widgets.HTML(f"<div style='font-size:1.05em'>{head}{_html(fill_numbers(question.prompt, vals))}"
+                                   f"</div>{items}")
+        self.options = widgets.ToggleButtons(
+            options=[o.key for o in question.options], value=None,
+            tooltips=[fill_numbers(o.text, vals)[:200] for o in question.options],
+            style=widgets.ToggleButtonsStyle(button_width="3em"))
+        self.options.add_class("kvcourse-quiz-options")
+        self.check_button = widgets.Button(description="Check", button_style="primary", icon="check",
+                                           tooltip="Check your answer")
+        self.check_button.add_class("kvcourse-quiz-check")
+        self.check_button.on_click(lambda _b: self.check())
+        self.feedback = widgets.HTML("")
+        self.feedback.add_class("kvcourse-quiz-feedback")
+        self.options.observe(self._on_pick, names="value")
+        super().__init__([self.prompt, widgets.HBox([self.options, self.check_button]), self.feedback],
+                         layout=widgets.Layout(margin="0 0 1.2em 0"))
+        self.add_class("kvcourse-quiz-question")
+        self._show_saved()
+
+    def _show_saved(self) -> None:
+        if self.store is None:
+            return
+        try:
+            last = self.store.latest_answers(self.question.lesson).get(self.question.id)
+        except Exception:
+            return
+        if last:
+            verdict = "right" if last["correct"] else "not right yet"
+            self.feedback.value = (f"<span style='color:#666'>Saved from earlier: you chose {last['choice']} "
+                                   f"({verdict}). Check again any time.</span>")
+
+    def _on_pick(self, change) -> None:
+        if change["new"] is not None and self.result is not None:
+            self.feedback.value = ""  # a new pick clears the old verdict until Check is pressed
+
+    def choose(self, key: str) -> None:
+        """Select an option by its letter (what clicking a radio button does)."""
+        self.options.value = self.question.option(key).key
+
+    def check(self) -> CheckResult | None:
+        """Grade the selected option, show the verdict and explanation, save the answer."""
+        if self.options.value is None:
+            self.feedback.value = "<span style='color:#666'>Pick an option first.</span>"
+            return None
+        self.attempts += 1
+        self.result = grade(self.question, self.options.value, self._values(), self.store)
+        self.feedback.value = self._feedback_html(self.result)
+        if self.on_check is not None:
+            self.on_check(self)
+        return self.result
+
+    @staticmethod
+    def _feedback_html(r: CheckResult) -> str:
+        if r.correct:
+            parts = [f"<div style='color:{RIGHT_COLOUR}'>✓ {_verdict_html(r.explanation)}</div>"]
+            if r.others:
+                items = "".join(f"<li><b>{k}</b>: {_html(why)}</li>" for k, why in r.others.items())
+                parts.append(f"<div style='color:#444;margin-top:.3em'>Why not the others:<ul>{items}</ul></div>")
+        else:
+            parts = [f"<div style='color:{WRONG_COLOUR}'>✗ {_verdict_html(r.explanation)}</div>",
+                     "<div style='color:#444'>Try another option.</div>"]
+        if not r.saved:
+            parts.append("<div style='color:#666'>(Your answer could not be saved.)</div>")
+        return "".join(parts)
+
+    def text(self) -> str:
+        from course.teach.quiz import question_text
+
+        return question_text(self.question, self.number, self._values())
+
+
+class FlipCard(_TextFallback, widgets.VBox):
+    """An interview question: answer it aloud, then Show answer."""
+
+    def __init__(self, card, *, store: ProgressStore | None = None, values=None):
+        from course.teach.quiz import fill_numbers
+
+        self.card = card
+        self.store = store
+        self._values = values if callable(values) else (lambda v=values or {}: v)
+        self.front = widgets.HTML(f"<b>{_html(fill_numbers(card.prompt, self._values()))}</b>")
+        self.back = widgets.HTML("", layout=widgets.Layout(display="none"))
+        self.back.add_class("kvcourse-quiz-card-answer")
+        self.button = widgets.Button(description="Show answer", icon="eye")
+        self.button.add_class("kvcourse-quiz-flip")
+        self.button.on_click(lambda _b: self.flip())
+        self.revealed = False
+        super().__init__([self.front, self.button, self.back],
+                         layout=widgets.Layout(border="1px solid #ddd", padding="0.5em", margin="0 0 0.6em 0"))
+        self.add_class("kvcourse-quiz-card")
+
+    def flip(self) -> bool:
+        """Show or hide the model answer; returns whether it is now shown. The first reveal is saved."""
+        from course.teach.quiz import fill_numbers
+
+        self.revealed = not self.revealed
+        if self.revealed:
+            self.back.value = f"<div style='margin-top:.4em'>{_html(fill_numbers(self.card.answer, self._values()))}</div>"
+            if self.store is not None:
+                try:
+                    self.store.record_card_view(self.card.lesson, self.card.id)
+                except Exception as exc:
+                    warnings.warn(f"could not save to {self.store.path}: {exc}", stacklevel=2)
+        self.back.layout.display = "" if self.revealed else "none"
+        self.button.description = "Hide answer" if self.revealed else "Show answer"
+        return self.revealed
+
+    @property
+    def answer_text(self) -> str:
+        """What the back of the card shows ('' while hidden)."""
+        return re.sub(r"<[^>]+>", "", self.back.value) if self.revealed else ""
+
+    def text(self) -> str:
+        from course.teach.quiz import card_text
+
+        return card_text(self.card, self._values())
+
+
+class CardDeck(_TextFallback, widgets.VBox):
+    def __init__(self, cards, *, store: ProgressStore | None = None, values=None):
+        self.cards = [FlipCard(c, store=store, values=values) for c in cards]
+        super().__init__(self.cards)
+
+    def text(self) -> str:
+        return "\n".join(c.text() for c in self.cards)
+
+
+class CheckpointQuiz(_TextFallback, widgets.VBox):
+    """A lesson's checkpoint: its questions, a running score, then its interview cards."""
+
+    def __init__(self, lesson_id: str, *, cards: bool = True, store: ProgressStore | None = None, bank=None):
+        from course.teach.quiz import load_questions, measured_values
+
+        self.bank = bank or load_questions()
+        self.lesson = self.bank.check_lesson(lesson_id)
+        self.store = store if store is not None else default_store()
+        values = lambda: measured_values(lesson_id, self.store)  # noqa: E731  (fresh at every Check)
+        self.questions = [QuestionWidget(q, number=i, store=self.store, values=values, on_check=self._update)
+                          for i, q in enumerate(self.bank.for_lesson(lesson_id), 1)]
+        self.score = widgets.HTML("")
+        self.score.add_class("kvcourse-quiz-score")
+        header = widgets.HTML(f"<h3>Checkpoint — {_html(self.lesson.title)}</h3>")
+        children = [header, *self.questions, self.score]
+        self.deck = None
+        if cards and self.bank.cards_for(lesson_id):
+            self.deck = CardDeck(self.bank.cards_for(lesson_id), store=self.store, values=values)
+            children += [widgets.HTML("<h4>Interview prep — answer aloud, then flip</h4>"), self.deck]
+        super().__init__(children)
+        self.add_class("kvcourse-quiz")
+        self._update()
+
+    def _update(self, _question=None) -> None:
+        right = sum(1 for q in self.questions if q.result is not None and q.result.correct)
+        self.score.value = f"<b>{right} of {len(self.questions)}</b> right so far (saved — see <code>kvcourse progress</code>)."
+
+    @property
+    def right(self) -> int:
+        return sum(1 for q in self.questions if q.result is not None and q.result.correct)
+
+    def question(self, question_id: str) -> QuestionWidget:
+        for q in self.questions:
+            if q.question.id == question_id:
+                return q
+        raise ValueError(f"question_id {question_id!r} is not in this checkpoint; "
+                         f"choose one of {[q.question.id for q in self.questions]}")
+
+    def text(self) -> str:
+        from course.teach.quiz import checkpoint_text, measured_values
+
+        return checkpoint_text(self.lesson.id, measured_values(self.lesson.id, self.store), cards=self.deck is not None)
+
+
+class SelfAssessmentWidget(_TextFallback, widgets.VBox):
+    """New to it / Getting there / Confident — saved at once, shown again after a restart."""
+
+    def __init__(self, lesson_id: str, *, store: ProgressStore | None = None, bank=None):
+        from course.teach.quiz import load_questions
+
+        self.lesson = (bank or load_questions()).check_lesson(lesson_id)
+        self.store = store if store is not None else default_store()
+        saved = None
+        try:
+            saved = self.store.self_assessment(lesson_id)
+        except Exception:
+            pass
+        self.prompt = widgets.HTML(f"<b>Self-assessment.</b> {_html(self.lesson.self_assessment)}")
+        self.levels = widgets.ToggleButtons(options=list(LEVELS), value=saved)
+        self.levels.add_class("kvcourse-quiz-levels")
+        self.status = widgets.HTML(self._status(saved, earlier=True) if saved else "")
+        self.levels.observe(lambda change: self._save(change["new"]), names="value")
+        super().__init__([self.prompt, self.levels, self.status])
+        self.add_class("kvcourse-quiz-self-assessment")
+
+    @staticmethod
+    def _status(level: str, earlier: bool = False) -> str:
+        when = "Saved earlier" if earlier else "Saved"
+        return f"<span style='color:#666'>{when}: <b>{html.escape(level)}</b>. It is kept across restarts.</span>"
+
+    def choose(self, level) -> str:
+        """Pick a level (what clicking a button does); returns the canonical label."""
+        label = normalise_level(level)
+        if self.levels.value == label:
+            self._save(label)  # re-saving the same level still records when it was said
+        self.levels.value = label
+        return label
+
+    def _save(self, level) -> None:
+        if level is None:
+            return
+        try:
+            self.store.record_self_assessment(self.lesson.id, level)
+            self.status.value = self._status(level)
+        except Exception as exc:
+            warnings.warn(f"could not save to {self.store.path}: {exc}", stacklevel=2)
+            self.status.value = "<span style='color:#666'>(Could not be saved.)</span>"
+
+    def text(self) -> str:
+        from course.teach.quiz import self_assessment_text
+
+        return self_assessment_text(self.lesson.id)
