@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from course.teach.progress import LEVELS, ProgressFileWarning, ProgressStore, default_path, normalise_level
+from course.teach.questions import load_questions
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,7 +46,7 @@ def test_round_trip_survives_a_new_process(tmp_path):
     assert check["details"]["failed"] == ["test_overflow", "test_positions"]
     assert store.measurements("02_kv_cache") == {"cache_speedup": 7.5}  # the unserialisable one skipped
 
-    summary = {s.lesson: s for s in store.summary().lessons}
+    summary = {s.lesson: s for s in store.summary(load_questions()).lessons}
     kv = summary["02_kv_cache"]
     assert (kv.answered, kv.right, kv.first_try, kv.cards_seen) == (2, 2, 1, 1)
     assert kv.questions >= 5 and kv.cards >= 3

@@ -16,7 +16,7 @@ COMMANDS = {
     "check": ("course.grade.grading", "run the visible tests of your exercise notebook, with hints"),
     "grade": ("course.grade.grading", "autograde a folder of submitted notebooks (instructors)"),
     "classroom": ("course.grade.classroom", "teach a class on JupyterHub: release, collect, grade, feedback, export"),
-    "progress": ("course.teach.progress", "show (or --reset) your saved quiz and exercise progress"),
+    "progress": ("course.cli.progress", "show (or --reset) your saved quiz and exercise progress"),
     "bench": ("course.cli.bench", "measure the engine against the hardware limits; writes JSON + Markdown"),
 }
 

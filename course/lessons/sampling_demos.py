@@ -1,7 +1,7 @@
 """The sampling lesson's experiments: order of composition, one knob or two, settings per task, tie gaps.
 
 Each function returns numbers (for record()) and, where a picture helps, a matplotlib Figure built without
-pyplot (display it with course.widgets.sampling_explorer.show_figure).
+pyplot (display it with IPython's display or the lesson's show_figure).
 """
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from tqdm.auto import tqdm
 
 from course.engine.sampling import apply_temperature, check_params, entropy_bits, top_p_filter, transform_logits
-from course.widgets.sampling_explorer import Prompt, sample_continuations
+from course.engine.continuations import sample_continuations
+from course.engine.prompts import Prompt
 
 
 # -- order of composition ----------------------------------------------------------------------------------

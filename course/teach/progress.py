@@ -15,15 +15,14 @@ A corrupt or unreadable file is never a crash and never silently lost: it is ren
 paths, and a fresh file is started. If even that is impossible (a read-only folder), progress goes to a
 temporary file for this session, again with a warning.
 
-``kvcourse progress`` prints a per-lesson summary; ``kvcourse progress --reset`` clears it after asking
-(``--yes`` skips the question).
+``kvcourse progress`` (course/cli/progress.py) prints a per-lesson summary; ``kvcourse progress --reset``
+clears it after asking (``--yes`` skips the question).
 """
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
-import sys
 import tempfile
 import threading
 import time
@@ -32,9 +31,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course.teach.questions import LEVELS, normalise_level  # noqa: F401  (re-exported)
+
 ENV_VAR = "KVCOURSE_PROGRESS"
 FILE_NAME = "progress.sqlite"
-LEVELS = ("New to it", "Getting there", "Confident")
 SCHEMA_VERSION = 1
 
 _SCHEMA = {
@@ -348,12 +348,8 @@ class ProgressStore:
             return {t: conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in _SCHEMA}
         return self._run(count)
 
-    def summary(self, bank=None) -> Summary:
-        """Per-lesson summary against the question bank (course/questions.yaml by default)."""
-        if bank is None:
-            from course.teach.quiz import load_questions
-
-            bank = load_questions()
+    def summary(self, bank) -> Summary:
+        """Per-lesson summary against a question bank (course.teach.questions.load_questions())."""
         answers = self.answers()
         lesson_ids = list(bank.lessons) + sorted({a["lesson"] for a in answers} - set(bank.lessons))
         out = Summary(path=self.path)
@@ -382,18 +378,6 @@ class ProgressStore:
         return out
 
 
-def normalise_level(level: str) -> str:
-    """Accept 'Confident', 'confident', 'getting_there', 2 … and return the canonical label."""
-    if isinstance(level, int) and not isinstance(level, bool) and 0 <= level < len(LEVELS):
-        return LEVELS[level]
-    if isinstance(level, str):
-        wanted = level.strip().lower().replace("_", " ").replace("-", " ")
-        for label in LEVELS:
-            if wanted == label.lower():
-                return label
-    raise ValueError(f"level must be one of {list(LEVELS)} (or 0, 1, 2), got {level!r}")
-
-
 def _need_text(**values) -> None:
     for name, value in values.items():
         if not isinstance(value, str) or not value.strip():
@@ -414,74 +398,3 @@ def default_store() -> ProgressStore:
 def record_exercise_check(exercise: str, passed: int, total: int, details=None) -> None:
     """For `kvcourse check`: save a self-check result in the learner's progress file."""
     default_store().record_exercise_check(exercise, passed, total, details)
-
-
-# ---------------------------------------------------------------------- `kvcourse progress`
-def add_arguments(p) -> None:
-    p.add_argument("--reset", action="store_true", help="delete all saved progress (asks first)")
-    p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
-    p.add_argument("--file", default=None,
-                   help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
-
-
-def run(args) -> int:
-    store = ProgressStore(args.file) if args.file else default_store()
-    if args.reset:
-        return _reset(store, assume_yes=args.yes)
-    print(format_summary(store.summary()))
-    return 0
-
-
-def _reset(store: ProgressStore, assume_yes: bool) -> int:
-    counts = store.counts()
-    what = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items() if n and t != "measurements")
-    if not assume_yes:
-        prompt = (f"Delete all saved progress in {store.path} ({what or 'nothing saved yet'})? "
-                  "Type 'yes' to confirm: ")
-        try:
-            reply = input(prompt)
-        except EOFError:
-            reply = ""
-        if reply.strip().lower() not in ("y", "yes"):
-            print("Nothing deleted. (Use --yes to reset without this question.)")
-            return 1
-    store.reset()
-    print(f"Progress cleared in {store.path}.")
-    return 0
-
-
-def format_summary(summary: Summary) -> str:
-    lines = [f"Progress file: {summary.path}", ""]
-    width = max([len(s.lesson) for s in summary.lessons] + [6])
-    lines.append(f"{'lesson':<{width}}  {'answered':>8}  {'right':>6}  {'1st try':>7}  {'cards':>5}  "
-                 "self-assessment")
-    for s in summary.lessons:
-        lines.append(
-            f"{s.lesson:<{width}}  {f'{s.answered}/{s.questions}':>8}  {f'{s.right}/{s.questions}':>6}  "
-            f"{f'{s.first_try}/{s.questions}':>7}  {f'{s.cards_seen}/{s.cards}':>5}  "
-            f"{s.self_assessment or '—'}")
-    total_q = sum(s.questions for s in summary.lessons)
-    total_right = sum(s.right for s in summary.lessons)
-    lines.append(f"{'total':<{width}}  {'':>8}  {f'{total_right}/{total_q}':>6}")
-    lines.append("")
-    if summary.exercises:
-        lines.append("Exercises (latest `kvcourse check`):")
-        for e in summary.exercises:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["at"]))
-            status = "all passed" if e["passed"] == e["total"] else "to fix"
-            lines.append(f"  {e['exercise']:<{width}}  {e['passed']}/{e['total']} tests passed  "
-                         f"({status}; {e['runs']} run{'s' if e['runs'] != 1 else ''}, last {when})")
-    else:
-        lines.append("Exercises: no self-check yet (run `kvcourse check NOTEBOOK`).")
-    if summary.empty:
-        lines.append("")
-        lines.append("Nothing saved yet: answer a checkpoint at the end of a lesson to start.")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="kvcourse progress")
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))

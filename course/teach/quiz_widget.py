@@ -3,7 +3,7 @@
 Each widget's behaviour is a plain method (``QuestionWidget.choose`` / ``.check``, ``FlipCard.flip``,
 ``SelfAssessmentWidget.choose``) that the buttons call, so tests drive them without a front end. Each
 is displayed with a ``text/plain`` rendering of itself in its MIME bundle — question and options only,
-no answers — which is what a headless run keeps (see course/quiz.py for why this is the fallback).
+no answers — which is what a headless run keeps (see course/teach/quiz.py for why this is the fallback).
 CSS classes (``kvcourse-quiz-*``) give browser tests stable handles.
 """
 from __future__ import annotations
@@ -11,51 +11,15 @@ from __future__ import annotations
 import html
 import re
 import warnings
-from dataclasses import dataclass, field
 
 import ipywidgets as widgets
 
-from course.teach.progress import LEVELS, ProgressStore, default_store, normalise_level
+from course.teach.progress import ProgressStore, default_store
+from course.teach.questions import (LEVELS, CheckResult, card_text, checkpoint_text, fill_numbers, grade,
+                                     load_questions, measured_values, normalise_level, question_text,
+                                     self_assessment_text)
 
 RIGHT_COLOUR, WRONG_COLOUR = "#1a7f37", "#cf222e"
-
-
-@dataclass
-class CheckResult:
-    question_id: str
-    choice: str
-    correct: bool
-    explanation: str                                   # why the chosen option is right or wrong
-    others: dict[str, str] = field(default_factory=dict)  # shown once right: why the rest are wrong
-    saved: bool = True
-
-    @property
-    def text(self) -> str:
-        lines = [f"{self.choice}: {self.explanation}"]  # explanations start with Right/Wrong
-        if self.correct:
-            lines += [f"  {k}: {why}" for k, why in self.others.items()]
-        else:
-            lines.append("  Try another option.")
-        if not self.saved:
-            lines.append("  (Progress could not be saved: see the warning above.)")
-        return "\n".join(lines)
-
-
-def grade(question, choice: str, values: dict | None = None, store: ProgressStore | None = None) -> CheckResult:
-    """Grade one answer, fill measured numbers into the explanations, save it (if a store is given)."""
-    from course.teach.quiz import fill_numbers
-
-    option = question.option(choice)  # ValueError naming the valid letters
-    correct = option.key == question.answer
-    others = {o.key: fill_numbers(o.explanation, values) for o in question.options if o.key != option.key}
-    result = CheckResult(question.id, option.key, correct, fill_numbers(option.explanation, values), others)
-    if store is not None:
-        try:
-            store.record_answer(question.lesson, question.id, option.key, correct)
-        except Exception as exc:  # the quiz keeps working even if the file cannot be written
-            warnings.warn(f"could not save your answer to {store.path}: {exc}", stacklevel=2)
-            result.saved = False
-    return result
 
 
 def _html(text: str) -> str:
@@ -98,8 +62,6 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         self.result: CheckResult | None = None
         self.attempts = 0
         head = f"<b>{number}.</b> " if number is not None else ""
-        from course.teach.quiz import fill_numbers
-
         vals = self._values()
         # Option texts go in HTML (which wraps); the picker holds only the letters, because radio-button
         # labels have a fixed one-line height in JupyterLab and long options would overlap.
@@ -171,8 +133,6 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         return "".join(parts)
 
     def text(self) -> str:
-        from course.teach.quiz import question_text
-
         return question_text(self.question, self.number, self._values())
 
 
@@ -180,8 +140,6 @@ class FlipCard(_TextFallback, widgets.VBox):
     """An interview question: answer it aloud, then Show answer."""
 
     def __init__(self, card, *, store: ProgressStore | None = None, values=None):
-        from course.teach.quiz import fill_numbers
-
         self.card = card
         self.store = store
         self._values = values if callable(values) else (lambda v=values or {}: v)
@@ -198,8 +156,6 @@ class FlipCard(_TextFallback, widgets.VBox):
 
     def flip(self) -> bool:
         """Show or hide the model answer; returns whether it is now shown. The first reveal is saved."""
-        from course.teach.quiz import fill_numbers
-
         self.revealed = not self.revealed
         if self.revealed:
             self.back.value = f"<div style='margin-top:.4em'>{_html(fill_numbers(self.card.answer, self._values()))}</div>"
@@ -218,8 +174,6 @@ class FlipCard(_TextFallback, widgets.VBox):
         return re.sub(r"<[^>]+>", "", self.back.value) if self.revealed else ""
 
     def text(self) -> str:
-        from course.teach.quiz import card_text
-
         return card_text(self.card, self._values())
 
 
@@ -236,8 +190,6 @@ class CheckpointQuiz(_TextFallback, widgets.VBox):
     """A lesson's checkpoint: its questions, a running score, then its interview cards."""
 
     def __init__(self, lesson_id: str, *, cards: bool = True, store: ProgressStore | None = None, bank=None):
-        from course.teach.quiz import load_questions, measured_values
-
         self.bank = bank or load_questions()
         self.lesson = self.bank.check_lesson(lesson_id)
         self.store = store if store is not None else default_store()
@@ -272,8 +224,6 @@ class CheckpointQuiz(_TextFallback, widgets.VBox):
                          f"choose one of {[q.question.id for q in self.questions]}")
 
     def text(self) -> str:
-        from course.teach.quiz import checkpoint_text, measured_values
-
         return checkpoint_text(self.lesson.id, measured_values(self.lesson.id, self.store), cards=self.deck is not None)
 
 
@@ -281,8 +231,6 @@ class SelfAssessmentWidget(_TextFallback, widgets.VBox):
     """New to it / Getting there / Confident — saved at once, shown again after a restart."""
 
     def __init__(self, lesson_id: str, *, store: ProgressStore | None = None, bank=None):
-        from course.teach.quiz import load_questions
-
         self.lesson = (bank or load_questions()).check_lesson(lesson_id)
         self.store = store if store is not None else default_store()
         saved = None
@@ -322,6 +270,4 @@ class SelfAssessmentWidget(_TextFallback, widgets.VBox):
             self.status.value = "<span style='color:#666'>(Could not be saved.)</span>"
 
     def text(self) -> str:
-        from course.teach.quiz import self_assessment_text
-
         return self_assessment_text(self.lesson.id)
