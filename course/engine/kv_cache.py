@@ -3,12 +3,80 @@
 Shape of every buffer: [B, H_kv, T_max, D_h]. Nothing is hidden in global state: the cache is
 created by the caller and passed to the model explicitly, so a learner can print it, measure
 its bytes and throw it away.
+
+Two ways to write:
+    update(start_pos: int, k, v)            every row of the batch at the same positions (one prompt, or
+                                            B prompts of equal length): the path every lesson uses
+    update(BatchPositions, k, v)            each sequence at its own position, in the cache rows it names:
+                                            B requests of different lengths decoded in one step
+In the second, row b of the returned keys holds sequence b's positions 0..kv_len-1 (kv_len = the longest
+sequence's end); positions a shorter sequence has not reached are stale and `BatchPositions.mask` hides them.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
 from course.engine.config import ModelConfig
+
+
+@dataclass
+class BatchPositions:
+    """Where each sequence of a batch writes its T new tokens: sequence b at start[b] .. start[b] + T - 1.
+
+    start: one position per sequence (Python ints: finding the longest needs no device sync).
+    rows: the cache rows holding the sequences (None: rows 0..B-1), so a scheduler can decode any subset
+    of its slots. The tensors below are built once per model call and shared by every layer.
+    """
+    start: list[int]
+    n_new: int
+    device: torch.device | str = "cpu"
+    rows: list[int] | None = None
+    positions: torch.Tensor = field(init=False, repr=False)  # [B, T] absolute position of every new token
+    mask: torch.Tensor = field(init=False, repr=False)  # [B, 1, T, kv_len] True where a query may see a key
+
+    def __post_init__(self):
+        self.start = [int(p) for p in self.start]
+        if not self.start:
+            raise ValueError("BatchPositions needs at least one sequence")
+        if min(self.start) < 0 or self.n_new <= 0:
+            raise ValueError(f"positions must be >= 0 and n_new > 0, got start={self.start}, n_new={self.n_new}")
+        if self.rows is not None:
+            self.rows = [int(r) for r in self.rows]
+            if len(self.rows) != len(self.start):
+                raise ValueError(f"{len(self.rows)} cache rows for {len(self.start)} sequences; give one row each")
+        start = torch.tensor(self.start, dtype=torch.long, device=self.device)  # [B]
+        self.positions = start[:, None] + torch.arange(self.n_new, device=self.device)  # [B, T]
+        keys = torch.arange(self.kv_len, device=self.device)  # [kv_len]
+        self.mask = (keys[None, None, :] <= self.positions[:, :, None])[:, None]  # [B, 1, T, kv_len]
+
+    @classmethod
+    def of(cls, start, n_new: int, device="cpu") -> "BatchPositions":
+        """A BatchPositions from an existing one (returned as is), a list of ints or a [B] tensor."""
+        if isinstance(start, BatchPositions):
+            if start.n_new != n_new:
+                raise ValueError(f"BatchPositions was built for {start.n_new} new tokens per sequence, "
+                                 f"the call has {n_new}")
+            return start
+        if isinstance(start, torch.Tensor):
+            start = start.flatten().tolist()
+        return cls(list(start), n_new, device)
+
+    @property
+    def batch(self) -> int:
+        return len(self.start)
+
+    @property
+    def end(self) -> list[int]:
+        """One past each sequence's last new position: its length after this call."""
+        return [p + self.n_new for p in self.start]
+
+    @property
+    def kv_len(self) -> int:
+        """Keys attention reads per sequence: the longest sequence's end."""
+        return max(self.start) + self.n_new
 
 
 class LayerKVCache:
@@ -26,6 +94,9 @@ class LayerKVCache:
 
     def check_fits(self, start_pos: int, n_new: int) -> int:
         """The end position of a write of n_new tokens at start_pos; ValueError if it overflows."""
+        if isinstance(start_pos, BatchPositions):
+            raise TypeError(f"{type(self).__name__} writes every row at one start_pos; use course.engine.kv_cache."
+                            "KVCache (or course.engine.paged.PagedKVCache) for per-sequence positions")
         end = start_pos + n_new
         if start_pos < 0 or end > self.max_seq_len:
             raise ValueError(
@@ -45,10 +116,37 @@ class LayerKVCache:
         Writing at an earlier start_pos overwrites what was there (how speculative decoding
         throws away rejected draft tokens).
         """
+        if isinstance(start_pos, BatchPositions):
+            return self.update_rows(start_pos, k, v)
         end = self.check_fits(start_pos, k.shape[2])
         self.k[:, :, start_pos:end] = k
         self.v[:, :, start_pos:end] = v
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def update_rows(self, at: BatchPositions, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write sequence b's k, v ([B, H_kv, T_new, D_h]) in cache row at.rows[b] at positions at.start[b]...
+
+        Returns [B, H_kv, kv_len, D_h]: the rows of this batch, every position up to the longest end
+        (a view when the rows are consecutive, a gathered copy otherwise).
+        """
+        B, T = k.shape[0], k.shape[2]
+        rows = list(range(B)) if at.rows is None else at.rows
+        if at.batch != B or at.n_new != T:
+            raise ValueError(f"positions for {at.batch} sequences × {at.n_new} tokens, but k is {list(k.shape)}")
+        if max(rows) >= self.k.shape[0] or min(rows) < 0:
+            raise ValueError(f"cache rows {rows} do not exist in a cache of {self.k.shape[0]} rows")
+        if at.kv_len > self.max_seq_len:
+            raise ValueError(f"KV cache overflow: a sequence reaches position {at.kv_len - 1} in a cache of "
+                             f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len")
+        row_index = torch.tensor(rows, dtype=torch.long, device=self.k.device)[:, None].expand(B, T)  # [B, T]
+        pos = at.positions.to(self.k.device)  # [B, T]
+        self.k[row_index, :, pos] = k.transpose(1, 2)  # [B, T, H_kv, D_h] into (row, position) pairs
+        self.v[row_index, :, pos] = v.transpose(1, 2)
+        first = rows[0]
+        if rows == list(range(first, first + B)):  # consecutive rows: a view, no copy
+            return self.k[first:first + B, :, :at.kv_len], self.v[first:first + B, :, :at.kv_len]
+        index = row_index[:, 0]
+        return self.k[index, :, :at.kv_len], self.v[index, :, :at.kv_len]  # [B, H_kv, kv_len, D_h]
 
 
 class KVCache:

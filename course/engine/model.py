@@ -4,6 +4,13 @@ Read it top to bottom in one sitting. Shapes use the lesson's letters:
 B batch, T tokens in this call, H query heads, H_kv key/value heads, D_h head dim, d hidden size.
 The KV cache is an explicit argument (see course/kv_cache.py); with cache=None the model
 recomputes attention over every token it is given, which is how we measure what the cache saves.
+
+Batches of different lengths: pass `start_pos` as one position per sequence (a list, a [B] tensor or a
+kv_cache.BatchPositions) instead of one int. RoPE then rotates each sequence by its own positions and
+attention masks each sequence's keys past its own end — the marked lines in Attention.forward and
+Transformer.forward are the whole difference. Prompts of different lengths are prefilled one at a time
+(a prefill is already a matrix-matrix product, so batching it buys little); their decode steps, bound by
+reading the weights, are what runs batched.
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course.engine.config import ModelConfig
-from course.engine.kv_cache import KVCache, LayerKVCache
+from course.engine.kv_cache import BatchPositions, KVCache, LayerKVCache
 
 
 class RMSNorm(nn.Module):
@@ -56,7 +63,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int,
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | BatchPositions,
                 cache: LayerKVCache | None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D_h]
@@ -68,7 +75,9 @@ class Attention(nn.Module):
             k, v = cache.update(start_pos, k, v)  # [B, H_kv, start_pos + T, D_h]
 
         T_k = k.shape[2]
-        if T == 1:
+        if isinstance(start_pos, BatchPositions):  # <-- batched: each sequence sees keys up to its own position
+            mask, causal = start_pos.mask, False  # [B, 1, T, T_k]
+        elif T == 1:
             mask, causal = None, False  # one new query may see every key so far
         elif T_k == T:
             mask, causal = None, True  # a fresh sequence: the plain causal triangle
@@ -130,14 +139,19 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.tok_embeddings.weight.dtype
 
-    def forward(self, tokens: torch.Tensor, start_pos: int = 0, cache: KVCache | None = None,
+    def forward(self, tokens: torch.Tensor, start_pos=0, cache: KVCache | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """tokens [B, T] at positions start_pos..start_pos+T-1 → logits [B, T, V] ([B, V] if last_only).
 
         With a cache, the model attends over the cached positions 0..start_pos-1 too; without one,
-        start_pos must be 0 and the tokens are the whole sequence.
+        start_pos must be 0 and the tokens are the whole sequence. start_pos may also be one position
+        per sequence (list of ints, [B] tensor or BatchPositions): sequence b's tokens go at
+        start_pos[b].. and attend over its own cached positions only (needs a cache that accepts
+        BatchPositions: KVCache or a paged batch).
         """
         B, T = tokens.shape
+        if not isinstance(start_pos, int):  # <-- batched: one position per sequence
+            return self._forward_batched(tokens, start_pos, cache, last_only)
         if cache is None and start_pos != 0:
             raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
         if start_pos + T > self.config.max_seq_len:
@@ -153,6 +167,26 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1]  # [B, d]: generation needs only the next-token logits
         return self.output(self.norm(x)).float()  # logits in float32 whatever the model dtype
+
+    def _forward_batched(self, tokens: torch.Tensor, start_pos, cache, last_only: bool) -> torch.Tensor:
+        """forward() with one start position per sequence: RoPE angles and the key mask per sequence."""
+        B, T = tokens.shape
+        if cache is None:
+            raise ValueError("per-sequence positions need a KV cache holding each sequence's earlier tokens")
+        at = BatchPositions.of(start_pos, T, self.device)
+        if at.batch != B:
+            raise ValueError(f"{at.batch} start positions for a batch of {B} sequences; give one per sequence")
+        if at.kv_len > self.config.max_seq_len:
+            raise ValueError(f"{at.kv_len} tokens exceed the model's context of {self.config.max_seq_len}; "
+                             "shorten the prompt or ask for fewer new tokens")
+        cos = self.rope_cos[at.positions].to(self.dtype)[:, None]  # [B, 1, T, D_h]: each sequence its own angles
+        sin = self.rope_sin[at.positions].to(self.dtype)[:, None]
+        x = self.tok_embeddings(tokens)  # [B, T, d]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, at, cache[i])
+        if last_only:
+            x = x[:, -1]  # [B, d]
+        return self.output(self.norm(x)).float()
 
 
 def tiny_model(seed: int = 0, config: ModelConfig | None = None) -> Transformer:
