@@ -1,4 +1,4 @@
-"""course/phases.py on the tiny random model (fast), and lessons/01_prefill_decode.ipynb end to end (slow).
+"""course/measure/{sweeps,costs,roofline,profile,latency,threads}.py and course/lessons/prefill_decode.py on the tiny random model (fast), and lessons/01_prefill_decode.ipynb end to end (slow).
 
 No test here asserts a speed: timings only have to exist and be positive. The cost formulas are
 checked against the model itself (parameter counts, FlopCounterMode, cache buffers), the latency
@@ -16,7 +16,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from course.measure import phases  # noqa: E402
+from course.lessons import prefill_decode  # noqa: E402
+from course.measure import costs, latency, profile, roofline, sweeps, threads  # noqa: E402
 from course.engine.config import ModelConfig  # noqa: E402
 from course.engine.generate import decode_one_token, forward_uncached  # noqa: E402
 from course.engine.kv_cache import KVCache  # noqa: E402
@@ -28,17 +29,17 @@ SMOL = ModelConfig.from_name("smollm2-135m")
 
 
 def synthetic_sweep(phase, lengths, fn):
-    return phases.Sweep(phase, list(lengths), [Timing([fn(n)]) for n in lengths])
+    return sweeps.Sweep(phase, list(lengths), [Timing([fn(n)]) for n in lengths])
 
 
 # --- sizes and input checks ---------------------------------------------------------------------
 
 def test_default_sizes_quick_and_full(monkeypatch):
     monkeypatch.delenv("KVCOURSE_FULL", raising=False)
-    quick = phases.default_sizes()
+    quick = sweeps.default_sizes()
     assert not quick.full and 256 in quick.prefill and max(quick.prefill) <= 1024 and max(quick.decode) <= 1024
     monkeypatch.setenv("KVCOURSE_FULL", "1")
-    full = phases.default_sizes()
+    full = sweeps.default_sizes()
     assert full.full and max(full.prefill) == 2048 and max(full.decode) == 2048
     assert set(quick.prefill) <= set(full.prefill)
 
@@ -46,14 +47,14 @@ def test_default_sizes_quick_and_full(monkeypatch):
 @pytest.mark.parametrize("lengths", [[], [0], [129], ["8"], [4.0], [True]])
 def test_prefill_sweep_rejects_bad_lengths(tiny, lengths):
     with pytest.raises(ValueError, match="lengths"):
-        phases.prefill_sweep(tiny, lengths, progress=False)
+        sweeps.prefill_sweep(tiny, lengths, progress=False)
 
 
 def test_decode_needs_room_for_one_more_token(tiny):
     with pytest.raises(ValueError, match=r"context.*1\.\.127"):
-        phases.decode_sweep(tiny, [128], progress=False)
+        sweeps.decode_sweep(tiny, [128], progress=False)
     with pytest.raises(ValueError, match="context"):
-        phases.decode_cost(tiny.config, 0)
+        costs.decode_cost(tiny.config, 0)
 
 
 @pytest.fixture
@@ -61,35 +62,35 @@ def thread_calls(monkeypatch):
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(phases.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
     monkeypatch.delenv("KVCOURSE_THREADS", raising=False)
     return calls
 
 
 def test_steady_threads_drops_to_one_thread_on_a_busy_machine(monkeypatch, thread_calls):
-    monkeypatch.setattr(phases.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
-    note = phases.steady_threads("cpu")
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    note = threads.steady_threads("cpu")
     assert thread_calls == [1] and "busy" in note and "9.5" in note
 
 
 def test_steady_threads_leaves_an_idle_machine_alone(monkeypatch, thread_calls):
-    monkeypatch.setattr(phases.os, "getloadavg", lambda: (0.3, 0.2, 0.1))
-    assert "2 CPU threads" in phases.steady_threads("cpu") and thread_calls == []
-    assert "cuda" in phases.steady_threads("cuda") and thread_calls == []  # GPU timing: threads untouched
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.3, 0.2, 0.1))
+    assert "2 CPU threads" in threads.steady_threads("cpu") and thread_calls == []
+    assert "cuda" in threads.steady_threads("cuda") and thread_calls == []  # GPU timing: threads untouched
 
 
 def test_steady_threads_obeys_an_explicit_choice(monkeypatch, thread_calls):
-    monkeypatch.setattr(phases.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
     monkeypatch.setenv("KVCOURSE_THREADS", "2")
-    assert "as asked" in phases.steady_threads("cpu") and thread_calls == [2]
+    assert "as asked" in threads.steady_threads("cpu") and thread_calls == [2]
     with pytest.raises(ValueError, match="threads"):
-        phases.steady_threads("cpu", threads=0)
+        threads.steady_threads("cpu", threads=0)
 
 
 # --- sweeps on the tiny model ---------------------------------------------------------------------
 
 def test_prefill_sweep_on_tiny(tiny):
-    sweep = phases.prefill_sweep(tiny, [4, 16, 64], budget_s=0.05, max_repeats=3, progress=False)
+    sweep = sweeps.prefill_sweep(tiny, [4, 16, 64], budget_s=0.05, max_repeats=3, progress=False)
     assert sweep.phase == "prefill" and sweep.lengths == [4, 16, 64]
     assert all(1 <= len(t.times) <= 3 for t in sweep.timings)
     assert all(s > 0 for s in sweep.seconds)
@@ -102,7 +103,7 @@ def test_prefill_sweep_on_tiny(tiny):
 
 
 def test_decode_sweep_on_tiny(tiny):
-    sweep = phases.decode_sweep(tiny, [1, 32, 100], budget_s=0.05, max_repeats=4, progress=False)
+    sweep = sweeps.decode_sweep(tiny, [1, 32, 100], budget_s=0.05, max_repeats=4, progress=False)
     assert sweep.phase == "decode" and all(s > 0 for s in sweep.seconds)
     assert all(len(t.times) >= 3 for t in sweep.timings)  # min_repeats: a median of at least three steps
     assert sweep.tokens_per_s == pytest.approx([1 / s for s in sweep.seconds])
@@ -110,7 +111,7 @@ def test_decode_sweep_on_tiny(tiny):
 
 
 def test_the_timed_decode_step_attends_over_the_prefilled_context(tiny):
-    cache, ids = phases.prepare_context(tiny, 10, seed=3)
+    cache, ids = sweeps.prepare_context(tiny, 10, seed=3)
     assert ids.shape == (1, 10) and cache.max_seq_len == 11
     token = torch.ones(1, 1, dtype=torch.long)
     cached = decode_one_token(tiny, token, 10, cache)
@@ -119,18 +120,18 @@ def test_the_timed_decode_step_attends_over_the_prefilled_context(tiny):
 
 
 def test_random_prompt_is_seeded_and_in_vocabulary(tiny):
-    a, b = phases.random_prompt(tiny, 50, seed=1), phases.random_prompt(tiny, 50, seed=1)
-    assert torch.equal(a, b) and not torch.equal(a, phases.random_prompt(tiny, 50, seed=2))
+    a, b = sweeps.random_prompt(tiny, 50, seed=1), sweeps.random_prompt(tiny, 50, seed=1)
+    assert torch.equal(a, b) and not torch.equal(a, sweeps.random_prompt(tiny, 50, seed=2))
     assert a.shape == (1, 50) and 0 <= int(a.min()) and int(a.max()) < tiny.config.vocab_size
 
 
 # --- costs on paper, checked against the model ------------------------------------------------------
 
 def test_weights_read_are_the_model_parameters(tiny):
-    assert phases.weights_read_bytes(tiny.config, 4) == 4 * sum(p.numel() for p in tiny.parameters())
+    assert costs.weights_read_bytes(tiny.config, 4) == 4 * sum(p.numel() for p in tiny.parameters())
     untied = Transformer(tiny.config.with_(tie_embeddings=False))
     embedding = untied.tok_embeddings.weight.numel()  # looked up one row per token, never read whole
-    assert phases.weights_read_bytes(untied.config, 2) == 2 * (sum(p.numel() for p in untied.parameters()) - embedding)
+    assert costs.weights_read_bytes(untied.config, 2) == 2 * (sum(p.numel() for p in untied.parameters()) - embedding)
 
 
 def _counted_matmul_flops(model, tokens, start_pos, cache):
@@ -149,7 +150,7 @@ def test_prefill_cost_matches_counted_flops_and_cache_bytes(tiny):
     c, T = tiny.config, 24
     cache = KVCache(c, batch=1, max_seq_len=T)
     tokens = torch.randint(0, c.vocab_size, (1, T))
-    cost = phases.prefill_cost(c, T, dtype_bytes=4)
+    cost = costs.prefill_cost(c, T, dtype_bytes=4)
     attention = _causal_attention_flops(c, T, T)
     assert cost.flops - attention == _counted_matmul_flops(tiny, tokens, 0, cache)  # linears, head once
     assert cost.kv_bytes == cache.nbytes  # the cache holds exactly T tokens of K and V
@@ -158,104 +159,104 @@ def test_prefill_cost_matches_counted_flops_and_cache_bytes(tiny):
 
 def test_decode_cost_matches_counted_flops_and_cache_bytes(tiny):
     c, C = tiny.config, 40
-    cache, _ = phases.prepare_context(tiny, C)
-    cost = phases.decode_cost(c, C, dtype_bytes=4)
+    cache, _ = sweeps.prepare_context(tiny, C)
+    cost = costs.decode_cost(c, C, dtype_bytes=4)
     assert cost.flops - _causal_attention_flops(c, 1, C + 1) == _counted_matmul_flops(
         tiny, torch.ones(1, 1, dtype=torch.long), C, cache)
     assert cost.kv_bytes == cache.nbytes  # K and V of all C + 1 positions are read
-    assert cost.weight_bytes == phases.weights_read_bytes(c, 4)
+    assert cost.weight_bytes == costs.weights_read_bytes(c, 4)
 
 
 def test_decode_of_smollm2_reads_about_half_a_gigabyte_and_is_memory_bound():
-    decode = phases.decode_cost(SMOL, 16, dtype_bytes=4)
+    decode = costs.decode_cost(SMOL, 16, dtype_bytes=4)
     assert 5.3e8 < decode.weight_bytes < 5.45e8  # 134.5 M parameters × 4 bytes
     assert decode.intensity < 1  # about 2 FLOPs per 4-byte weight
-    grows = [phases.decode_cost(SMOL, C, 4).bytes for C in (16, 256, 1024, 2048)]
+    grows = [costs.decode_cost(SMOL, C, 4).bytes for C in (16, 256, 1024, 2048)]
     assert grows == sorted(grows) and grows[-1] - grows[0] == pytest.approx(2 * 30 * 3 * 64 * 4 * 2032)
-    assert phases.prefill_cost(SMOL, 256, 4).intensity > 50 * decode.intensity
+    assert costs.prefill_cost(SMOL, 256, 4).intensity > 50 * decode.intensity
     assert "GFLOP" in str(decode) and "C=16" in str(decode)
 
 
 # --- machine, roofline, comparison ------------------------------------------------------------------
 
 def test_machine_roofline_time_is_the_slower_of_bytes_and_flops():
-    m = phases.Machine("cpu", "float32", bytes_per_s=10e9, flops_per_s=100e9)
+    m = roofline.Machine("cpu", "float32", bytes_per_s=10e9, flops_per_s=100e9)
     assert m.ridge == pytest.approx(10)
-    low = phases.Cost("decode", 1, flops=1e9, weight_bytes=1e9, kv_bytes=0)  # 1 FLOP/B
-    high = phases.Cost("prefill", 1, flops=1e12, weight_bytes=1e9, kv_bytes=0)  # 1000 FLOP/B
+    low = costs.Cost("decode", 1, flops=1e9, weight_bytes=1e9, kv_bytes=0)  # 1 FLOP/B
+    high = costs.Cost("prefill", 1, flops=1e12, weight_bytes=1e9, kv_bytes=0)  # 1000 FLOP/B
     assert m.seconds(low) == pytest.approx(0.1) and m.bound(low) == "memory"
     assert m.seconds(high) == pytest.approx(10.0) and m.bound(high) == "compute"
     assert set(m.values()) == {"bandwidth_gb_s", "matmul_gflop_s", "ridge_flop_per_byte"}
 
 
 def test_measure_machine_returns_positive_probes():
-    m = phases.measure_machine("cpu", torch.float32, bandwidth_bytes=8 << 20, matmul_n=128)
+    m = roofline.measure_machine("cpu", torch.float32, bandwidth_bytes=8 << 20, matmul_n=128)
     assert m.bytes_per_s > 0 and m.flops_per_s > 0 and m.ridge > 0 and m.dtype == "float32"
 
 
 def test_compare_puts_each_point_next_to_its_roofline_prediction():
-    machine = phases.Machine("cpu", "float32", bytes_per_s=40e9, flops_per_s=100e9)
+    machine = roofline.Machine("cpu", "float32", bytes_per_s=40e9, flops_per_s=100e9)
     pre = synthetic_sweep("prefill", [16, 256], lambda T: 0.01 * T)
     dec = synthetic_sweep("decode", [16, 1024], lambda C: 0.04)
-    cmp = phases.compare(SMOL, pre, dec, machine)
+    cmp = roofline.compare(SMOL, pre, dec, machine)
     assert [r["phase"] for r in cmp.rows] == ["prefill", "prefill", "decode", "decode"]
     for r in cmp.rows:
-        cost = (phases.prefill_cost if r["phase"] == "prefill" else phases.decode_cost)(SMOL, r["tokens"], 4)
+        cost = (costs.prefill_cost if r["phase"] == "prefill" else costs.decode_cost)(SMOL, r["tokens"], 4)
         assert r["predicted_s"] == pytest.approx(machine.seconds(cost))
         assert r["predicted_over_measured"] == pytest.approx(r["predicted_s"] / r["measured_s"])
     assert [r["bound"] for r in cmp.rows] == ["compute", "compute", "memory", "memory"]
     v = cmp.values()
-    assert v["decode_floor_ms"] == pytest.approx(phases.decode_cost(SMOL, 16, 4).bytes / 40e9 * 1e3)
+    assert v["decode_floor_ms"] == pytest.approx(costs.decode_cost(SMOL, 16, 4).bytes / 40e9 * 1e3)
     assert len(v["decode_predicted_over_measured"]) == 2 and "pred/meas" in str(cmp)
 
 
 # --- where a decode step's time goes ---------------------------------------------------------------
 
 def test_count_ops_sees_every_linear_of_a_step(tiny):
-    n_ops, n_matmuls = phases.count_ops(tiny, context=8)
+    n_ops, n_matmuls = profile.count_ops(tiny, context=8)
     assert n_matmuls == 7 * tiny.config.n_layers + 1  # q k v o, gate up down per block, then the head
     assert n_ops > 5 * n_matmuls  # norms, RoPE, cache writes, attention, adds, views
 
 
 def test_decode_breakdown_on_tiny(tiny):
-    machine = phases.Machine("cpu", "float32", bytes_per_s=10e9, flops_per_s=50e9)
-    bd = phases.decode_breakdown(tiny, machine, context=8, budget_s=0.05)
+    machine = roofline.Machine("cpu", "float32", bytes_per_s=10e9, flops_per_s=50e9)
+    bd = profile.decode_breakdown(tiny, machine, context=8, budget_s=0.05)
     assert bd.step_s > 0 and bd.linears_s > 0 and bd.other_s >= 0
-    assert bd.floor_s == pytest.approx(phases.decode_cost(tiny.config, 8, 4).bytes / 10e9)
-    assert bd.linear_weight_bytes == 4 * sum(w.numel() for w in phases.linear_weights(tiny))
+    assert bd.floor_s == pytest.approx(costs.decode_cost(tiny.config, 8, 4).bytes / 10e9)
+    assert bd.linear_weight_bytes == 4 * sum(w.numel() for w in profile.linear_weights(tiny))
     assert bd.gemv_bytes_per_s == pytest.approx(bd.linear_weight_bytes / bd.linears_s)
     assert bd.values()["breakdown_n_matmuls"] == 15 and "µs each" in str(bd)
 
 
 def test_dtype_side_by_side_predicts_half_the_bytes_for_bf16(tiny):
     bf16 = tiny_model(seed=0).to(torch.bfloat16)
-    side = phases.dtype_side_by_side(tiny, bf16, context=8, budget_s=0.05)
+    side = profile.dtype_side_by_side(tiny, bf16, context=8, budget_s=0.05)
     assert side.dtypes == ("float32", "bfloat16")
     assert side.bandwidth_prediction == pytest.approx(0.5)
     assert all(s > 0 for s in side.step_s + side.linears_s)
     assert side.values()["bfloat16_over_float32_decode"] == pytest.approx(side.step_s[1] / side.step_s[0])
-    assert phases.cpu_has_bf16() in (True, False, None)
+    assert profile.cpu_has_bf16() in (True, False, None)
 
 
 # --- the latency model ------------------------------------------------------------------------------
 
 def test_nonnegative_fit_recovers_exact_coefficients():
     xs = [16, 64, 256, 1024]
-    coef = phases.nonnegative_fit([[1, x, x * x] for x in xs], [0.05 + 2e-3 * x + 1e-7 * x * x for x in xs])
+    coef = latency.nonnegative_fit([[1, x, x * x] for x in xs], [0.05 + 2e-3 * x + 1e-7 * x * x for x in xs])
     assert coef == pytest.approx([0.05, 2e-3, 1e-7], rel=1e-6)
 
 
 def test_nonnegative_fit_never_returns_a_negative_cost():
     xs = [16, 64, 256, 1024]
     concave = [0.1 + 3e-3 * x - 1e-6 * x * x for x in xs]  # noise can bend real data like this
-    coef = phases.nonnegative_fit([[1, x, x * x] for x in xs], concave)
+    coef = latency.nonnegative_fit([[1, x, x * x] for x in xs], concave)
     assert all(c >= 0 for c in coef) and coef[1] > 0
     with pytest.raises(ValueError, match="features"):
-        phases.nonnegative_fit([[1, 2]], [1.0, 2.0])
+        latency.nonnegative_fit([[1, 2]], [1.0, 2.0])
 
 
 def test_latency_total_is_ttft_plus_each_decode_step():
-    lm = phases.LatencyModel((0.05, 2e-3, 1e-7), (0.03, 1e-5), max_prompt=1024, max_context=1024)
+    lm = latency.LatencyModel((0.05, 2e-3, 1e-7), (0.03, 1e-5), max_prompt=1024, max_context=1024)
     for P, n in [(10, 1), (10, 2), (100, 37), (400, 2000)]:
         steps = sum(lm.itl(P + s - 1) for s in range(1, n))  # token s+1 is decoded with P + s - 1 cached
         assert lm.total(P, n) == pytest.approx(lm.ttft(P) + steps)
@@ -265,42 +266,42 @@ def test_latency_total_is_ttft_plus_each_decode_step():
 
 
 def test_fit_latency_model_recovers_a_known_machine():
-    truth = phases.LatencyModel((0.02, 1e-3, 5e-8), (0.04, 2e-5), 0, 0)
+    truth = latency.LatencyModel((0.02, 1e-3, 5e-8), (0.04, 2e-5), 0, 0)
     pre = synthetic_sweep("prefill", [16, 64, 256, 1024], truth.ttft)
     dec = synthetic_sweep("decode", [16, 256, 1024], truth.itl)
-    fit = phases.fit_latency_model(pre, dec)
+    fit = latency.fit_latency_model(pre, dec)
     assert fit.ttft_coef == pytest.approx(truth.ttft_coef, rel=1e-6)
     assert fit.itl_coef == pytest.approx(truth.itl_coef, rel=1e-6)
     assert (fit.max_prompt, fit.max_context) == (1024, 1024)
     with pytest.raises(ValueError, match="at least 2"):
-        phases.fit_latency_model(synthetic_sweep("prefill", [16], truth.ttft), dec)
+        latency.fit_latency_model(synthetic_sweep("prefill", [16], truth.ttft), dec)
 
 
 def test_checkpoint_answer_follows_the_measured_costs():
-    decode_heavy = phases.LatencyModel((0.01, 2e-3, 0.0), (0.04, 1e-5), 1024, 1024)  # a CPU-like ratio
-    ab = phases.checkpoint_ab(decode_heavy)
+    decode_heavy = latency.LatencyModel((0.01, 2e-3, 0.0), (0.04, 1e-5), 1024, 1024)  # a CPU-like ratio
+    ab = latency.checkpoint_ab(decode_heavy)
     assert ab["slower"] == "B" and ab["B"]["total_s"] > ab["A"]["total_s"]
     assert ab["A"]["extrapolated"] and ab["B"]["extrapolated"]
     assert ab["A"]["total_s"] == pytest.approx(decode_heavy.total(4000, 50))
-    prefill_heavy = phases.LatencyModel((0.01, 1e-2, 1e-5), (1e-4, 0.0), 8192, 8192)  # absurdly slow prefill
-    assert phases.checkpoint_ab(prefill_heavy)["slower"] == "A"
-    text = phases.explain_ab(ab, decode_heavy)
+    prefill_heavy = latency.LatencyModel((0.01, 1e-2, 1e-5), (1e-4, 0.0), 8192, 8192)  # absurdly slow prefill
+    assert latency.checkpoint_ab(prefill_heavy)["slower"] == "A"
+    text = latency.explain_ab(ab, decode_heavy)
     assert "B is slower" in text and "extrapolate" in text
-    values = phases.ab_values(ab)
+    values = latency.ab_values(ab)
     assert values["ab_slower"] == "B" and values["ab_B_total_s"] == ab["B"]["total_s"]
-    assert "B is slower" in phases.format_ab(ab)
+    assert "B is slower" in latency.format_ab(ab)
 
 
 def test_held_out_check_runs_the_whole_loop(tiny):
-    pre = phases.prefill_sweep(tiny, [8, 32, 64], budget_s=0.05, max_repeats=3, progress=False)
-    dec = phases.decode_sweep(tiny, [8, 32, 64], budget_s=0.05, max_repeats=3, progress=False)
-    lm = phases.fit_latency_model(pre, dec)
-    ho = phases.held_out_check(tiny, lm, prompt_len=20, n_out=6, repeats=2, progress=False)
+    pre = sweeps.prefill_sweep(tiny, [8, 32, 64], budget_s=0.05, max_repeats=3, progress=False)
+    dec = sweeps.decode_sweep(tiny, [8, 32, 64], budget_s=0.05, max_repeats=3, progress=False)
+    lm = latency.fit_latency_model(pre, dec)
+    ho = latency.held_out_check(tiny, lm, prompt_len=20, n_out=6, repeats=2, progress=False)
     assert ho.measured_s > 0 and ho.measured_ttft_s > 0 and ho.measured_itl_s > 0
     assert ho.predicted_s == pytest.approx(lm.total(20, 6))
     assert math.isfinite(ho.error) and "held-out" in str(ho)
     with pytest.raises(ValueError, match="prompt_len"):
-        phases.held_out_check(tiny, lm, prompt_len=120, n_out=20, progress=False)
+        latency.held_out_check(tiny, lm, prompt_len=120, n_out=20, progress=False)
 
 
 # --- one call, streamed, and the plots ----------------------------------------------------------------
@@ -321,29 +322,29 @@ class LetterTokenizer:
 
 def test_stream_call_writes_exactly_what_it_generates(tiny):
     written = []
-    gen = phases.stream_call(tiny, LetterTokenizer(), "hello", max_new_tokens=7, write=written.append)
+    gen = prefill_decode.stream_call(tiny, LetterTokenizer(), "hello", max_new_tokens=7, write=written.append)
     assert gen.prompt_ids == [ord(c) for c in "hello"] and len(gen.tokens) == 7
     assert "".join(written) == LetterTokenizer().decode(gen.tokens)
-    lat = phases.token_latencies(gen)
+    lat = prefill_decode.token_latencies(gen)
     assert lat[0] == gen.time_to_first_token and len(lat) == 7 and all(s >= 0 for s in lat)
-    v = phases.call_values(gen)
+    v = prefill_decode.call_values(gen)
     assert v["call_prompt_tokens"] == 5 and v["call_new_tokens"] == 7 and v["call_stop_reason"] == "length"
 
 
 def test_plots_draw_every_measured_point(tiny):
-    gen = phases.stream_call(tiny, LetterTokenizer(), "hi", max_new_tokens=5, write=lambda s: None)
-    fig = phases.plot_token_timeline(gen, LetterTokenizer())
+    gen = prefill_decode.stream_call(tiny, LetterTokenizer(), "hi", max_new_tokens=5, write=lambda s: None)
+    fig = prefill_decode.plot_token_timeline(gen, LetterTokenizer())
     assert len(fig.axes[0].patches) == 5  # one bar per token
     pre = synthetic_sweep("prefill", [16, 64, 256], lambda T: 1e-3 * T)
     dec = synthetic_sweep("decode", [16, 256], lambda C: 0.04 + 1e-5 * C)
-    fig2 = phases.plot_sweeps(pre, dec)
+    fig2 = sweeps.plot_sweeps(pre, dec)
     assert len(fig2.axes) == 2
-    machine = phases.Machine("cpu", "float32", 40e9, 100e9)
-    cmp = phases.compare(SMOL, pre, dec, machine)
-    fig3 = phases.plot_roofline(machine, cmp)
+    machine = roofline.Machine("cpu", "float32", 40e9, 100e9)
+    cmp = roofline.compare(SMOL, pre, dec, machine)
+    fig3 = roofline.plot_roofline(machine, cmp)
     points = sum(len(c.get_offsets()) for c in fig3.axes[0].collections)
     assert points == len(cmp.rows)
-    fig4 = phases.plot_latency_fit(pre, dec, phases.fit_latency_model(pre, dec))
+    fig4 = latency.plot_latency_fit(pre, dec, latency.fit_latency_model(pre, dec))
     assert len(fig4.axes) == 2
     plt.close("all")
 
@@ -358,12 +359,12 @@ def _recorded_like(**changes):
 
 
 def test_interview_answers_quote_the_recorded_numbers():
-    text = phases.interview_answers(_recorded_like())
+    text = prefill_decode.interview_answers(_recorded_like())
     assert "412 ms" in text and "39 ms" in text and "539 MB" in text
     assert "13.5 ms" in text and "40.0 → 47.6 ms" in text
-    other = phases.interview_answers(_recorded_like(call_ttft_ms=1234.0))
+    other = prefill_decode.interview_answers(_recorded_like(call_ttft_ms=1234.0))
     assert "1234 ms" in other and "412 ms" not in other
-    with_breakdown = phases.interview_answers(_recorded_like(
+    with_breakdown = prefill_decode.interview_answers(_recorded_like(
         breakdown_step_ms=38.0, breakdown_floor_ms=13.5, breakdown_n_matmuls=211, breakdown_gemv_gb_s=22.0,
         breakdown_n_ops=1756, breakdown_other_us_per_op=6.5))
     assert "2.8× the bandwidth floor" in with_breakdown and "1,545" in with_breakdown

@@ -5,7 +5,9 @@ Sizes are in bytes; GiB = 2**30 bytes, GB = 10**9 bytes (the lesson says which i
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from numbers import Integral
+from typing import Sequence
 
 from course.engine.config import PRESETS, ModelConfig
 
@@ -23,7 +25,10 @@ def _positive_int(name: str, value) -> int:
 
 
 def dtype_bytes(dtype) -> float:
-    """Bytes per element for a dtype name ('fp16', 'int8', ...) or a number of bytes (e.g. 0.5 for int4)."""
+    """Bytes per element for a dtype name ('fp16', 'int8', ...), a torch.dtype, or a number of bytes (e.g. 0.5
+    for int4). The one place in the course that knows how big an element is."""
+    if type(dtype).__name__ == "dtype" and hasattr(dtype, "itemsize"):  # a torch.dtype (torch not imported here)
+        return dtype.itemsize
     if isinstance(dtype, str):
         if dtype.lower() not in DTYPE_BYTES:
             raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(DTYPE_BYTES)} or a number of bytes")
@@ -215,3 +220,78 @@ def measure_kv_cache_bytes(config: ModelConfig | str, seq_len: int, batch: int =
     cache = KVCache(c, batch=_positive_int("batch", batch), max_seq_len=_positive_int("seq_len", seq_len),
                     dtype=torch_dtypes[size], device=device)
     return cache.nbytes
+
+
+# ---------------------------------------------------------------------- FLOPs and bytes of one pass
+def check_lengths(name: str, lengths: Sequence[int], limit: int) -> list[int]:
+    """Token counts for a sweep or a cost: a non-empty list of whole numbers in 1..limit (the model's context)."""
+    lengths = list(lengths)
+    if not lengths:
+        raise ValueError(f"{name} is empty: give at least one length, e.g. [16, 256]")
+    for n in lengths:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
+            raise ValueError(f"{name} must hold whole numbers in 1..{limit} (the model's context), got {n!r}")
+    return lengths
+
+
+def layer_matmul_params(config: ModelConfig) -> int:
+    """Weights every token multiplies through in the L blocks: wq wk wv wo + w_gate w_up w_down."""
+    d, D_h = config.dim, config.head_dim
+    attention = d * config.n_heads * D_h + 2 * d * config.n_kv_heads * D_h + config.n_heads * D_h * d
+    return config.n_layers * (attention + 3 * d * config.ffn_dim)
+
+
+def weights_read_bytes(config: ModelConfig, dtype_bytes: float) -> float:
+    """Bytes of weights one forward pass reads: all of them (a tied embedding is the output head too).
+
+    An untied input embedding is only looked up (one row per token), so it is not counted.
+    """
+    params = config.n_params - (0 if config.tie_embeddings else config.vocab_size * config.dim)
+    return params * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Cost:
+    """FLOPs and bytes of one call of a phase, from the config alone (activations ignored)."""
+    phase: str
+    length: int  # T for prefill, C for decode
+    flops: float
+    weight_bytes: float
+    kv_bytes: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte moved."""
+        return self.flops / self.bytes
+
+    def __str__(self) -> str:
+        letter = "T" if self.phase == "prefill" else "C"
+        return (f"{self.phase:7} {letter}={self.length:<5} {self.flops / 1e9:8.2f} GFLOP, reads "
+                f"{self.bytes / 1e6:7.1f} MB (weights {self.weight_bytes / 1e6:.1f} + KV {self.kv_bytes / 1e6:.2f})"
+                f" → {self.intensity:7.2f} FLOP/byte")
+
+
+def prefill_cost(config: ModelConfig, prompt_len: int, dtype_bytes: float = 4) -> Cost:
+    """Prefill of T tokens: 2 FLOPs per weight per token in the blocks, the output head once (last
+    position only), causal attention 2·D_h·T(T+1) per head per layer; reads the weights once and
+    writes T tokens of K and V."""
+    T = check_lengths("prompt_len", [prompt_len], config.max_seq_len)[0]
+    c = config
+    flops = (2 * layer_matmul_params(c) * T + 2 * c.vocab_size * c.dim
+             + 2 * c.head_dim * T * (T + 1) * c.n_heads * c.n_layers)
+    kv = kv_cache_bytes(c.n_layers, 1, T, c.n_kv_heads, c.head_dim, dtype_bytes)
+    return Cost("prefill", T, float(flops), float(weights_read_bytes(c, dtype_bytes)), float(kv))
+
+
+def decode_cost(config: ModelConfig, context: int, dtype_bytes: float = 4) -> Cost:
+    """One decode step with C tokens cached: 2 FLOPs per weight, attention 4·D_h·(C+1) per head per
+    layer; reads every weight and the K and V of all C + 1 positions."""
+    C = check_lengths("context", [context], config.max_seq_len - 1)[0]
+    c = config
+    flops = 2 * layer_matmul_params(c) + 2 * c.vocab_size * c.dim + 4 * c.head_dim * (C + 1) * c.n_heads * c.n_layers
+    kv = kv_cache_bytes(c.n_layers, 1, C + 1, c.n_kv_heads, c.head_dim, dtype_bytes)
+    return Cost("decode", C, float(flops), float(weights_read_bytes(c, dtype_bytes)), float(kv))
