@@ -1,0 +1,50 @@
+"""What a learner reads: notebook prose, code and outputs, quiz text. Used by the lesson and quiz tests.
+
+"Seed" has two senses. A random-number seed (``seed=0``, "a new seed", "pin a random seed") is fine in
+learner text. The other sense, the source lesson this course was written from, must not reach learners:
+they never saw it, so the course names its real sources instead (papers, posts, docs). The check is a
+whitelist: every "seed" must sit in one of the random-number phrasings below, or it is reported.
+"""
+from __future__ import annotations
+
+import re
+
+_RNG_SEED = re.compile(
+    r"seed\s*=|seed\s+\d|seed\)|seeded|manual_seed|--seed|"
+    r"\b(?:a|new|random|same|fixed|different|its|own|the RNG|generator) seed\b|"
+    r"\bseed (?:pins|fixes|helps|shown|repeats|argument)\b", re.I)
+_ANY_SEED = re.compile(r"\bseeds?\b|seed(?:'s|_)", re.I)
+
+
+def source_sense_seeds(text: str) -> list[str]:
+    """The places in `text` where "seed" is not a random-number seed, each with some context."""
+    cleaned = _RNG_SEED.sub(lambda m: "#" * len(m.group()), text)
+    return [text[max(0, m.start() - 40): m.end() + 40].replace("\n", " ") for m in _ANY_SEED.finditer(cleaned)]
+
+
+def notebook_text(nb, outputs: bool = True) -> str:
+    """Every cell's source, plus (when `outputs`) every text output and error a run left in it."""
+    parts = []
+    for cell in nb.cells:
+        parts.append(cell.source)
+        for out in cell.get("outputs", []) if outputs else []:
+            if "text" in out:
+                parts.append(out["text"] if isinstance(out["text"], str) else "".join(out["text"]))
+            for mime in ("text/plain", "text/markdown", "text/html"):
+                data = out.get("data", {}).get(mime)
+                if data:
+                    parts.append(data if isinstance(data, str) else "".join(data))
+    return "\n".join(parts)
+
+
+def quiz_text(bank) -> str:
+    """Everything a learner can read in the question bank: prompts, options, explanations, cards."""
+    parts = []
+    for q in bank.questions:
+        parts.append(q.prompt)
+        parts += [t for o in q.options for t in (o.text, o.explanation)]
+    parts += [t for c in bank.cards for t in (c.prompt, c.answer)]
+    parts += [t for lesson in bank.lessons.values() for t in
+              ((lesson.get("title"), lesson.get("self_assessment")) if isinstance(lesson, dict)
+               else (getattr(lesson, "title", ""), getattr(lesson, "self_assessment", "")))]
+    return "\n".join(t for t in parts if t)
