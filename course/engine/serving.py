@@ -1,0 +1,441 @@
+"""Serving many requests: static batching vs continuous (iteration-level) batching over one KV cache.
+
+A server holds at most `max_batch` running requests (its slots). Every iteration it
+
+    1. admits waiting requests that have arrived into free slots            (continuous: every iteration;
+                                                                              static: only when the whole
+                                                                              batch has finished)
+    2. prefills each admitted request on its own (ragged prompts, one matrix-matrix pass each)
+    3. decodes every running request in ONE batched step                    (decode_one_token with one
+                                                                              position per sequence)
+    4. retires requests that reached their token limit or EOS, freeing their slot and cache blocks
+
+Static batching is what a plain `generate` over a padded batch does: slots of requests that finished early
+stay empty until the longest request ends. Continuous batching (Yu et al., "Orca", OSDI 2022) refills them
+at the next iteration. With a PagedKVCache (course.engine.paged) a request holds only the blocks it has
+written, requests sharing a system prompt share its full blocks, and when the pool runs dry the newest
+request is preempted (its blocks freed, restarted later from its prompt, as vLLM's recompute preemption).
+
+The clock: requests arrive at `arrival` seconds on a serving clock that advances by each iteration's
+measured duration (clock="wall") or by 1 per iteration (clock="steps", deterministic, for tests). An idle
+server jumps to the next arrival. Decoding is greedy, so every request's tokens equal its solo run.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from course.engine.device import synchronize
+from course.engine.generate import decode_one_token, generate
+from course.engine.kv_cache import BatchPositions, KVCache
+from course.engine.paged import PagedKVCache, PoolExhausted
+
+POLICIES = ("continuous", "static")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: its prompt's token ids, how many tokens it may generate, when it arrives (seconds or steps)."""
+    id: int
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    arrival: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.id}: the prompt is empty; give at least one token")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.arrival < 0:
+            raise ValueError(f"request {self.id}: arrival must be >= 0, got {self.arrival}")
+
+    @property
+    def max_len(self) -> int:
+        """Positions the request can occupy: prompt + max_new_tokens."""
+        return len(self.prompt_ids) + self.max_new_tokens
+
+
+@dataclass
+class Completion:
+    """What the server did for one request. Times are on the serving clock."""
+    request: Request
+    tokens: list[int] = field(default_factory=list)
+    admitted: float = math.nan  # last admission (after a preemption, the re-admission)
+    first_token: float = math.nan
+    finished: float = math.nan
+    cached_tokens: int = 0  # prompt tokens whose K/V came from shared blocks (last admission)
+    preemptions: int = 0
+    stop_reason: str = ""
+
+    @property
+    def time_to_first_token(self) -> float:
+        return self.first_token - self.request.arrival
+
+    @property
+    def latency(self) -> float:
+        """Arrival to last token."""
+        return self.finished - self.request.arrival
+
+    @property
+    def queue_time(self) -> float:
+        return self.admitted - self.request.arrival
+
+
+@dataclass
+class StepRecord:
+    """One iteration: when it started, how long it took, and what each slot did ("prefill", "decode", "idle")."""
+    start: float
+    seconds: float
+    slots: list[tuple[int | None, str]]  # per slot: (request id or None, what it did)
+    decoded: int  # sequences in the batched decode step
+    prefill_tokens: int  # prompt tokens prefilled this iteration
+    bytes_reserved: int  # KV bytes the cache held for requests after the step
+    bytes_used: int  # KV bytes of positions actually written (shared blocks counted once)
+    bytes_logical: int  # KV bytes the requests would hold without sharing
+
+
+@dataclass
+class ServeResult:
+    policy: str
+    max_batch: int
+    cache_kind: str  # "paged" or "contiguous"
+    completions: list[Completion]
+    timeline: list[StepRecord]
+    cache_bytes: int  # bytes of the whole cache (pool or preallocated buffers)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.completions)
+
+    @property
+    def makespan(self) -> float:
+        """First arrival to last finish, on the serving clock."""
+        return max(c.finished for c in self.completions) - min(c.request.arrival for c in self.completions)
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per second (per step with clock="steps") over the makespan."""
+        return self.generated_tokens / self.makespan
+
+    def ttfts(self) -> list[float]:
+        return [c.time_to_first_token for c in self.completions]
+
+    def latencies(self) -> list[float]:
+        return [c.latency for c in self.completions]
+
+    @property
+    def ttft_p50(self) -> float:
+        return percentile(self.ttfts(), 50)
+
+    @property
+    def ttft_p95(self) -> float:
+        return percentile(self.ttfts(), 95)
+
+    @property
+    def latency_p50(self) -> float:
+        return percentile(self.latencies(), 50)
+
+    @property
+    def latency_p95(self) -> float:
+        return percentile(self.latencies(), 95)
+
+    @property
+    def peak_bytes_reserved(self) -> int:
+        return max((s.bytes_reserved for s in self.timeline), default=0)
+
+    @property
+    def peak_bytes_used(self) -> int:
+        return max((s.bytes_used for s in self.timeline), default=0)
+
+    @property
+    def peak_bytes_shared(self) -> int:
+        return max((s.bytes_logical - s.bytes_used for s in self.timeline), default=0)
+
+    @property
+    def slot_occupancy(self) -> float:
+        """Share of slot-iterations that did work (prefill or decode) rather than sit idle."""
+        cells = [phase for s in self.timeline for _, phase in s.slots]
+        return sum(p != "idle" for p in cells) / len(cells) if cells else math.nan
+
+    @property
+    def preemptions(self) -> int:
+        return sum(c.preemptions for c in self.completions)
+
+    def outputs(self) -> dict[int, list[int]]:
+        return {c.request.id: list(c.tokens) for c in self.completions}
+
+    def summary(self) -> dict:
+        return {"policy": self.policy, "cache": self.cache_kind, "max_batch": self.max_batch,
+                "requests": len(self.completions), "generated_tokens": self.generated_tokens,
+                "makespan": self.makespan, "throughput": self.throughput,
+                "ttft_p50": self.ttft_p50, "ttft_p95": self.ttft_p95,
+                "latency_p50": self.latency_p50, "latency_p95": self.latency_p95,
+                "slot_occupancy": self.slot_occupancy, "iterations": len(self.timeline),
+                "preemptions": self.preemptions, "cache_bytes": self.cache_bytes,
+                "peak_bytes_reserved": self.peak_bytes_reserved, "peak_bytes_used": self.peak_bytes_used,
+                "peak_bytes_shared": self.peak_bytes_shared}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile with linear interpolation (numpy's default), without numpy."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------------------------------------- traces
+def make_trace(n_requests: int = 16, seed: int = 0, prompt_len: tuple[int, int] = (8, 48),
+               new_tokens: tuple[int, int] = (4, 48), mean_gap: float = 0.0, vocab_size: int = 256,
+               shared_prefix: Sequence[int] | None = None, low_token: int = 0) -> list[Request]:
+    """A seeded trace: prompt and answer lengths uniform in the given ranges (inclusive), arrivals a Poisson
+    process with `mean_gap` between requests (0: all at once). Prompt tokens are random ids in
+    [low_token, vocab_size); `shared_prefix` (e.g. a system prompt's ids) opens every prompt."""
+    if n_requests < 1:
+        raise ValueError(f"n_requests must be >= 1, got {n_requests}")
+    for name, (lo, hi) in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"{name} must be a range (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
+    if mean_gap < 0:
+        raise ValueError(f"mean_gap must be >= 0 seconds, got {mean_gap}")
+    rng = random.Random(seed)
+    prefix = [int(t) for t in shared_prefix or ()]
+    requests, t = [], 0.0
+    for i in range(n_requests):
+        body = [rng.randrange(low_token, vocab_size) for _ in range(rng.randint(*prompt_len))]
+        requests.append(Request(i, tuple(prefix + body), rng.randint(*new_tokens), round(t, 6)))
+        if mean_gap:
+            t += rng.expovariate(1.0 / mean_gap)
+    return requests
+
+
+# ---------------------------------------------------------------------------------------------- the server
+class _Running:
+    __slots__ = ("completion", "slot", "last")
+
+    def __init__(self, completion: Completion, slot: int):
+        self.completion, self.slot, self.last = completion, slot, None
+
+
+@torch.inference_mode()
+def serve(model, requests: Sequence[Request], policy: str = "continuous", max_batch: int = 8, *,
+          cache: PagedKVCache | str = "paged", block_size: int = 16, num_blocks: int | None = None,
+          share_prefix: bool = True, eos_id: int | None = None, clock: str = "wall",
+          progress: bool = True) -> ServeResult:
+    """Run every request through the model with one scheduling policy; greedy decoding.
+
+    cache: "paged" (a PagedKVCache of num_blocks, default enough for every request at its longest),
+    "contiguous" (a preallocated KVCache: max_batch rows × the longest request), or a PagedKVCache.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if clock not in ("wall", "steps"):
+        raise ValueError(f"clock must be 'wall' or 'steps', got {clock!r}")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    requests = sorted(requests, key=lambda r: (r.arrival, r.id))
+    if not requests:
+        raise ValueError("no requests to serve")
+    if len({r.id for r in requests}) != len(requests):
+        raise ValueError("request ids must be unique")
+    longest = max(r.max_len for r in requests)
+    if longest > model.config.max_seq_len:
+        raise ValueError(f"a request needs {longest} positions, beyond the model's context of "
+                         f"{model.config.max_seq_len}; shorten it")
+    device, dtype = model.device, model.dtype
+    if isinstance(cache, PagedKVCache):
+        paged, kind = cache, "paged"
+    elif cache == "paged":
+        blocks = num_blocks or sum(-(-r.max_len // block_size) for r in requests)
+        paged, kind = PagedKVCache(model.config, blocks, block_size, dtype, device), "paged"
+    elif cache == "contiguous":
+        paged, kind = None, "contiguous"
+        rows = KVCache(model.config, batch=max_batch, max_seq_len=longest, dtype=dtype, device=device)
+    else:
+        raise ValueError(f"cache must be 'paged', 'contiguous' or a PagedKVCache, got {cache!r}")
+    if paged is not None:
+        too_big = [r.id for r in requests if -(-r.max_len // paged.block_size) > paged.allocator.num_blocks]
+        if too_big:
+            raise ValueError(f"requests {too_big} need more blocks than the whole pool of "
+                             f"{paged.allocator.num_blocks}; create the cache with more blocks")
+
+    completions = {r.id: Completion(r) for r in requests}
+    pending = deque(requests)  # not arrived yet
+    waiting: deque[Request] = deque()  # arrived, not admitted
+    running: list[_Running] = []
+    free_slots = list(range(max_batch))
+    timeline: list[StepRecord] = []
+    now = 0.0
+    bar = tqdm(total=len(requests), desc=f"{policy} batching", unit="req", disable=not progress)
+
+    def sync_now(t0: float) -> float:
+        if clock == "steps":
+            return now + 1.0  # a token exists at the end of its iteration
+        synchronize(device)
+        return now + time.perf_counter() - t0
+
+    def release(r: _Running) -> None:
+        if paged is not None:
+            paged.free_sequence(r.completion.request.id)
+        free_slots.append(r.slot)
+        free_slots.sort()
+        running.remove(r)
+
+    def prefill(r: _Running) -> int:
+        """Prefill one admitted request in its slot; returns prompt tokens computed."""
+        req = r.completion.request
+        prompt = list(req.prompt_ids)
+        if paged is not None:
+            cached = paged.add_sequence(req.id, prompt, share=share_prefix)
+            batch = paged.append([req.id], [prompt[cached:]])
+            at, kv = batch.positions, batch
+        else:
+            cached = 0
+            at, kv = BatchPositions([0], len(prompt), device, rows=[r.slot]), rows
+        r.completion.cached_tokens = cached
+        ids = torch.tensor([prompt[cached:]], dtype=torch.long, device=device)  # [1, T - cached]
+        logits = model(ids, start_pos=at, cache=kv, last_only=True)  # [1, V]
+        r.last = int(logits[0].argmax())
+        return len(prompt) - cached
+
+    def can_admit(req: Request) -> bool:
+        if not free_slots:
+            return False
+        if paged is None:
+            return True
+        # admit when the prompt fits with one block to spare per running request (their next decode step)
+        need = -(-len(req.prompt_ids) // paged.block_size) + len(running)
+        return need <= paged.allocator.num_free
+
+    while pending or waiting or running:
+        while pending and pending[0].arrival <= now:
+            waiting.append(pending.popleft())
+        if not waiting and not running:
+            now = pending[0].arrival  # idle until the next request arrives
+            continue
+        t0 = time.perf_counter()
+        phase: dict[int, tuple[int, str]] = {}
+        admitted: list[_Running] = []
+        prefill_tokens = 0
+        if policy == "continuous" or not running:
+            # admit one at a time, prefilling each before the next is considered: its blocks are then
+            # counted, and a request sharing its prefix finds them already in the pool
+            while waiting and can_admit(waiting[0]):
+                req = waiting.popleft()
+                r = _Running(completions[req.id], free_slots.pop(0))
+                r.completion.admitted = now
+                running.append(r)
+                admitted.append(r)
+                prefill_tokens += prefill(r)
+                phase[r.slot] = (req.id, "prefill")
+                _emit(r, sync_now(t0), eos_id)
+        decoding = [r for r in running if r not in admitted and not r.completion.stop_reason]
+        if decoding:
+            decoding = _decode_step(model, decoding, paged, rows if paged is None else None, device,
+                                    waiting, completions, free_slots, running)
+            for r in decoding:
+                phase[r.slot] = (r.completion.request.id, "decode")
+            t_tok = sync_now(t0)
+            for r in decoding:
+                _emit(r, t_tok, eos_id)
+        elapsed = 1.0 if clock == "steps" else sync_now(t0) - now
+        for r in list(running):
+            if r.completion.stop_reason:
+                release(r)
+                bar.update(1)
+        slots = [(phase[s] if s in phase else (None, "idle")) for s in range(max_batch)]
+        if paged is not None:
+            mem = (paged.bytes_reserved, paged.bytes_used, paged.bytes_logical)
+        else:
+            used = sum(len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1 for r in running)
+            per_token = rows.nbytes // (max_batch * longest)
+            mem = (rows.nbytes, used * per_token, used * per_token)
+        timeline.append(StepRecord(now, elapsed, slots, len(decoding), prefill_tokens, *mem))
+        now += elapsed
+    bar.close()
+    cache_bytes = paged.nbytes if paged is not None else rows.nbytes
+    return ServeResult(policy, max_batch, kind, [completions[r.id] for r in requests], timeline, cache_bytes)
+
+
+def _emit(r: _Running, t: float, eos_id: int | None) -> None:
+    c = r.completion
+    c.tokens.append(r.last)
+    if len(c.tokens) == 1:
+        c.first_token = t
+    if eos_id is not None and r.last == eos_id:
+        c.stop_reason = "eos"
+    elif len(c.tokens) >= c.request.max_new_tokens:
+        c.stop_reason = "length"
+    if c.stop_reason:
+        c.finished = t
+
+
+def _decode_step(model, decoding: list[_Running], paged: PagedKVCache | None, rows: KVCache | None, device,
+                 waiting: deque, completions, free_slots: list, running: list) -> list[_Running]:
+    """One batched decode step for every sequence in `decoding` (preempting the newest if the pool is full)."""
+    while True:
+        tokens = torch.tensor([[r.last] for r in decoding], dtype=torch.long, device=device)  # [B, 1]
+        if paged is None:
+            start = [len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1 for r in decoding]
+            at, kv = BatchPositions(start, 1, device, rows=[r.slot for r in decoding]), rows
+            break
+        try:
+            kv = paged.append([r.completion.request.id for r in decoding], [[r.last] for r in decoding])
+            at = kv.positions
+            break
+        except PoolExhausted:
+            if len(decoding) == 1:
+                raise
+            victim = max(decoding, key=lambda r: (r.completion.admitted, r.completion.request.id))
+            decoding.remove(victim)
+            paged.free_sequence(victim.completion.request.id)  # recompute preemption: start again later
+            c = victim.completion
+            c.tokens.clear()
+            c.first_token, c.preemptions = math.nan, c.preemptions + 1
+            running.remove(victim)
+            free_slots.append(victim.slot)
+            free_slots.sort()
+            waiting.appendleft(c.request)
+    logits = decode_one_token(model, tokens, at, kv)  # [B, V]: the engine's one step, B sequences at once
+    for r, token in zip(decoding, logits.argmax(-1).tolist()):
+        r.last = int(token)
+    return decoding
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def solo_outputs(model, requests: Sequence[Request], eos_id: int | None = None,
+                 progress: bool = True) -> dict[int, list[int]]:
+    """Each request run alone through generate() (greedy): what serve() must reproduce."""
+    return {r.id: generate(model, list(r.prompt_ids), r.max_new_tokens, eos_id=eos_id).tokens
+            for r in tqdm(requests, desc="solo runs", unit="req", disable=not progress)}
+
+
+def memory_on_mix(config, requests: Sequence[Request], block_size: int = 16, max_seq_len: int | None = None,
+                  dtype: torch.dtype = torch.float32) -> dict:
+    """KV bytes for every request of the mix resident at its full length (prompt + max_new_tokens):
+
+    used          Σ lengths · bytes_per_token            what the requests actually hold
+    paged         blocks the allocator hands out · block bytes   (measured with a PagedKVCache's allocator)
+    preallocated  one max_seq_len slot per request (default: the mix's longest request), as a KVCache
+    """
+    max_seq_len = max_seq_len or max(r.max_len for r in requests)
+    blocks = sum(-(-r.max_len // block_size) for r in requests)
+    cache = PagedKVCache(config, blocks, block_size, dtype, device="meta")
+    for r in requests:
+        cache.add_sequence(r.id)
+        cache.append([r.id], n_new=r.max_len)
+    pre = KVCache(config, batch=len(requests), max_seq_len=max_seq_len, dtype=dtype, device="meta").nbytes
+    used = sum(r.max_len for r in requests) * cache.bytes_per_token
+    return {"used": used, "paged": cache.bytes_reserved, "preallocated": pre,
+            "paged_over_used": cache.bytes_reserved / used, "preallocated_over_used": pre / used,
+            "block_size": block_size, "max_seq_len": max_seq_len}
