@@ -216,10 +216,11 @@ def test_cli_prints_a_per_lesson_summary(progress_file, capsys):
     out = capsys.readouterr().out
     n = len(load_questions().for_lesson("01_prefill_decode"))
     cards = len(load_questions().cards_for("01_prefill_decode"))
-    # lesson, answered, right, first try, cards, self-assessment
-    assert _row(out, "01_prefill_decode") == ["01_prefill_decode", f"2/{n}", f"2/{n}", f"1/{n}",
-                                              f"1/{cards}", "Confident"]
-    assert _row(out, "03_sampling")[1] == f"0/{len(load_questions().for_lesson('03_sampling'))}"
+    # lesson, right/seen, questions, cards due, due now (unanswered + unrated cards), tests, self-assessment
+    assert _row(out, "01_prefill_decode") == ["01_prefill_decode", "2/2", f"{n}", f"{cards}/{cards}",
+                                              f"{n - 2 + cards}", "—", "Confident"]
+    assert _row(out, "02_kv_cache")[5] == "6/6"  # the memory-formula exercise follows lesson 02
+    assert _row(out, "03_sampling")[1:3] == ["0/0", f"{len(load_questions().for_lesson('03_sampling'))}"]
     assert str(progress_file) in out
     assert "memory_formula" in out and "6/6 tests passed" in out
 

@@ -5,6 +5,7 @@ import time
 
 from course.teach.progress import ENV_VAR, ProgressStore, Summary, default_store
 from course.teach.questions import load_questions
+from course.teach.review import progress_text
 
 
 def add_arguments(p) -> None:
@@ -18,7 +19,8 @@ def run(args) -> int:
     store = ProgressStore(args.file) if args.file else default_store()
     if args.reset:
         return _reset(store, assume_yes=args.yes)
-    print(format_summary(store.summary(load_questions())))
+    bank = load_questions()
+    print(format_summary(store.summary(bank), progress_text(store, bank)))
     return 0
 
 
@@ -40,20 +42,11 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
     return 0
 
 
-def format_summary(summary: Summary) -> str:
-    lines = [f"Progress file: {summary.path}", ""]
+def format_summary(summary: Summary, lessons_table: str) -> str:
+    """`lessons_table`: the one-screen per-lesson view (course.teach.review.progress_text: questions right/seen,
+    cards due, items due for review, the lesson's exercise tests passing, self-assessment)."""
+    lines = [f"Progress file: {summary.path}", "", lessons_table, ""]
     width = max([len(s.lesson) for s in summary.lessons] + [6])
-    lines.append(f"{'lesson':<{width}}  {'answered':>8}  {'right':>6}  {'1st try':>7}  {'cards':>5}  "
-                 "self-assessment")
-    for s in summary.lessons:
-        lines.append(
-            f"{s.lesson:<{width}}  {f'{s.answered}/{s.questions}':>8}  {f'{s.right}/{s.questions}':>6}  "
-            f"{f'{s.first_try}/{s.questions}':>7}  {f'{s.cards_seen}/{s.cards}':>5}  "
-            f"{s.self_assessment or '—'}")
-    total_q = sum(s.questions for s in summary.lessons)
-    total_right = sum(s.right for s in summary.lessons)
-    lines.append(f"{'total':<{width}}  {'':>8}  {f'{total_right}/{total_q}':>6}")
-    lines.append("")
     if summary.exercises:
         lines.append("Exercises (latest `kvcourse check`):")
         for e in summary.exercises:

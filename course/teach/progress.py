@@ -46,6 +46,12 @@ _SCHEMA = {
                        "total INTEGER NOT NULL, details TEXT, at REAL NOT NULL",
     "measurements": "id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, key TEXT NOT NULL, "
                     "value TEXT NOT NULL, at REAL NOT NULL",
+    # Review (course/teach/review.py): "knew it"/"missed it" after revealing an interview card, and the marks
+    # of `kvcourse review --reset` (the schedule ignores answers before the latest one). Older files gain
+    # these tables on first open.
+    "card_ratings": "id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, card_id TEXT NOT NULL, "
+                    "knew INTEGER NOT NULL, at REAL NOT NULL",
+    "review_resets": "id INTEGER PRIMARY KEY, at REAL NOT NULL",
 }
 # SQLite result codes that mean "this file cannot be used as our database" (vs. busy/locked: wait).
 _UNUSABLE_CODES = {3, 8, 11, 14, 26}  # PERM, READONLY, CORRUPT, CANTOPEN, NOTADB
@@ -293,6 +299,16 @@ class ProgressStore:
                 "INSERT INTO measurements (lesson, key, value, at) VALUES (?, ?, ?, ?)", rows), write=True)
         return len(rows)
 
+    def record_card_rating(self, lesson: str, card_id: str, knew: bool) -> None:
+        """Save a self-rating of an interview card after revealing it (for the review schedule)."""
+        _need_text(lesson=lesson, card_id=card_id)
+        self._run(lambda c: c.execute("INSERT INTO card_ratings (lesson, card_id, knew, at) VALUES (?, ?, ?, ?)",
+                                      (lesson, card_id, int(bool(knew)), time.time())), write=True)
+
+    def record_review_reset(self) -> None:
+        """Start the review schedule over; answers and ratings stay saved."""
+        self._run(lambda c: c.execute("INSERT INTO review_resets (at) VALUES (?)", (time.time(),)), write=True)
+
     def reset(self) -> None:
         """Delete everything saved (in one transaction)."""
         def clear(conn):
@@ -342,6 +358,22 @@ class ProgressStore:
             sql, args = sql + " WHERE lesson = ?", (lesson,)
         rows = self._run(lambda c: c.execute(sql + " ORDER BY at, id", args).fetchall())
         return {r["key"]: json.loads(r["value"]) for r in rows}
+
+    def card_ratings(self) -> list[dict]:
+        """Every interview-card self-rating, oldest first."""
+        rows = self._run(lambda c: c.execute(
+            "SELECT lesson, card_id, knew, at FROM card_ratings ORDER BY at, id").fetchall())
+        return [dict(r, knew=bool(r["knew"])) for r in rows]
+
+    def review_reset_at(self) -> float | None:
+        row = self._run(lambda c: c.execute("SELECT MAX(at) AS at FROM review_resets").fetchone())
+        return row["at"] if row else None
+
+    def lessons_started(self) -> set[str]:
+        """Lessons with anything saved: an answer, a card seen or rated, a self-assessment, a measurement."""
+        sql = " UNION ".join(f"SELECT DISTINCT lesson FROM {t}" for t in
+                             ("answers", "cards", "card_ratings", "self_assessments", "measurements"))
+        return {r["lesson"] for r in self._run(lambda c: c.execute(sql).fetchall())}
 
     def counts(self) -> dict[str, int]:
         def count(conn):

@@ -1,0 +1,179 @@
+"""`kvcourse review`: a spaced-repetition session in the terminal over what you missed, skipped or rated low.
+
+    kvcourse review              answer the due items one by one (letters for questions, y/n for cards)
+    kvcourse review --list       only list what is due, heaviest first (asks nothing)
+    kvcourse review --reset      start the review schedule over (asks first; --yes does not)
+
+The schedule (Leitner boxes) and the weighting are in course/teach/review.py; everything is saved in the
+progress file that the notebooks use, at once, so a notebook can be open at the same time.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from course.teach.progress import ENV_VAR, ProgressStore, default_store
+from course.teach.questions import load_questions
+from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
+                                 nothing_due_text, when_text)
+
+
+class _Stop(Exception):
+    """q typed, or the input ended."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--list", action="store_true", help="list what is due now, without asking anything")
+    p.add_argument("--limit", default=str(DEFAULT_LIMIT), metavar="N",
+                   help=f"at most N items in this session (default {DEFAULT_LIMIT})")
+    p.add_argument("--lesson", default=None, help="only this lesson's items, e.g. 02_kv_cache")
+    p.add_argument("--reset", action="store_true", help="start the review schedule over (asks first)")
+    p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
+    p.add_argument("--file", default=None,
+                   help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args) -> int:
+    try:
+        limit = int(str(args.limit).strip())
+    except ValueError:
+        limit = None
+    if limit is None or limit < 1:
+        return _error(f"--limit must be a whole number >= 1, got {args.limit!r}")
+    bank = load_questions()
+    if args.lesson is not None and args.lesson not in bank.lessons:
+        return _error(f"--lesson must be one of {', '.join(bank.lessons)}; got {args.lesson!r}")
+    if args.yes and not args.reset:
+        return _error("--yes only goes with --reset")
+    if args.reset and args.list:
+        return _error("use either --reset or --list, not both")
+    if args.file is not None:
+        path = Path(args.file).expanduser()
+        if path.is_dir():
+            return _error(f"--file {path} is a folder; give the progress file itself (e.g. {path / 'progress.sqlite'})")
+        if not path.exists():
+            return _error(f"--file {path} does not exist; leave --file out to use your own progress file")
+        if not os.access(path, os.R_OK):
+            return _error(f"--file {path} cannot be read (check its permissions)")
+        store = ProgressStore(path)
+    else:
+        store = default_store()
+    if args.reset:
+        return _reset(store, assume_yes=args.yes)
+    if args.list:
+        return _list(store, bank, limit, args.lesson)
+    return _session(ReviewSession(store, bank, limit=limit, lesson=args.lesson))
+
+
+def _reset(store: ProgressStore, assume_yes: bool) -> int:
+    if not assume_yes:
+        try:
+            reply = input(f"Start the review schedule in {store.path} over? Every item goes back to box 0 "
+                          "(your answers and progress stay saved). Type 'yes' to confirm: ")
+        except EOFError:
+            reply = ""
+        if reply.strip().lower() not in ("y", "yes"):
+            print("Nothing changed. (Use --yes to reset without this question.)")
+            return 1
+    store.record_review_reset()
+    print(f"Review schedule started over in {store.path}.")
+    return 0
+
+
+def _list(store: ProgressStore, bank, limit: int, lesson: str | None) -> int:
+    items = due_items(store, bank, lesson=lesson)
+    if not items:
+        print(nothing_due_text(store, bank))
+        return 0
+    print(f"{len(items)} item{'s' if len(items) != 1 else ''} due now (heaviest first; "
+          f"`kvcourse review` asks the first {min(limit, len(items))}):")
+    width = max(len(i.id) for i in items)
+    for n, item in enumerate(items, 1):
+        kind = "question" if item.kind == "question" else "card"
+        print(f"  {n:>3}. {item.lesson:<22} {kind:<8} {item.id:<{width}}  box {item.box}  {item.describe()}")
+    return 0
+
+
+def _ask(prompt: str) -> str:
+    try:
+        reply = input(prompt)
+    except EOFError:
+        print()
+        raise _Stop from None
+    if reply.strip().lower() in ("q", "quit", "exit"):
+        raise _Stop
+    return reply.strip()
+
+
+def _session(session: ReviewSession) -> int:
+    if not session.items:
+        print(nothing_due_text(session.store, session.bank))
+        return 0
+    print(f"Review — {session.due_total} due now; here are the {len(session.items)} that need it most.")
+    print(f"Schedule: {SCHEME}; intervals {', '.join(f'{d:g}' for d in INTERVALS_DAYS)} days by box.")
+    print("Type the letter of your answer (s skips, q stops).\n")
+    try:
+        while not session.done:
+            item = session.current
+            print(session.heading(item))
+            print(session.front_text(item))
+            if item.kind == "question":
+                _question(session)
+            else:
+                _card(session)
+            print()
+    except _Stop:
+        print("Stopped; everything answered so far is saved.")
+    print(session.summary_text())
+    return 0
+
+
+def _question(session: ReviewSession) -> None:
+    q = session.bank.question(session.current.id)
+    letters = [o.key for o in q.options]
+    while True:
+        reply = _ask(f"Your answer ({'/'.join(letters)}, s to skip, q to stop): ")
+        if reply.lower() == "s":
+            session.skip()
+            return
+        if reply.upper() in letters:
+            break
+        print(f"  Type one of {', '.join(letters)} (or s to skip, q to stop).")
+    item = session.current
+    result = session.answer(reply)
+    mark = "✓" if result.correct else "✗"
+    print(f"{mark} {result.choice}: {result.explanation}")
+    if not result.correct:
+        right = q.correct
+        print(f"  The right answer is {right.key}: {result.others[right.key]}")
+    print(f"  {item.id} comes back {when_text(session.outcomes[-1].next_due_at)}.")
+
+
+def _card(session: ReviewSession) -> None:
+    reply = _ask("Answer it aloud (or in your head), then press Enter for the model answer (s to skip, q to stop): ")
+    if reply.lower() == "s":
+        session.skip()
+        return
+    print("  " + session.reveal())
+    while True:
+        reply = _ask("Did you know it? (y/n, q to stop): ").lower()
+        if reply in ("y", "yes", "n", "no"):
+            break
+        print("  Type y if your answer had the mechanism and the number, n if not.")
+    item = session.current
+    outcome = session.rate(reply.startswith("y"))
+    print(f"  {item.id} comes back {when_text(outcome.next_due_at)}.")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="kvcourse review")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))
