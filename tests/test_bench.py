@@ -17,6 +17,7 @@ from course.engine.fast import FastModel, GemvLinear, use_gemv_linears
 from course.engine.generate import decode_one_token, generate, prefill
 from course.engine.kv_cache import KVCache
 from course.engine.model import tiny_model
+from course.measure.costs import prefill_flops
 
 ITEM_ROW_KEYS = {
     "decode": {"engine", "dtype", "context", "batch", "ms_per_token", "tokens_per_s", "bytes_per_step",
@@ -135,7 +136,7 @@ def test_prefill_flops_match_torch_flop_counter():
     with FlopCounterMode(display=False) as counter, torch.inference_mode():
         model(torch.randint(0, c.vocab_size, (1, T)), last_only=True)
     attention = 4 * c.n_layers * c.n_heads * c.head_dim * T * (T + 1) // 2  # SDPA, which the counter omits on CPU
-    assert bench.prefill_flops(c, T) - attention == counter.get_total_flops()
+    assert prefill_flops(c, T) - attention == counter.get_total_flops()
 
 
 # --- course/fast.py ------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """Pick the device and dtype once; everything else takes them as arguments."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 DTYPES = {
@@ -48,3 +50,19 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """`with torch_threads(1): ...` runs the block with n PyTorch CPU threads and puts the old count back
+    afterwards, even on an error. n=None leaves the count alone (so callers can pass an optional setting)."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"threads must be a whole number >= 1 (or None to leave it), got {n!r}")
+    before = torch.get_num_threads()
+    if n is not None and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield before
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

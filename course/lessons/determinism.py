@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from course.engine.device import torch_threads
 from course.engine.generate import generate
 
 
@@ -137,14 +138,10 @@ def alone_vs_batched(model, prompt_ids: list[int], other_ids: list[list[int]], p
 def across_threads(model, prompt_ids: list[int], threads: tuple[int, int] = (1, 2)
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token logits [V] computed with two different torch thread counts (CPU)."""
-    before = torch.get_num_threads()
     out = []
-    try:
-        for n in threads:
-            torch.set_num_threads(n)
+    for n in threads:
+        with torch_threads(n):
             out.append(model(torch.tensor([prompt_ids], device=model.device), last_only=True)[0].float().cpu())
-    finally:
-        torch.set_num_threads(before)
     return out[0], out[1]
 
 

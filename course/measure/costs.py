@@ -275,14 +275,21 @@ class Cost:
                 f" → {self.intensity:7.2f} FLOP/byte")
 
 
+def prefill_flops(config: ModelConfig, T: int) -> int:
+    """Multiply-add FLOPs of a prefill of T tokens (next-token logits at the last position only): 2 per weight
+    per token in the blocks, the output head once, causal attention QKᵀ and PV: 2·D_h·T(T+1) per head per layer."""
+    c = config
+    return (2 * layer_matmul_params(c) * T + 2 * c.vocab_size * c.dim
+            + 2 * c.head_dim * T * (T + 1) * c.n_heads * c.n_layers)
+
+
 def prefill_cost(config: ModelConfig, prompt_len: int, dtype_bytes: float = 4) -> Cost:
     """Prefill of T tokens: 2 FLOPs per weight per token in the blocks, the output head once (last
     position only), causal attention 2·D_h·T(T+1) per head per layer; reads the weights once and
     writes T tokens of K and V."""
     T = check_lengths("prompt_len", [prompt_len], config.max_seq_len)[0]
     c = config
-    flops = (2 * layer_matmul_params(c) * T + 2 * c.vocab_size * c.dim
-             + 2 * c.head_dim * T * (T + 1) * c.n_heads * c.n_layers)
+    flops = prefill_flops(c, T)
     kv = kv_cache_bytes(c.n_layers, 1, T, c.n_kv_heads, c.head_dim, dtype_bytes)
     return Cost("prefill", T, float(flops), float(weights_read_bytes(c, dtype_bytes)), float(kv))
 

@@ -12,7 +12,6 @@ static view for a headless run is a matplotlib figure (`figure()`, `static_grid(
 """
 from __future__ import annotations
 
-import contextlib
 import html
 import io
 import os
@@ -22,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course.engine.device import torch_threads
 from course.engine.continuations import next_token_logits, sample_continuations  # noqa: F401  (re-exported)
 from course.engine.prompts import PROMPTS, Prompt  # noqa: F401  (re-exported)
 from course.engine.sampling import check_params, entropy_bits, probabilities, transform_logits
@@ -70,16 +70,10 @@ def headless() -> bool:
     return shell is None or not hasattr(shell, "kernel")
 
 
-@contextlib.contextmanager
 def _one_thread():
     """Run a few 50k-element vector ops on one thread: waking a second costs more than it saves (and a lot
     more when the CPU is shared)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    return torch_threads(1)
 
 
 @dataclass
