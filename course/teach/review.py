@@ -47,7 +47,7 @@ REASON_TEXT = {"missed": "missed last time", "skipped": "not answered yet", "unr
                "reset": "schedule reset", "due": "due on schedule", "waiting": "not due yet",
                "not started": "lesson not started"}
 
-# Which lesson each exercise (its notebook's stem in exercises/) follows; None: the whole course.
+# Which lesson each exercise (its notebook's stem in exercises/) follows; None (or not listed): the whole course.
 EXERCISE_LESSONS = {"memory_formula": "02_kv_cache", "kv_cache": "02_kv_cache", "sampler": "03_sampling",
                     "checkpoint_quiz": None}
 
@@ -405,7 +405,7 @@ def progress(store: ProgressStore | None = None, bank: QuestionBank | None = Non
         mine = [i for i in items if i.lesson == lid]
         qids = {q.id for q in bank.for_lesson(lid)}
         answered = [a for qid, a in latest.items() if qid in qids]
-        ex = [c for c in checks if EXERCISE_LESSONS.get(c["exercise"], "?") == lid]
+        ex = [c for c in checks if EXERCISE_LESSONS.get(c["exercise"]) == lid]
         rows.append(LessonProgress(
             lesson=lid, title=lesson.title, questions=len(qids), seen=len(answered),
             right=sum(a["correct"] for a in answered), cards=len(bank.cards_for(lid)),
@@ -442,9 +442,10 @@ def progress_text(store: ProgressStore | None = None, bank: QuestionBank | None 
     lines.append("")
     lines.append(f"{due} item{'s' if due != 1 else ''} due for review: run `kvcourse review` or open "
                  "lessons/review.ipynb." if due else nothing_due_text(store, bank))
-    other = [c for c in store.exercise_checks() if EXERCISE_LESSONS.get(c["exercise"], "?") is None]
+    other = [c for c in store.exercise_checks() if EXERCISE_LESSONS.get(c["exercise"]) not in bank.lessons]
     for c in other:
-        lines.append(f"{c['exercise']} (whole course): {c['passed']}/{c['total']} visible tests pass")
+        scope = " (all lessons)" if c["exercise"] in EXERCISE_LESSONS else ""
+        lines.append(f"{c['exercise']}{scope}: {c['passed']}/{c['total']} visible tests pass")
     return "\n".join(lines)
 
 
