@@ -1,0 +1,457 @@
+"""Lesson 05 (serving many requests): the batch sweep, the cache as the limit, and the paper numbers.
+
+    batch_sweep          ms per decode step and total tokens/s for B = 1, 2, 4, … at each context, measured
+                         on the real model, next to the prediction max((W + B·KV(C)) / bandwidth, B·F / FLOP/s)
+    BatchSweep.knee      this machine's critical batch, from the data: the first B whose step costs twice B = 1's
+    plot_batch_sweep     step time and tokens/s against B; plot_batch_roofline: the decode points move right
+    published_gpu_table  Llama-2-7B decode on an A100 / H100 on paper, from the vendors' published specs
+    requests_that_fit    how many requests fit a memory budget, from the formula (Llama-2-7B/70B on 80 GB)
+    cache_vs_weights     where B·T tokens of cache overtake the weights
+
+The paged cache, the scheduler and their pictures are in course.lessons.serving_runs.
+Letters as everywhere: B batch, C tokens already cached, L layers, H_kv KV heads, D_h head dim, W weight bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from course.engine.config import ModelConfig
+from course.engine.kv_cache import BatchPositions, KVCache
+from course.measure.costs import GB, GiB, decode_cost, kv_bytes_per_token, weights_bytes, weights_read_bytes
+from course.measure.roofline import Machine
+from course.measure.timing import Stopwatch, Timing
+
+# ---------------------------------------------------------------------------------------------
+# Published accelerator specs (dense, no sparsity), for the paper version of the sweep
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    bytes_per_s: float  # HBM bandwidth
+    flops_per_s: float  # dense BF16/FP16 tensor-core FLOP/s
+    memory_bytes: int
+    source: str
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte where the two roofs meet."""
+        return self.flops_per_s / self.bytes_per_s
+
+    def machine(self) -> Machine:
+        return Machine(self.name, "bf16", self.bytes_per_s, self.flops_per_s)
+
+
+GPUS = {
+    "A100": Accelerator("A100 SXM4 80GB", 2.039e12, 312e12, 80 * GB,
+                        "NVIDIA A100 Tensor Core GPU datasheet: 2,039 GB/s HBM2e, 312 TFLOPS BF16 (dense)"),
+    "H100": Accelerator("H100 SXM5 80GB", 3.35e12, 989e12, 80 * GB,
+                        "NVIDIA H100 Tensor Core GPU datasheet: 3.35 TB/s HBM3, 989 TFLOPS BF16 (dense; 1,979 "
+                        "with sparsity)"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost of one batched decode step, on paper
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchCost:
+    """FLOPs and bytes of one decode step for B sequences with C tokens cached each."""
+    batch: int
+    context: int
+    flops: float  # B × one sequence's FLOPs
+    weight_bytes: float  # read once, whatever B
+    kv_bytes: float  # B × one sequence's cache
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def _decode_cost(config: ModelConfig, context: int, dtype_bytes: float):
+    """decode_cost, also for paper contexts past the model's trained length (C = 4,096 on a 4k model)."""
+    if context >= config.max_seq_len:
+        config = config.with_(max_seq_len=context + 1)
+    return decode_cost(config, context, dtype_bytes)
+
+
+def batch_cost(config: ModelConfig, batch: int, context: int, dtype_bytes: float = 4) -> BatchCost:
+    """One step for B sequences: the weights are read once, each sequence reads its own cache and does its own FLOPs."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
+    one = _decode_cost(config, context, dtype_bytes)
+    return BatchCost(batch, context, batch * one.flops, one.weight_bytes, batch * one.kv_bytes)
+
+
+def predicted_step(machine: Machine, cost: BatchCost) -> float:
+    """max((W + B·KV) / bandwidth, B·F / FLOP/s), seconds."""
+    return max(cost.bytes / machine.bytes_per_s, cost.flops / machine.flops_per_s)
+
+
+def predicted_critical_batch(machine: Machine, config: ModelConfig, context: int, dtype_bytes: float = 4) -> float:
+    """The B at which B·F / FLOP/s catches up with (W + B·KV) / bandwidth; inf when it never does.
+
+    Solve B·F/P = (W + B·K)/BW: B* = (W/BW) / (F/P − K/BW). When one sequence's cache takes longer to read
+    than its FLOPs take to do (K/BW ≥ F/P), adding sequences adds bytes as fast as FLOPs: never compute-bound.
+    """
+    one = _decode_cost(config, context, dtype_bytes)
+    per_seq = one.flops / machine.flops_per_s - one.kv_bytes / machine.bytes_per_s
+    return math.inf if per_seq <= 0 else (one.weight_bytes / machine.bytes_per_s) / per_seq
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured sweep
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class SweepPoint:
+    batch: int
+    context: int
+    timing: Timing
+    predicted_s: float
+    cost: BatchCost
+
+    @property
+    def seconds(self) -> float:
+        return self.timing.median
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.batch / self.seconds
+
+    @property
+    def achieved_flops_per_s(self) -> float:
+        return self.cost.flops / self.seconds
+
+
+@dataclass
+class BatchSweep:
+    machine: Machine
+    points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def contexts(self) -> list[int]:
+        return sorted({p.context for p in self.points})
+
+    def at(self, context: int) -> list[SweepPoint]:
+        rows = sorted((p for p in self.points if p.context == context), key=lambda p: p.batch)
+        if not rows:
+            raise ValueError(f"no points at context {context}; the sweep has {self.contexts}")
+        return rows
+
+    def best(self, context: int) -> SweepPoint:
+        return max(self.at(context), key=lambda p: p.tokens_per_s)
+
+    def speedup(self, context: int) -> float:
+        """Total decode tokens/s at the best batch ÷ at B = 1."""
+        rows = self.at(context)
+        return self.best(context).tokens_per_s / rows[0].tokens_per_s
+
+    def knee(self, context: int) -> int:
+        """The first measured B whose step takes at least twice B = 1's: below it a bigger batch is nearly free."""
+        rows = self.at(context)
+        return next((p.batch for p in rows if p.seconds >= 2 * rows[0].seconds), rows[-1].batch)
+
+    def predicted_knee(self, context: int) -> int:
+        rows = self.at(context)
+        return next((p.batch for p in rows if p.predicted_s >= 2 * rows[0].predicted_s), rows[-1].batch)
+
+    def values(self) -> dict:
+        out = {}
+        for c in self.contexts:
+            rows = self.at(c)
+            out[str(c)] = dict(batch=[p.batch for p in rows], ms=[p.seconds * 1e3 for p in rows],
+                               predicted_ms=[p.predicted_s * 1e3 for p in rows],
+                               tokens_per_s=[p.tokens_per_s for p in rows],
+                               intensity=[p.cost.intensity for p in rows],
+                               knee=self.knee(c), predicted_knee=self.predicted_knee(c),
+                               best_batch=self.best(c).batch, speedup=self.speedup(c))
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"{'C':>5} {'B':>4} {'ms/step':>8} {'predicted':>9} {'pred/meas':>9} {'tokens/s':>9} {'FLOP/B':>7}"]
+        for p in sorted(self.points, key=lambda p: (p.context, p.batch)):
+            lines.append(f"{p.context:>5} {p.batch:>4} {p.seconds * 1e3:>8.1f} {p.predicted_s * 1e3:>9.1f} "
+                         f"{p.predicted_s / p.seconds:>9.2f} {p.tokens_per_s:>9.1f} {p.cost.intensity:>7.2f}")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+def _check_batches(batches: Sequence[int]) -> list[int]:
+    batches = sorted(set(batches))
+    if not batches or batches[0] != 1 or any(isinstance(b, bool) or not isinstance(b, int) for b in batches):
+        raise ValueError(f"batches must be whole numbers starting at 1 (the baseline), e.g. [1, 2, 4, 8], got {batches}")
+    return batches
+
+
+@torch.inference_mode()
+def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
+                batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), rounds: int = 3, progress: bool = True) -> BatchSweep:
+    """Time one decode step of B sequences, each with C tokens cached, for every (C, B).
+
+    One cache of max(B) rows per context, filled with random keys and values (a step's time does not depend on
+    what the cache holds, only on how much of it is read); batch B decodes its first B rows, each sequence at its
+    own position (course.engine.kv_cache.BatchPositions), exactly as the serving loop does. Steps are timed in
+    rounds, every B once per round, so a change in the machine's load hits every batch size alike.
+    """
+    from tqdm.auto import tqdm
+
+    batches = _check_batches(batches)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    config, dev = model.config, model.device
+    dtype_bytes = torch.empty((), dtype=model.dtype).element_size()
+    sweep = BatchSweep(machine)
+    for C in contexts:
+        cache = KVCache(config, batch=batches[-1], max_seq_len=C + 1, dtype=model.dtype, device=dev)
+        for layer in cache.layers:
+            layer.k.normal_()
+            layer.v.normal_()
+        steps = []
+        for B in batches:
+            at = BatchPositions([C] * B, 1, dev, rows=list(range(B)))
+            token = torch.ones(B, 1, dtype=torch.long, device=dev)
+            steps.append(lambda at=at, token=token: model(token, start_pos=at, cache=cache, last_only=True))
+        timings = [Timing() for _ in batches]
+        for step in steps:
+            step()  # warm-up
+        for _ in tqdm(range(rounds), desc=f"batch sweep at C={C}", unit="round", disable=not progress):
+            for step, timing in zip(steps, timings):
+                with Stopwatch(dev) as sw:
+                    step()
+                timing.times.append(sw.seconds)
+        for B, timing in zip(batches, timings):
+            cost = batch_cost(config, B, C, dtype_bytes)
+            sweep.points.append(SweepPoint(B, C, timing, predicted_step(machine, cost), cost))
+        del cache
+    return sweep
+
+
+def sweep_sentences(sweep: BatchSweep) -> list[str]:
+    """What the sweep showed, one sentence per context, from its numbers."""
+    out = []
+    for c in sweep.contexts:
+        rows, best = sweep.at(c), sweep.best(c)
+        one = rows[0]
+        verdict = ("still rising at the largest batch measured" if best.batch == rows[-1].batch
+                   else f"falling again beyond B = {best.batch}")
+        out.append(f"C = {c}: one step for B = 1 took {one.seconds * 1e3:.0f} ms ({one.tokens_per_s:.1f} tokens/s); "
+                   f"the best batch, B = {best.batch}, took {best.seconds * 1e3:.0f} ms per step for "
+                   f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}. "
+                   f"The step first cost twice B = 1's at B = {sweep.knee(c)} "
+                   f"(the prediction says B = {sweep.predicted_knee(c)}).")
+    return out
+
+
+def plot_batch_sweep(sweep: BatchSweep):
+    """Left: ms per step against B, measured and predicted. Right: total tokens/s against B."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for c, color in zip(sweep.contexts, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+        rows = sweep.at(c)
+        bs = [p.batch for p in rows]
+        left.plot(bs, [p.seconds * 1e3 for p in rows], "o-", color=color, label=f"C = {c}: measured")
+        left.plot(bs, [p.predicted_s * 1e3 for p in rows], "--", color=color, alpha=0.7, label=f"C = {c}: predicted")
+        left.axvline(sweep.knee(c), color=color, ls=":", lw=1)
+        right.plot(bs, [p.tokens_per_s for p in rows], "o-", color=color, label=f"C = {c}")
+        right.plot(bs, [p.batch / p.predicted_s for p in rows], "--", color=color, alpha=0.7)
+    left.set(xscale="log", yscale="log", xlabel="batch B (sequences per step)", ylabel="ms per decode step",
+             title="one step (dotted: the knee, where it costs 2× B = 1)")
+    right.set(xscale="log", yscale="log", xlabel="batch B", ylabel="total decode tokens/s",
+              title="throughput (dashed: predicted)")
+    for ax in (left, right):
+        ax.set_xticks([p.batch for p in sweep.at(sweep.contexts[0])])
+        ax.set_xticklabels([p.batch for p in sweep.at(sweep.contexts[0])])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_batch_roofline(sweep: BatchSweep):
+    """The roofline of lesson 01 with every (C, B) point at its intensity: batching moves decode to the right."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    m = sweep.machine
+    xs = [p.cost.intensity for p in sweep.points]
+    x = np.logspace(math.log10(min(min(xs), m.ridge) / 3), math.log10(max(max(xs), m.ridge) * 3), 200)
+    fig, ax = plt.subplots(figsize=(8, 4.4))
+    ax.plot(x, np.minimum(m.flops_per_s, m.bytes_per_s * x) / 1e9, "k-", lw=2,
+            label=f"roof: min({m.bytes_per_s / 1e9:.0f} GB/s × intensity, {m.flops_per_s / 1e9:.0f} GFLOP/s)")
+    ax.axvline(m.ridge, color="gray", ls=":", lw=1)
+    ax.text(m.ridge, m.flops_per_s / 1e9 * 0.5, f" ridge {m.ridge:.1f} FLOP/byte", fontsize=8, color="gray")
+    for c, color in zip(sweep.contexts, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+        rows = sweep.at(c)
+        ax.plot([p.cost.intensity for p in rows], [p.achieved_flops_per_s / 1e9 for p in rows], "s-", color=color,
+                label=f"decode, C = {c} (measured)")
+        for p in rows:
+            ax.annotate(f"B={p.batch}", (p.cost.intensity, p.achieved_flops_per_s / 1e9), fontsize=7,
+                        xytext=(3, -10), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte moved)", ylabel="achieved GFLOP/s",
+           title=f"Batching moves decode right on the roofline ({m.device}, {m.dtype})")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Paper: Llama-2-7B on an A100 / H100
+# ---------------------------------------------------------------------------------------------
+
+def published_gpu_table(model: str = "llama-2-7b", contexts: Sequence[int] = (512, 4096),
+                        batches: Sequence[int] = (1, 8, 32, 64, 128, 256), gpus: Sequence[str] = ("A100", "H100"),
+                        dtype_bytes: float = 2) -> list[dict]:
+    """Predicted decode step, tokens/s and whether the batch fits in memory, for a model on published GPUs."""
+    config = ModelConfig.from_name(model)
+    rows = []
+    for g in gpus:
+        gpu = GPUS[g]
+        m = gpu.machine()
+        for c in contexts:
+            for b in batches:
+                cost = batch_cost(config, b, c, dtype_bytes)
+                s = predicted_step(m, cost)
+                rows.append(dict(gpu=g, context=c, batch=b, ms=s * 1e3, tokens_per_s=b / s,
+                                 intensity=cost.intensity, bound="compute" if cost.intensity >= gpu.ridge else "memory",
+                                 memory_gb=(weights_bytes(config, "fp16") + cost.kv_bytes) / GB,
+                                 fits=weights_bytes(config, "fp16") + cost.kv_bytes <= gpu.memory_bytes))
+    return rows
+
+
+def paper_summary(model: str = "llama-2-7b", context: int = 4096, dtype_bytes: float = 2) -> list[str]:
+    """Ridge, weights-only critical batch and the critical batch at `context`, per GPU, as sentences."""
+    config = ModelConfig.from_name(model)
+    one = decode_cost(config, 1, dtype_bytes)
+    flop_per_weight_byte = one.flops / one.weight_bytes  # a batch of B sequences: B × this, weights only
+    out = []
+    for gpu in GPUS.values():
+        m = gpu.machine()
+        b_star = predicted_critical_batch(m, config, context, dtype_bytes)
+        at_ctx = ("never: each sequence's cache takes longer to read than its FLOPs take to do" if math.isinf(b_star)
+                  else f"B ≈ {b_star:.0f}")
+        out.append(f"{gpu.name}: ridge {gpu.ridge:.0f} FLOP/byte, so with the weights alone ({flop_per_weight_byte:.2f} "
+                   f"FLOP per weight byte per sequence) decode turns compute-bound near B ≈ "
+                   f"{gpu.ridge / flop_per_weight_byte:.0f}; at C = {context:,} with {config.name}'s cache: {at_ctx}.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The cache as the limit
+# ---------------------------------------------------------------------------------------------
+
+def requests_that_fit(models: Sequence[str] = ("llama-2-7b", "llama-2-70b"), contexts: Sequence[int] = (4096, 32768),
+                      memory_bytes: int = 80 * GB, dtype: str = "fp16") -> list[dict]:
+    """How many sequences of a context fit in one GPU's memory after the FP16 weights (0 if the weights don't fit)."""
+    rows = []
+    for name in models:
+        w = weights_bytes(name, dtype)
+        per_token = kv_bytes_per_token(name, dtype)
+        for c in contexts:
+            free = memory_bytes - w
+            rows.append(dict(model=name, context=c, weights_gb=w / GB, kv_gb_per_request=per_token * c / GB,
+                             requests=max(0, int(free // (per_token * c))) if free > 0 else 0,
+                             weights_fit=free > 0))
+    return rows
+
+
+def fit_sentences(rows: list[dict], memory_bytes: int = 80 * GB) -> list[str]:
+    out = []
+    for r in rows:
+        if not r["weights_fit"]:
+            out.append(f"{r['model']}: its {r['weights_gb']:.0f} GB of FP16 weights alone exceed "
+                       f"{memory_bytes / GB:.0f} GB — no request fits on one GPU (it needs several, or quantised "
+                       f"weights).")
+        else:
+            out.append(f"{r['model']} at C = {r['context']:,}: {r['kv_gb_per_request']:.2f} GB of cache per request, "
+                       f"so {r['requests']} request(s) fit beside {r['weights_gb']:.1f} GB of weights.")
+    return out
+
+
+def cache_vs_weights(config: ModelConfig, dtype_bytes: float = 4) -> dict:
+    """Tokens of cache (B·T, summed over the batch) whose bytes equal the weights' bytes."""
+    w = weights_read_bytes(config, dtype_bytes)
+    per_token = kv_bytes_per_token(config, dtype_bytes)
+    return dict(weight_bytes=w, kv_bytes_per_token=per_token, crossover_tokens=math.ceil(w / per_token))
+
+
+def plot_cache_vs_weights(config: ModelConfig, contexts: Sequence[int] = (512, 2048, 8192),
+                          batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), dtype_bytes: float = 4):
+    """Bytes of cache against B for a few contexts, with the weights as a flat line: where they cross."""
+    import matplotlib.pyplot as plt
+
+    info = cache_vs_weights(config, dtype_bytes)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for c in contexts:
+        ax.plot(batches, [b * c * info["kv_bytes_per_token"] / GiB for b in batches], "o-", label=f"cache, C = {c:,}")
+    ax.axhline(info["weight_bytes"] / GiB, color="k", lw=2, label=f"weights ({info['weight_bytes'] / GiB:.2f} GiB)")
+    ax.set(xscale="log", yscale="log", xlabel="batch B", ylabel="GiB",
+           title=f"{config.name}: the cache overtakes the weights at B·C ≈ {info['crossover_tokens']:,} tokens")
+    ax.set_xticks(list(batches))
+    ax.set_xticklabels(list(batches))
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 05's real-model demo
+# ---------------------------------------------------------------------------------------------
+
+def paged_exercise_demo(cache_class, view_class, fork_fn=None, prompt: str = "The capital of France is",
+                        n_tokens: int = 24, block_size: int = 16) -> dict:
+    """Greedy decoding on SmolLM2 with the learner's paged cache vs the course's contiguous cache; prints both,
+    then (with fork_fn) forks the prompt into two continuations and counts the blocks they share."""
+    import time
+
+    from course import load
+    from course.engine.generate import generate
+
+    model, tok = load()
+    ids = tok.encode(prompt)
+    started = time.perf_counter()
+    reference = generate(model, ids, n_tokens).tokens
+    contiguous_s = time.perf_counter() - started
+    blocks = -(-(len(ids) + n_tokens) // block_size) * 3 + 2  # room for three copies of the request
+    cache = cache_class(model.config, num_blocks=blocks, block_size=block_size, dtype=model.dtype)
+    started = time.perf_counter()
+    with torch.no_grad():
+        mine = generate(model, ids, n_tokens, cache=view_class(cache, 0)).tokens
+    paged_s = time.perf_counter() - started
+    per_token = kv_bytes_per_token(model.config, torch.empty((), dtype=model.dtype).element_size())
+    held = len(cache.tables[0])
+    print(f"prompt: {prompt!r}")
+    print(f"contiguous cache : {tok.decode(reference)!r}  ({contiguous_s:.2f} s)")
+    print(f"your paged cache : {tok.decode(mine)!r}  ({paged_s:.2f} s)")
+    print("identical tokens" if mine == reference else "the tokens differ: check update() and the gather order")
+    print(f"{len(ids) + n_tokens} tokens in {held} blocks of {block_size}: {held * block_size * per_token / 2**20:.2f} MiB "
+          f"reserved; a cache preallocated for the model's {model.config.max_seq_len:,}-token context reserves "
+          f"{model.config.max_seq_len * per_token / 2**20:.0f} MiB per request")
+    out = {"identical": mine == reference, "blocks": held, "contiguous_s": contiguous_s, "paged_s": paged_s}
+    if fork_fn is not None:
+        free_before = cache.pool.num_free
+        fork_fn(cache, 0, 1)
+        fork_fn(cache, 0, 2)
+        shared = sum(1 for b in cache.tables[1] if b in cache.tables[0])
+        print(f"fork into two more continuations: {shared} block(s) shared three ways, "
+              f"{free_before - cache.pool.num_free} new block(s) taken (a copy of the partly filled last block each)")
+        for seq in (0, 1, 2):
+            cache.free(seq)
+        out.update(shared_blocks=shared, all_free=cache.pool.num_free == blocks)
+        print("every block back in the pool after freeing all three:", out["all_free"])
+    return out
