@@ -413,16 +413,15 @@ def plot_cache_vs_weights(config: ModelConfig, contexts: Sequence[int] = (512, 2
 # Exercise 05's real-model demo
 # ---------------------------------------------------------------------------------------------
 
-def paged_exercise_demo(cache_class, view_class, fork_fn=None, prompt: str = "The capital of France is",
-                        n_tokens: int = 24, block_size: int = 16) -> dict:
+def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
+                        prompt: str = "The capital of France is", n_tokens: int = 24, block_size: int = 16) -> dict:
     """Greedy decoding on SmolLM2 with the learner's paged cache vs the course's contiguous cache; prints both,
     then (with fork_fn) forks the prompt into two continuations and counts the blocks they share."""
     import time
 
-    from course import load
     from course.engine.generate import generate
 
-    model, tok = load()
+    tok = tokenizer
     ids = tok.encode(prompt)
     started = time.perf_counter()
     reference = generate(model, ids, n_tokens).tokens
