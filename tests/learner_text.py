@@ -48,3 +48,33 @@ def quiz_text(bank) -> str:
               ((lesson.get("title"), lesson.get("self_assessment")) if isinstance(lesson, dict)
                else (getattr(lesson, "title", ""), getattr(lesson, "self_assessment", "")))]
     return "\n".join(t for t in parts if t)
+
+
+def executed(tmp_path, stem: str):
+    """The executed copy tests/notebook_runner.py left for lesson `stem` in `tmp_path`."""
+    import nbformat
+
+    return nbformat.read(tmp_path / f"{stem}-executed.ipynb", as_version=4)
+
+
+def assert_learner_output_clean(nb, results: dict, lesson: str, min_bullets: int = 4):
+    """After a headless run: no source-sense 'seed' anywhere a learner reads, and a recap that quotes
+    this run (it was recorded, has enough bullets, and was shown)."""
+    text = notebook_text(nb)
+    assert source_sense_seeds(text) == [], source_sense_seeds(text)
+    assert "Traceback" not in text
+    recap = results.get("recap")
+    assert recap and recap["lesson"] == lesson, recap
+    assert len(recap["bullets"]) >= min_bullets, recap["bullets"]
+    assert recap["next"], "the recap links to no next lesson"
+    for bullet in recap["bullets"]:
+        assert bullet in text, f"recap bullet not shown: {bullet}"
+
+
+def stated_run_minutes(nb) -> float:
+    """The bound the lesson's first cell states: '**Run time:** under N minutes' (N may be 2.5)."""
+    import re
+
+    m = re.search(r"\*\*Run time:?\*\*:?\s*under (\d+(?:\.\d+)?) minutes?", nb.cells[0].source)
+    assert m, "the first cell must state '**Run time:** under N minutes'"
+    return float(m.group(1))

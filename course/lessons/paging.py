@@ -2,7 +2,7 @@
 
 A server that preallocates gives every request a [H_kv, max_seq_len, D_h] slab per layer the moment it
 arrives, however short the request turns out to be. A paged cache (the idea behind vLLM's
-PagedAttention, next lesson) hands out fixed-size blocks of `block_size` tokens as a sequence grows,
+PagedAttention, Kwon et al. 2023; lesson 5 builds one) hands out fixed-size blocks of `block_size` tokens as a sequence grows,
 so a request wastes at most one partly filled block.
 
     reserved, preallocated = N · max_seq_len · bytes_per_token
