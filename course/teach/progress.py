@@ -369,11 +369,13 @@ class ProgressStore:
         row = self._run(lambda c: c.execute("SELECT MAX(at) AS at FROM review_resets").fetchone())
         return row["at"] if row else None
 
-    def lessons_started(self) -> set[str]:
-        """Lessons with anything saved: an answer, a card seen or rated, a self-assessment, a measurement."""
-        sql = " UNION ".join(f"SELECT DISTINCT lesson FROM {t}" for t in
-                             ("answers", "cards", "card_ratings", "self_assessments", "measurements"))
-        return {r["lesson"] for r in self._run(lambda c: c.execute(sql).fetchall())}
+    def lessons_started(self) -> dict[str, float]:
+        """lesson → when anything was first saved for it (an answer, a card seen or rated, a self-assessment,
+        a measurement)."""
+        union = " UNION ALL ".join(f"SELECT lesson, MIN(at) AS at FROM {t} GROUP BY lesson" for t in
+                                   ("answers", "cards", "card_ratings", "self_assessments", "measurements"))
+        sql = f"SELECT lesson, MIN(at) AS at FROM ({union}) GROUP BY lesson"
+        return {r["lesson"]: r["at"] for r in self._run(lambda c: c.execute(sql).fetchall())}
 
     def counts(self) -> dict[str, int]:
         def count(conn):

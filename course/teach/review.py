@@ -49,7 +49,7 @@ REASON_TEXT = {"missed": "missed last time", "skipped": "not answered yet", "unr
 
 # Which lesson each exercise (its notebook's stem in exercises/) follows; None (or not listed): the whole course.
 EXERCISE_LESSONS = {"memory_formula": "02_kv_cache", "kv_cache": "02_kv_cache", "sampler": "03_sampling",
-                    "checkpoint_quiz": None}
+                    "checkpoint_quiz": None, "paged_cache": "05_serving"}
 
 
 # ---------------------------------------------------------------------- the Leitner replay
@@ -159,7 +159,7 @@ def all_items(store: ProgressStore | None = None, bank: QuestionBank | None = No
         elif lesson not in started:
             due, reason = None, "not started"
         else:
-            due = reset_at if reset_at is not None else now
+            due = max(started[lesson], reset_at or 0.0)  # due since the lesson was reached (or the reset)
             reason = ("reset" if item_id in ever else
                       "unrated" if kind == "card" and item_id in seen_cards else "skipped")
         level = levels.get(lesson)

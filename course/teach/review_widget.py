@@ -80,7 +80,7 @@ class ReviewWidget(_TextFallback, widgets.VBox):
 
     # ------------------------------------------------------------------ actions (the buttons call these)
     def check(self, key: str):
-        """Pick an option of the current question and press Check."""
+        """Pick an option of the current question and press Check (only the first Check is saved)."""
         self._need("question")
         self.item_widget.choose(key)
         return self.item_widget.check()
@@ -134,8 +134,6 @@ class ReviewWidget(_TextFallback, widgets.VBox):
             raise ValueError("the session is over: nothing left to review")
         if item.kind != kind:
             raise ValueError(f"the current item {item.id!r} is a {item.kind}, not a {kind}")
-        if kind == "question" and self._answered:
-            raise ValueError(f"{item.id!r} is already answered: press Next")
 
     def text(self) -> str:
         return self.session.text()
