@@ -303,3 +303,33 @@ def test_validate_shows_failing_tests_for_a_blank_exercise(lab, path):
     dialog.locator("button", has_text="Ok").first.click()
     dialog.wait_for(state="hidden")
     shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------- review
+def test_review_answers_one_due_card(lab):
+    from course.teach.progress import ProgressStore
+    from course.teach.questions import load_questions
+
+    card = load_questions().cards_for("00_start_here")[0]
+    store = ProgressStore(lab.server.state / "progress.sqlite")  # the test server's learner
+    for _ in range(4):  # missed again and again: it leads the session, whatever other tests answered
+        store.record_card_rating(card.lesson, card.id, False)
+    before = len(store.card_ratings())
+    page = lab.open("lessons/review.ipynb")
+    cell = page.locator(".jp-CodeCell", has=page.locator(".jp-InputArea-editor", has_text="review()"))
+    cell.scroll_into_view_if_needed()
+    cell.locator(".jp-InputArea-editor").click()
+    page.keyboard.press("Shift+Enter")
+    widget = cell.locator(".kvcourse-review")
+    widget.wait_for(state="visible", timeout=120_000)
+    status = widget.locator(".kvcourse-review-status")
+    assert card.id in status.inner_text(), status.inner_text()
+    lab.shot(widget, "review-card")
+    widget.locator(".kvcourse-quiz-flip").click()
+    widget.locator(".kvcourse-quiz-card-answer").wait_for(state="visible", timeout=60_000)
+    widget.locator(".kvcourse-review-knew").click()
+    page.wait_for_function("([el, id]) => !el.innerText.includes(id)", arg=[status.element_handle(), card.id],
+                           timeout=60_000)
+    lab.shot(widget, "review-next")
+    ratings = store.card_ratings()
+    assert len(ratings) == before + 1 and (ratings[-1]["card_id"], ratings[-1]["knew"]) == (card.id, True)
