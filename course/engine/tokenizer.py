@@ -6,13 +6,14 @@ The chat template already opens with <|im_start|>, so no BOS is added.
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-
 import json
+import os
+import tempfile
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
-from course.engine.weights import _field, cache_dir, cached_weights_path, default_gguf_path, open_gguf
+from course.engine.weights import _field, cached_weights_path, check_model_path, default_gguf_path, open_gguf
 
 CONTROL = 3  # llama.cpp token type for control tokens
 USER_DEFINED = 4
@@ -98,28 +99,39 @@ def tokenizer_from_gguf(reader) -> ChatTokenizer:
     )
 
 
+def _crc(data: dict) -> str:
+    """CRC-32 of the cached tokenizer's fields (the weight cache's check, for the 2 MB JSON beside it)."""
+    return f"{zlib.crc32(json.dumps(data, sort_keys=True).encode()):08x}"
+
+
 def load_tokenizer(path: str | os.PathLike | None = None, use_cache: bool = True) -> ChatTokenizer:
     """The tokenizer of a GGUF file; the first build is stored as JSON next to the cached weights."""
     from tokenizers import Tokenizer
 
-    path = Path(path) if path is not None else default_gguf_path()
-    if not path.exists():
-        open_gguf(path)  # raises the error that names the setup command
+    path = check_model_path(Path(path) if path is not None else default_gguf_path())
     cached = cached_weights_path(path).with_suffix(".tokenizer.json") if use_cache else None
     if cached is not None and cached.exists():
         try:
-            data = json.loads(cached.read_text())
+            stored = json.loads(cached.read_text())
+            data = stored["data"]
+            if stored["crc32"] != _crc(data):
+                raise ValueError("checksum mismatch")
             return ChatTokenizer(tokenizer=Tokenizer.from_str(data["tokenizer"]), chat_template=data["chat_template"],
                                  bos_id=data["bos_id"], eos_id=data["eos_id"], add_bos=data["add_bos"],
                                  special_ids=frozenset(data["special_ids"]))
-        except (ValueError, KeyError, OSError):
-            cached.unlink(missing_ok=True)  # damaged: rebuild from the GGUF below
+        except Exception:
+            # damaged, or written by an older version of the course: rebuild it from the GGUF below
+            cached.unlink(missing_ok=True)
     tok = tokenizer_from_gguf(open_gguf(path))
     if cached is not None:
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"tokenizer": tok.tokenizer.to_str(), "chat_template": tok.chat_template,
-                                   "bos_id": tok.bos_id, "eos_id": tok.eos_id, "add_bos": tok.add_bos,
-                                   "special_ids": sorted(tok.special_ids)}))
-        os.replace(tmp, cached)
+        data = {"tokenizer": tok.tokenizer.to_str(), "chat_template": tok.chat_template, "bos_id": tok.bos_id,
+                "eos_id": tok.eos_id, "add_bos": tok.add_bos, "special_ids": sorted(tok.special_ids)}
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.name + ".", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"crc32": _crc(data), "data": data}, f)
+            os.replace(tmp, cached)  # atomic, and two processes filling the cache at once never collide
+        except OSError:
+            pass  # a read-only cache folder: load_weights has already said so; build from the GGUF next time
     return tok
