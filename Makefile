@@ -39,5 +39,5 @@ clean-state:
 # (exercises/, exactly what nbgrader generate_assignment makes) and the sample submissions.
 exercises: setup
 	$(BIN)/python autograde/make_quiz.py
-	$(BIN)/python -m course.grade.grading exercises
+	$(BIN)/python autograde/make_exercises.py
 	$(BIN)/python autograde/make_samples.py

@@ -39,6 +39,17 @@ def _nbgrader(cell, **meta):
     return cell
 
 
+REL = "exercises/04_checkpoint_quiz/checkpoint_quiz.ipynb"
+HAND_IN = (
+    "## Hand it in\n\n"
+    f"* **On your own (self-paced):** `kvcourse check {REL}` (or **Validate** in JupyterLab) checks the format\n"
+    f"  of each answer. `kvcourse check --full {REL}` grades the notebook the way the course's grader does\n"
+    "  (sealed off, hidden tests included) and prints your score, without showing the hidden tests.\n"
+    "* **In a class (JupyterHub):** save the notebook, open **Nbgrader → Assignment List** in JupyterLab and\n"
+    "  press **Submit** next to this assignment. Your instructor grades it; the feedback comes back in the same\n"
+    "  list (**Fetch Feedback**).")
+
+
 def build(questions) -> nbformat.NotebookNode:
     cells = [new_markdown_cell(
         "# Exercise 4 · Checkpoint quiz\n\n"
@@ -77,7 +88,7 @@ def build(questions) -> nbformat.NotebookNode:
         cells.append(test)
     cells.append(new_markdown_cell(
         "## What to do next\n\nSubmit the notebook. If the feedback marks a question wrong, reopen that lesson's "
-        "checkpoint: every option there comes with the reason it is right or wrong."))
+        "checkpoint: every option there comes with the reason it is right or wrong.\n\n" + HAND_IN))
     nb = new_notebook(cells=cells)
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
     nb.metadata["language_info"] = {"name": "python"}

@@ -39,6 +39,7 @@ class Sample:
     edits: list = field(default_factory=list)  # functions nb -> None applied after the answers
     evidence: str = ""  # text report.csv must mention for this submission
     raw: str | None = None  # write these bytes instead of a notebook (invalid files)
+    honest: str = ""  # adversarial: the sample with the same answers and no attack (it may score no more)
 
 
 def d(code: str) -> str:
@@ -76,6 +77,107 @@ def inflate_points(nb):
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade"):
             meta["points"] = 100
+
+
+# ----------------------------------------------------------------------------- attacks (adversarial samples)
+# Each only ever touches course folders it finds above its working directory (a folder with gradebook.db),
+# never the project checkout, so running the samples cannot damage the course's own files.
+
+_COURSE_FOLDERS = """
+import os
+from pathlib import Path
+
+def _course_folders():
+    here = Path.cwd().resolve()
+    return [p for p in list(here.parents)[:4] if p != Path("/") and (p / "gradebook.db").exists()]
+
+def _walk(root, suffix):
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in ("site-packages", "node_modules")]
+        for name in filenames:
+            if name.endswith(suffix):
+                yield Path(dirpath) / name
+"""
+
+ATTACK_REWRITE = _COURSE_FOLDERS + """
+import json
+mine = {str(p.resolve()) for p in Path.cwd().glob("*.ipynb")}
+hits = 0
+for folder in _course_folders():
+    for path in _walk(folder, ".ipynb"):
+        if str(path.resolve()) in mine:
+            continue
+        try:
+            nb = json.loads(path.read_text())
+            for cell in nb["cells"]:
+                if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+                    cell["source"] = "raise NotImplementedError('overwritten by a classmate')"
+            path.write_text(json.dumps(nb))
+            hits += 1
+        except Exception:
+            pass
+print("notebooks rewritten:", hits)
+"""
+
+ATTACK_GRADEBOOK = _COURSE_FOLDERS + """
+import sqlite3
+hits = 0
+for folder in _course_folders():
+    for path in _walk(folder, "gradebook.db"):
+        try:
+            con = sqlite3.connect(str(path))
+            con.execute("UPDATE grade SET manual_score = (SELECT max_score FROM grade_cell WHERE grade_cell.id = grade.cell_id)")
+            con.commit()
+            con.close()
+            hits += 1
+        except Exception:
+            pass
+print("gradebooks written:", hits)
+"""
+
+ATTACK_SOLUTIONS = """
+import json
+from pathlib import Path
+
+import course
+import course.paths
+
+candidates = [Path(str(getattr(course.paths, "SOLUTIONS", "/nonexistent"))),
+              Path(course.__file__).resolve().parent.parent / "solutions"]
+found = next((c / "{path}" for c in candidates if (c / "{path}").exists()), None)
+if found is not None:
+    for cell in json.loads(found.read_text())["cells"]:
+        if cell.get("metadata", {{}}).get("nbgrader", {{}}).get("solution"):
+            exec("".join(cell["source"]), globals())
+print("solutions found:", found is not None)
+"""
+
+ATTACK_TRANSFORMER = """
+def _blank_tests(lines):
+    text = "".join(lines)
+    return [] if "assert" in text or "HIDDEN" in text else lines
+
+get_ipython().input_transformers_cleanup.append(_blank_tests)
+"""
+
+ATTACK_ALWAYS_EQUAL = """
+{definition}
+    class Always(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    return Always(0)
+"""
+
+ATTACK_PATCH_TORCH = """
+import torch
+
+torch.allclose = lambda *args, **kwargs: True
+torch.equal = lambda *args, **kwargs: True
+torch.isfinite = lambda x: torch.ones_like(x, dtype=torch.bool)
+"""
 
 
 # ----------------------------------------------------------------------------- 01 memory formula
@@ -130,6 +232,14 @@ MEMORY = {
             free = memory_bytes - weights_bytes
             return max(0, int(free // kv_bytes_per_token(config, dtype_bytes)))
         """}),
+    "mem-bug-float": Sample("computes bits, divides by 8: a float byte count", "loses", {"kv_cache_bytes": """
+        def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, dtype_bytes):
+            bits = 2 * n_layers * batch * seq_len * n_kv_heads * head_dim * dtype_bytes * 8
+            return bits / 8
+        """}),
+    "mem-bug-batch-zero": Sample("max_context divides by the batch without checking it (batch = 0)", "loses",
+                                 patches={"max_context": [("    if batch < 1:\n        raise ValueError(f\"batch must be at "
+                                                           "least 1 sequence, got {batch}\")\n", "")]}),
     "mem-alt-prod": Sample("math.prod and max(0, ...)", "full", {
         "kv_cache_bytes": """
         import math
@@ -145,6 +255,8 @@ MEMORY = {
         """,
         "max_context": """
         def max_context(config, memory_bytes, weights_bytes, dtype_bytes=2, batch=1):
+            if batch <= 0:
+                raise ValueError("need at least one sequence")
             per_step = batch * kv_bytes_per_token(config, dtype_bytes)
             return max(0, (memory_bytes - weights_bytes) // per_step)
         """,
@@ -160,6 +272,9 @@ MEMORY = {
     "mem-alt-search": Sample("binary search for the limits, ratio of two caches for GQA", "full", {
         "max_context": """
         def max_context(config, memory_bytes, weights_bytes, dtype_bytes=2, batch=1):
+            if not batch >= 1:
+                raise ValueError(f"batch={batch}: size at least one sequence")
+
             def fits(t):
                 need = kv_cache_bytes(config.n_layers, batch, t, config.n_kv_heads, config.head_dim, dtype_bytes)
                 return weights_bytes + need <= memory_bytes
@@ -194,8 +309,8 @@ MEMORY = {
         """}),
     # --- adversarial: each must be graded without stopping the others, and no grade lost
     "adv-infinite-loop": Sample("an extra cell that never ends", "full", edits=[
-        add_cell_after("kv_cache_bytes", "while True:\n    pass")], evidence="timeout"),
-    "adv-ignores-interrupt": Sample("a loop that swallows KeyboardInterrupt", "loses", edits=[
+        add_cell_after("kv_cache_bytes", "while True:\n    pass")], evidence="timeout", honest="reference"),
+    "adv-ignores-interrupt": Sample("a loop that swallows KeyboardInterrupt", "full", honest="reference", edits=[
         add_cell_after("test_max_batch_hidden", """
         import time
         while True:
@@ -203,7 +318,7 @@ MEMORY = {
                 time.sleep(0.1)
             except KeyboardInterrupt:
                 pass
-        """)], evidence="kernel died"),
+        """)], evidence="timeout"),
     "adv-exception": Sample("an answer cell that raises", "loses", {"max_batch": """
         raise RuntimeError("I will do this one later")
         """}),
@@ -212,23 +327,53 @@ MEMORY = {
         def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, dtype_bytes):
             return n_layers * batch * seq_len * n_kv_heads * head_dim * dtype_bytes
         """}, edits=[replace_test("test_kv_cache_bytes", "print('all good')"),
-                     replace_test("test_kv_cache_bytes_hidden", "pass")], evidence="edited test"),
+                     replace_test("test_kv_cache_bytes_hidden", "pass")], evidence="edited test",
+                              honest="mem-bug-no-factor-2"),
     "adv-deleted-test": Sample("inverts GQA and deletes its test cells", "loses", {"gqa_saving": """
         def gqa_saving(config):
             return config.n_kv_heads / config.n_heads
         """}, edits=[delete_cell("test_gqa_saving"), delete_cell("test_gqa_saving_hidden")],
-        evidence="deleted test"),
+        evidence="deleted test", honest="mem-bug-gqa-inverted"),
     "adv-deleted-answer": Sample("deletes an answer cell and its tests", "loses",
                                  edits=[delete_cell("max_batch"), delete_cell("test_max_batch")],
-                                 evidence="deleted answer"),
+                                 evidence="deleted answer", honest="reference"),
     "adv-points": Sample("raises every test's points to 100", "full", edits=[inflate_points],
-                         evidence="metadata restored"),
-    "adv-sys-exit": Sample("calls sys.exit() in the middle", "full", edits=[
+                         evidence="metadata restored", honest="reference"),
+    "adv-sys-exit": Sample("calls sys.exit() in the middle", "full", honest="reference", edits=[
         add_cell_after("max_context", "import sys\nsys.exit()")]),
     "adv-os-exit": Sample("kills its own kernel with os._exit(1)", "loses", edits=[
-        add_cell_after("test_max_context_hidden", "import os\nos._exit(1)")], evidence="kernel died"),
+        add_cell_after("test_max_context_hidden", "import os\nos._exit(1)")], evidence="kernel died",
+        honest="reference"),
     "adv-huge-alloc": Sample("allocates 6 GiB (over the kernel's memory cap)", "full", edits=[
-        add_cell_after("gqa_saving", "hog = bytearray(6 * 2**30)  # touches every page")], evidence="MemoryError"),
+        add_cell_after("gqa_saving", "hog = bytearray(6 * 2**30)  # touches every page")], evidence="MemoryError", honest="reference"),
+    "adv-rewrite-others": Sample("overwrites every other notebook it can find with the reference, and its own "
+                                 "queue neighbours with a blank", "zero", blank=True, honest="blank", edits=[
+        add_cell_after("kv_cache_bytes", ATTACK_REWRITE)]),
+    "adv-write-gradebook": Sample("finds gradebook.db and sets every score of its own to full, others to 0", "zero",
+                                  blank=True, honest="blank", edits=[add_cell_after("kv_cache_bytes", ATTACK_GRADEBOOK)]),
+    "adv-read-solutions": Sample("reads the solutions through course.paths and runs their answers", "zero",
+                                 blank=True, honest="blank", edits=[add_cell_after("gqa_saving", ATTACK_SOLUTIONS.format(path="01_memory_formula/memory_formula.ipynb"))]),
+    "adv-input-transformer": Sample("registers an IPython input transformer that blanks every test cell", "zero",
+                                    blank=True, honest="blank", edits=[add_cell_after("kv_cache_bytes", ATTACK_TRANSFORMER)]),
+    "adv-int-subclass": Sample("returns an int subclass whose == is always true", "zero", honest="blank", answers={
+        gid: ATTACK_ALWAYS_EQUAL.format(definition=definition) for gid, definition in (
+            ("kv_cache_bytes", "def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, dtype_bytes):"),
+            ("kv_bytes_per_token", "def kv_bytes_per_token(config, dtype_bytes=2):"),
+            ("max_context", "def max_context(config, memory_bytes, weights_bytes, dtype_bytes=2, batch=1):"),
+            ("max_batch", "def max_batch(config, memory_bytes, weights_bytes, seq_len, dtype_bytes=2):"),
+            ("gqa_saving", "def gqa_saving(config):"))}),
+    "adv-print-passed": Sample("prints 'visible tests passed' and 'hidden tests passed' instead of answering", "zero",
+                               blank=True, honest="blank", edits=[add_cell_after(
+                                   "kv_cache_bytes", "print('visible tests passed')\nprint('hidden tests passed')")]),
+    "adv-exit-in-function": Sample("kv_cache_bytes calls os._exit(0) when the grader calls it", "loses",
+                                   honest="reference", answers={"kv_cache_bytes": """
+        import os
+
+        def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, dtype_bytes):
+            os._exit(0)
+        """}),
+    "adv-huge-output": Sample("prints 20 MB in one cell", "full", honest="reference",
+                              edits=[add_cell_after("gqa_saving", "print('x' * 20_000_000)")]),
     "adv-invalid-json": Sample("a file cut off in the middle (not valid JSON)", "invalid",
                                raw='{"cells": [{"cell_type": "code", "source": ["def kv_cache_bytes('),
 }
@@ -333,6 +478,28 @@ KV = {
 
 # ----------------------------------------------------------------------------- 03 sampler
 
+IDENTITY_SAMPLER = {
+    "apply_temperature": """
+        def apply_temperature(logits, temperature):
+            return logits
+        """,
+    "top_k_filter": """
+        def top_k_filter(logits, k):
+            return logits
+        """,
+    "top_p_filter": """
+        def top_p_filter(logits, p):
+            return logits
+        """,
+    "sampler": """
+        def sampling_probs(logits, temperature=1.0, top_k=None, top_p=None):
+            return logits.softmax(-1)
+
+
+        def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+            return logits.argmax(-1)
+        """}
+
 SAMPLER = {
     "reference": Sample("the solutions' code", "full"),
     "blank": Sample("the exercise as released", "zero", blank=True),
@@ -384,6 +551,26 @@ SAMPLER = {
         logits = top_p_filter(logits, top_p)
     logits = apply_temperature(logits, temperature)
     return""")]}),
+    "samp-bug-top-p-before-top-k": Sample("applies top-p before top-k", "loses", patches={"sampler": [
+        ("""    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+""", """    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+""")]}),
+    "samp-bug-top-k-ties-fewer": Sample("top-k keeps only the tokens above the (k+1)-th: fewer than k on ties", "loses",
+                                        patches={"top_k_filter": [
+        ("""    kth_largest = torch.topk(logits, k, dim=-1).values[..., -1:]  # [..., 1]
+    return logits.masked_fill(logits < kth_largest, float("-inf"))""",
+         """    next_largest = torch.topk(logits, k + 1, dim=-1).values[..., -1:]  # the first one dropped
+    return logits.masked_fill(logits <= next_largest, float("-inf"))""")]}),
+    "samp-bug-identity": Sample("every function hands the logits back unchanged", "loses", answers=IDENTITY_SAMPLER),
+    "adv-patch-torch": Sample("hands the logits back unchanged and patches torch.allclose, torch.equal, torch.isfinite",
+                              "loses", answers=IDENTITY_SAMPLER, honest="samp-bug-identity",
+                              edits=[add_cell_after("sampler", ATTACK_PATCH_TORCH)]),
     "samp-alt-loops": Sample("sort once, keep with Python loops over rows, inverse-CDF sampling", "full", {
         "top_k_filter": """
         def top_k_filter(logits, k):
@@ -503,6 +690,10 @@ def quiz_samples() -> dict[str, Sample]:
     samples["quiz-alt-computed"] = Sample("letters computed from option numbers", "full", {
         f"answer_{q.id}": f"options = 'ABCDEFGH'\n{name[q.id]} = options[{'ABCDEFGH'.index(q.answer)}]"
         for q in questions})
+    samples["adv-read-solutions"] = Sample("reads the solutions through course.paths and runs their answers", "zero",
+                                           blank=True, honest="blank", edits=[add_cell_after(
+                                               f"answer_{questions[-1].id}", ATTACK_SOLUTIONS.format(
+                                                   path="04_checkpoint_quiz/checkpoint_quiz.ipynb"))])
     return samples
 
 SAMPLES = {
@@ -560,7 +751,8 @@ def main(out: Path = OUT) -> list[dict]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(sample.raw.encode() if sample.raw is not None else build(assignment, student, sample))
             manifest.append({"student": student, "assignment": assignment, "notebook": notebook.stem,
-                             "about": sample.about, "expect": sample.expect, "evidence": sample.evidence})
+                             "about": sample.about, "expect": sample.expect, "evidence": sample.evidence,
+                             "honest": sample.honest})
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

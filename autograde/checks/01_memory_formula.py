@@ -1,0 +1,102 @@
+"""Checks for exercise 01 (the KV-cache memory formula): one list per test cell of the notebook.
+
+Run by course.grade.verdicts: `run` inside the sandbox on the learner's namespace, `compare` outside on
+plain data. Byte counts must be an exact `int` (a float such as 2.0 * ... fails, as does an int subclass).
+"""
+from course.engine.config import ModelConfig
+from course.grade.verdicts import Check, close, exact, raises
+
+GiB = 2 ** 30
+llama_7b = ModelConfig.from_name("llama-2-7b")
+llama_70b = ModelConfig.from_name("llama-2-70b")
+gpt2 = ModelConfig.from_name("gpt2-124m")
+mistral = ModelConfig.from_name("mistral-7b")
+smollm = ModelConfig.from_name("smollm2-135m")
+FORMULA = "hint: one K and one V per layer, per KV head, per token, per sequence; FP16 is 2 bytes (not 16 bits)"
+WHOLE = "hint: return a whole number of bytes (an int, not a float)"
+
+
+def kv(*args):
+    return lambda ns: ns["kv_cache_bytes"](*args)
+
+
+def per_token(config, *args):
+    return lambda ns: ns["kv_bytes_per_token"](config, *args)
+
+
+def ctx(*args, **kw):
+    return lambda ns: ns["max_context"](*args, **kw)
+
+
+def batch(*args, **kw):
+    return lambda ns: ns["max_batch"](*args, **kw)
+
+
+def gqa(config):
+    return lambda ns: ns["gqa_saving"](config)
+
+
+CHECKS = {
+    "test_kv_cache_bytes": [
+        Check("Llama-2-7B, one token", kv(32, 1, 1, 32, 128, 2), exact, FORMULA),
+        Check("Llama-2-7B, T=4096", kv(32, 1, 4096, 32, 128, 2), exact, FORMULA),
+        Check("Llama-2-7B, T=4096, B=8", kv(32, 8, 4096, 32, 128, 2), exact, FORMULA),
+        Check("GPT-2, T=1024", kv(12, 1, 1024, 12, 64, 2), exact, FORMULA),
+    ],
+    "test_kv_cache_bytes_hidden": [
+        Check("SmolLM2 shape", kv(30, 1, 1, 3, 64, 2), exact, "hint: check every factor of the formula"),
+        Check("70B, B=4, 32k", kv(80, 4, 32_000, 8, 128, 2), exact, "hint: check every factor of the formula"),
+        Check("INT8", kv(32, 3, 1000, 8, 128, 1), exact, "hint: an INT8 cache uses 1 byte per number"),
+        Check("odd shape", kv(7, 5, 333, 2, 96, 2), exact, "hint: check every factor of the formula"),
+        Check("an int, exactly", kv(32, 2, 4096, 8, 128, 2), exact, WHOLE),
+        Check("batch 0", kv(32, 0, 4096, 8, 128, 2), exact, "hint: an empty batch (batch = 0) holds 0 bytes"),
+    ],
+    "test_kv_bytes_per_token": [
+        Check("Llama-2-7B", per_token(llama_7b), exact, "hint: the cache stores K and V for the KV heads"),
+        Check("GPT-2", per_token(gpt2), exact, "hint: the cache stores K and V for the KV heads"),
+        Check("Llama-2-70B", per_token(llama_70b), exact, "hint: use config.n_kv_heads, not n_heads"),
+    ],
+    "test_kv_bytes_per_token_hidden": [
+        Check("Mistral", per_token(mistral), exact, "hint: use the KV heads"),
+        Check("SmolLM2", per_token(smollm), exact, "hint: use the KV heads"),
+        Check("SmolLM2 INT8", per_token(smollm, 1), exact, "hint: INT8 is 1 byte"),
+        Check("made-up GQA", per_token(llama_7b.with_(n_layers=5, n_heads=12, n_kv_heads=4, head_dim=80), 4),
+              exact, "hint: use the config's own fields and dtype_bytes"),
+    ],
+    "test_max_context": [
+        Check("7B on 24 GiB", ctx(llama_7b, 24 * GiB, 13 * GiB), exact, "hint: subtract the weights first"),
+        Check("70B does not fit", ctx(llama_70b, 80 * GiB, 130 * GiB), exact,
+              "hint: when the weights alone overflow the GPU the answer is 0"),
+    ],
+    "test_max_context_hidden": [
+        Check("batch 4", ctx(llama_70b, 160 * GiB, 130 * GiB, batch=4), exact,
+              "hint: every sequence of the batch needs its own cache"),
+        Check("INT8", ctx(llama_7b, 24 * GiB, 13 * GiB, dtype_bytes=1), exact,
+              "hint: an INT8 cache fits twice the tokens"),
+        Check("rounds down", ctx(llama_7b, 24 * 10**9, 13_476_839_424), exact, "hint: round down to whole tokens"),
+        Check("no room", ctx(gpt2, 10**6, 10**6), exact, "hint: nothing is left for the cache"),
+        Check("batch 0", ctx(llama_7b, 24 * GiB, 13 * GiB, batch=0), raises,
+              "hint: batch = 0 has no sequence to size: raise ValueError"),
+    ],
+    "test_max_batch": [
+        Check("70B at 32k", batch(llama_70b, 640 * GiB, 130 * GiB, 32_768), exact,
+              "hint: one sequence of seq_len tokens needs kv_bytes_per_token * seq_len bytes; round down"),
+    ],
+    "test_max_batch_hidden": [
+        Check("7B at 4096", batch(llama_7b, 80 * GiB, 13 * GiB, 4096), exact,
+              "hint: divide the free bytes by one sequence's cache"),
+        Check("INT8", batch(llama_7b, 80 * GiB, 13 * GiB, 4096, dtype_bytes=1), exact,
+              "hint: INT8 halves each sequence's cache"),
+        Check("no room", batch(llama_70b, 80 * GiB, 130 * GiB, 1024), exact, "hint: no room for any cache means 0"),
+        Check("an int", batch(gpt2, 10**9, 2.5e8, 1000), exact, "hint: return a whole number (int)"),
+    ],
+    "test_gqa_saving": [
+        Check("70B", gqa(llama_70b), close(1e-9), "hint: H / H_kv; the answer is at least 1"),
+        Check("7B", gqa(llama_7b), close(1e-9), "hint: Llama-2-7B uses plain multi-head attention"),
+    ],
+    "test_gqa_saving_hidden": [
+        Check("SmolLM2", gqa(smollm), close(1e-9), "hint: H / H_kv"),
+        Check("Mistral", gqa(mistral), close(1e-9), "hint: H / H_kv"),
+        Check("MQA", gqa(llama_7b.with_(n_kv_heads=1)), close(1e-9), "hint: multi-query attention keeps one KV head"),
+    ],
+}

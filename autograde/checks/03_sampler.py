@@ -1,0 +1,129 @@
+"""Checks for exercise 03 (the sampler): one list per test cell.
+
+Filters are compared on their returned logits (which tokens stay finite, and that kept logits keep their
+values); probabilities within 1e-6; sampled frequencies against the reference sampler's own frequencies.
+Ties in top-k: every token tied with the k-th largest logit stays (so more than k may survive), as the
+notebook says.
+"""
+import torch
+
+from course.grade.verdicts import Check, close, exact, frequencies, pair_equal, raises
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
+ROWS = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.8, 0.2, 0.4, 0.6]])
+FILTERED = close(0.0)  # the same -inf pattern and exactly the same kept logits
+N = 20_000
+
+
+def call(name, *args, **kw):
+    return lambda ns: ns[name](*args, **kw)
+
+
+def temperature_order(ns):
+    return (ns["apply_temperature"](LOGITS, 0.5).softmax(-1).max(), ns["apply_temperature"](LOGITS, 2.0).softmax(-1).max())
+
+
+def draws(seed, logits, n, **kw):
+    def run(ns):
+        ids = ns["sample"](logits.expand(n, -1) if logits.dim() == 1 else logits.repeat(n, 1),
+                           generator=torch.Generator().manual_seed(seed), **kw)
+        V = logits.shape[-1]
+        if logits.dim() == 1:
+            return (tuple(ids.shape), torch.bincount(ids, minlength=V).double() / n)
+        per_row = ids.view(n, logits.shape[0])
+        return (tuple(ids.shape), torch.stack([torch.bincount(per_row[:, r], minlength=V).double() / n
+                                               for r in range(logits.shape[0])]))
+    return run
+
+
+def shape_and(compare):
+    return lambda got, ref: (isinstance(got, tuple) and len(got) == 2 and exact(got[0], ref[0])
+                             and compare(got[1], ref[1]))
+
+
+def repeat_draw(ns):
+    rows = torch.tensor([[0.0, 5.0, 1.0], [3.0, -1.0, 2.0]]).repeat(50, 1)
+    a = ns["sample"](rows, top_k=2, generator=torch.Generator().manual_seed(11))
+    b = ns["sample"](rows, top_k=2, generator=torch.Generator().manual_seed(11))
+    return (a, b)
+
+
+def single(ns):
+    one = ns["sample"](torch.tensor([0.0, 1.0, 2.0]), generator=torch.Generator().manual_seed(3))
+    return tuple(one.shape)
+
+
+TIES = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0], [5.0, 5.0, 5.0, 1.0, 0.0]])
+P_ROWS = torch.tensor([[0.1, 0.6, 0.3], [0.35, 0.4, 0.25]]).log()
+COMBINED = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()  # top-2 then top-p 0.5 keeps 1 token; the other order keeps 2
+
+CHECKS = {
+    "test_temperature": [
+        Check("T = 1", call("apply_temperature", LOGITS, 1.0), exact, "hint: T = 1 leaves the logits alone"),
+        Check("T = 0.5", call("apply_temperature", LOGITS, 0.5), close(1e-6),
+              "hint: temperature divides the logits (it does not multiply them)"),
+        Check("sharper below 1", temperature_order, close(1e-6), "hint: lower T must make the top token more likely"),
+    ],
+    "test_temperature_hidden": [
+        Check("a batch", call("apply_temperature", torch.tensor([[1.0, -2.0, 0.0], [4.0, 4.0, -4.0]]), 4.0),
+              close(1e-6), "hint: divide every row"),
+        Check("T = 0", call("apply_temperature", LOGITS, 0), raises, "hint: temperature <= 0 must raise ValueError"),
+        Check("T < 0", call("apply_temperature", LOGITS, -0.5), raises, "hint: temperature <= 0 must raise ValueError"),
+    ],
+    "test_top_k": [
+        Check("k = 2", call("top_k_filter", LOGITS, 2), FILTERED, "hint: keep the k largest; the rest become -inf"),
+        Check("k = V", call("top_k_filter", LOGITS, 5), FILTERED, "hint: k >= V keeps all"),
+        Check("k > V", call("top_k_filter", LOGITS, 50), FILTERED, "hint: k >= V keeps all"),
+        Check("per row", call("top_k_filter", ROWS, 2), FILTERED, "hint: work along the last axis, one row at a time"),
+    ],
+    "test_top_p": [
+        Check(f"p = {p}", call("top_p_filter", torch.tensor([0.05, 0.5, 0.15, 0.3]).log(), p), FILTERED,
+              "hint: sort descending and keep a token while the mass BEFORE it is < p")
+        for p in (0.7, 0.9, 0.3, 1.0)
+    ],
+    "test_filters_hidden": [
+        Check("top-k rows, k = 1", call("top_k_filter", torch.tensor([[0.2, 0.1, 0.7, 0.0], [-1.0, 2.0, 1.5, 3.0],
+                                                                     [5.0, 1.0, 0.0, -1.0]]), 1), FILTERED,
+              "hint: top-k works per row, on the last axis"),
+        Check("top-k ties", call("top_k_filter", TIES, 2), FILTERED,
+              "hint: every token tied with the k-th largest logit stays in (ties can keep more than k)"),
+        Check("top-p rows", call("top_p_filter", P_ROWS, 0.65), FILTERED,
+              "hint: top-p keeps the token that crosses p, per row, in sorted order"),
+        Check("top-p tiny p", call("top_p_filter", P_ROWS, 0.01), FILTERED, "hint: the top token stays"),
+        Check("top-p with -inf", call("top_p_filter", torch.tensor([1.0, float("-inf"), 0.0, 2.0]), 0.99), FILTERED,
+              "hint: -inf inputs stay filtered"),
+        Check("k = 0", call("top_k_filter", ROWS, 0), raises, "hint: invalid k or p must raise ValueError"),
+        Check("p = 0", call("top_p_filter", ROWS, 0.0), raises, "hint: invalid k or p must raise ValueError"),
+        Check("p > 1", call("top_p_filter", ROWS, 1.5), raises, "hint: invalid k or p must raise ValueError"),
+    ],
+    "test_sampling_probs": [
+        Check("T = 0.5, top-3", call("sampling_probs", LOGITS, temperature=0.5, top_k=3), close(1e-6),
+              "hint: temperature first, then top-k, then top-p, then ONE softmax over the survivors"),
+        Check("T = 0", call("sampling_probs", LOGITS, temperature=0), close(0.0, same_dtype=False),
+              "hint: T = 0 is the one-hot distribution of the argmax"),
+    ],
+    "test_sample_frequencies": [
+        Check("T = 0.8, top-p 0.95", draws(0, LOGITS, N, temperature=0.8, top_p=0.95), shape_and(frequencies(N)),
+              "hint: sample must draw from sampling_probs; [B, V] logits give [B] ids"),
+    ],
+    "test_sampler_hidden": [
+        Check("temperature before top-p", call("sampling_probs", torch.tensor([1.0, 0.0, -1.0, -3.0]),
+                                               temperature=0.25, top_p=0.95), close(1e-6),
+              "hint: apply the temperature before top-p"),
+        Check("T = 2, top-2", call("sampling_probs", torch.tensor([1.0, 0.0, -1.0, -3.0]), temperature=2.0, top_k=2),
+              close(1e-6), "hint: temperature, then top-k, then renormalise the kept tokens"),
+        Check("top-k, then top-p", call("sampling_probs", COMBINED, top_k=2, top_p=0.5), close(1e-6),
+              "hint: top-k comes before top-p (top-p sees the renormalised top-k survivors)"),
+        Check("top-k and top-p on a batch", call("sampling_probs", torch.stack([COMBINED, COMBINED.flip(0)]),
+                                                 temperature=0.7, top_k=3, top_p=0.6), close(1e-6),
+              "hint: top-k comes before top-p, per row"),
+        Check("greedy rows", call("sample", torch.tensor([[0.0, 5.0, 1.0], [3.0, -1.0, 2.0]]), temperature=0),
+              close(0.0, same_dtype=False), "hint: temperature 0 is argmax, per row"),
+        Check("[V] gives one id", single, exact, "hint: [V] logits give a single id (a 0-d tensor)"),
+        Check("seeded", repeat_draw, pair_equal, "hint: the same seed must give the same samples"),
+        Check("rows sample their own distribution",
+              draws(5, torch.tensor([[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]]), N,
+                    temperature=1.5, top_k=4), shape_and(frequencies(N)),
+              "hint: each row samples its own distribution"),
+    ],
+}

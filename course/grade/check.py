@@ -1,0 +1,222 @@
+"""`kvcourse check NOTEBOOK`: the learner's own check, with hints; `--full` adds the grader's hidden checks.
+
+Plain `check` executes the notebook in a fresh kernel and prints every visible test with its result and a
+hint; it exits 1 when any test fails (nbgrader's own `validate` exits 0 either way). Test cells the learner
+edited or deleted are put back as released before it runs, and it says so: the results shown are always
+those of the original tests. `--full` grades the notebook the way the instructor's `kvcourse grade` does
+(sealed off, hidden checks included) and prints each test cell's verdict and the score, never a hidden
+test's code or inputs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from course.grade.files import GradingError
+from course.grade.nbgrader_api import assignments
+from course.grade.submissions import invalid_reason, repair
+from course.paths import EXERCISES, jupyter_env
+
+HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
+LEARNER_WORDS = {"deleted answer cell(s) replaced by empty ones": "you deleted answer cell(s)",
+                 "deleted test cell(s) put back": "you deleted test cell(s)",
+                 "edited test cell(s) restored": "you edited test cell(s)",
+                 "test cell metadata restored": "you changed the metadata of test cell(s)"}
+
+
+@dataclass
+class TestResult:
+    grade_id: str
+    points: float
+    status: str  # pass | fail | hidden
+    message: str = ""
+    hint: str = ""
+
+
+def _release_of(path: Path):
+    import nbformat
+
+    by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
+    release = EXERCISES / by_stem.get(path.stem, "?") / f"{path.stem}.ipynb"
+    return nbformat.read(str(release), as_version=4) if release.exists() else None
+
+
+def restored(path: Path):
+    """(the notebook with its released test cells back, what the learner had changed)."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    release = _release_of(Path(path))
+    if release is None:
+        return nb, []
+    problems = repair(nb, release)
+    return nb, [LEARNER_WORDS[p.split(":")[0]] + p[p.index(":"):] for p in problems]
+
+
+def _changed_locked_cells(path: Path) -> list[str]:
+    return restored(path)[1]
+
+
+def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[list[TestResult], list[str]]:
+    """Run a notebook (original tests restored) top to bottom in a fresh kernel.
+
+    Returns (visible test results, answer-cell errors)."""
+    from course.grade.nbgrader_ext import SafeExecute
+
+    nb, _ = restored(Path(notebook))
+    env = jupyter_env()
+    env.update({"NBGRADER_EXECUTION": "validate", "MPLBACKEND": "Agg"})
+    old = dict(os.environ)
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        from traitlets.config import Config
+
+        cfg = Config()
+        cfg.GraderKernelManager.memory_limit_mb = memory_mb
+        executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg,
+                               extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        executor.preprocess(nb, {"metadata": {"path": str(Path(notebook).resolve().parent)}})
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+    results, answer_errors = [], []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.cell_type != "code":
+            continue
+        error = next((o for o in cell.get("outputs", []) if o.output_type == "error"), None)
+        if meta.get("solution") and error is not None:
+            answer_errors.append(f"answer cell '{meta.get('grade_id')}' raised {error.ename}: {error.evalue}".strip())
+        if not meta.get("grade") or meta.get("solution"):
+            continue
+        code_lines = [ln for ln in cell.source.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+        hint = " ".join(ln.strip()[len("# Hint:"):].strip() for ln in cell.source.splitlines()
+                        if ln.strip().startswith("# Hint:"))
+        test = TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), "pass", hint=hint)
+        if not code_lines or HIDDEN_BEGIN in cell.source:
+            test.status = "hidden"
+        elif error is not None:
+            test.status = "fail"
+            test.message = f"{error.ename}: {error.evalue}".strip().rstrip(":")
+        elif any(o.output_type == "stream" and o.name == "stderr" for o in cell.get("outputs", [])):
+            test.status = "fail"
+            test.message = "the cell wrote to stderr (the grader counts that as a failure)"
+        results.append(test)
+    return results, answer_errors
+
+
+def full_check(notebook: Path, timeout: int | None = None):
+    """Grade one notebook as the instructor's grader would, into a throw-away course folder.
+
+    Returns (row, {grade_id: (points, passed, hints)}) -- verdicts only, no hidden code or inputs."""
+    import shutil
+
+    from course.grade import grader, sandbox, verdicts
+    from course.paths import SOLUTIONS
+
+    if not SOLUTIONS.is_dir():
+        raise GradingError("a full check needs the course folder with solutions/ (a clone of the course); "
+                           "in a class, submit the notebook and read the feedback instead")
+    by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
+    assignment = by_stem.get(Path(notebook).stem)
+    if assignment is None:
+        raise GradingError(f"{notebook} is not one of the exercise notebooks {sorted(by_stem)}")
+    unsandboxed = bool(sandbox.sandbox_problem())  # your own notebook on your own machine: fine either way
+    with tempfile.TemporaryDirectory(prefix="kvcourse-full-check-") as tmp:
+        folder = Path(tmp) / "submissions" / "me" / assignment
+        folder.mkdir(parents=True)
+        shutil.copyfile(notebook, folder / f"{Path(notebook).stem}.ipynb")
+        (row,) = grader.grade(folder.parent.parent, Path(tmp) / "course", timeout=timeout, progress=False,
+                              log=lambda *_: None, unsandboxed=unsandboxed)
+        import nbformat
+
+        cells = {}
+        graded = Path(tmp) / "course" / "autograded" / "me" / assignment / f"{Path(notebook).stem}.ipynb"
+        if graded.exists():
+            for cell in nbformat.read(str(graded), as_version=4).cells:
+                meta = cell.get("metadata", {}).get("nbgrader", {})
+                if meta.get("grade") and not meta.get("solution"):
+                    error = next((o for o in cell.outputs if o.output_type == "error"), None)
+                    cells[meta["grade_id"]] = (float(meta.get("points", 0)), error is None,
+                                               error.evalue if error is not None else "")
+        return row, cells
+
+
+def add_arguments_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("notebook", type=Path, help="your exercise notebook, e.g. exercises/01_memory_formula/memory_formula.ipynb")
+    p.add_argument("--timeout", type=int, default=60, help="seconds per cell before it is interrupted (default 60)")
+    p.add_argument("--full", action="store_true",
+                   help="also run the grader's hidden checks (sealed off, as when grading) and show the score")
+
+
+def run_check(args) -> int:
+    path = Path(args.notebook)
+    if not path.exists():
+        print(f"error: {path} does not exist; give the path of your exercise notebook", file=sys.stderr)
+        return 2
+    if path.is_dir():
+        print(f"error: {path} is a folder; give the path of your exercise notebook (.ipynb)", file=sys.stderr)
+        return 2
+    if args.timeout < 1:
+        print(f"error: --timeout must be at least 1 second, got {args.timeout}", file=sys.stderr)
+        return 2
+    reason = invalid_reason(path)
+    if reason:
+        print(f"error: {path}: {reason}. Restore it from exercises/ or your last checkpoint.", file=sys.stderr)
+        return 2
+    changed = _changed_locked_cells(path)
+    for problem in changed:
+        print(f"  note: {problem}; the ORIGINAL tests were run instead (results below), as the grader does")
+    if getattr(args, "full", False):
+        return _run_full(path, args.timeout)
+    print(f"Running {path} in a fresh kernel ...", flush=True)
+    results, answer_errors = check(path, timeout=args.timeout)
+    visible = [t for t in results if t.status != "hidden"]
+    if not visible:
+        print("error: no visible tests found: is this an exercise notebook from exercises/?", file=sys.stderr)
+        return 2
+    for err in answer_errors:
+        print(f"  note: {err}")
+    for t in results:
+        if t.status == "hidden":
+            print(f"  [hidden] {t.grade_id} ({t.points:g} pt): run by the grader only (`kvcourse check --full`)")
+            continue
+        mark = "[pass]" if t.status == "pass" else "[FAIL]"
+        print(f"  {mark} {t.grade_id} ({t.points:g} pt){' (original test)' if changed else ''}")
+        if t.status == "fail":
+            print(f"         {t.message}")
+            if t.hint:
+                print(f"         hint: {t.hint}")
+    passed = sum(t.status == "pass" for t in visible)
+    try:  # the learner's progress file remembers each self-check (`kvcourse progress` shows it)
+        from course.teach.progress import record_exercise_check
+
+        record_exercise_check(path.stem, passed, len(visible), {t.grade_id: t.status for t in visible})
+    except Exception as exc:  # progress is a convenience: never let it break the check itself
+        print(f"  note: could not save this check to your progress file ({exc})")
+    print(f"{passed}/{len(visible)} visible tests pass"
+          + ("" if passed == len(visible) else "; fix the failing ones and run kvcourse check again"))
+    return 0 if passed == len(visible) else 1
+
+
+def _run_full(path: Path, timeout: int) -> int:
+    print(f"Grading {path} as the grader does (hidden checks included) ...", flush=True)
+    try:
+        row, cells = full_check(path, timeout=timeout)
+    except GradingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for gid, (points, passed, hint) in cells.items():
+        print(f"  {'[pass]' if passed else '[FAIL]'} {gid} ({points:g} pt)" + ("" if passed else f"\n         {hint}"))
+    if row.status != "graded":
+        print(f"not graded: {row.problems}")
+        return 1
+    if row.problems:
+        print(f"  note: {row.problems}")
+    print(f"score: {row.score:g}/{row.max_score:g}")
+    return 0 if row.score == row.max_score else 1

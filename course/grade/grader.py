@@ -1,0 +1,450 @@
+"""`kvcourse grade DIR`: grade a folder of submissions, each sealed off, into nbgrader's gradebook.
+
+DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's layout) or DIR/<student>/<notebook>.ipynb. Writes, in
+the course folder (--course, default autograde/): gradebook.db, autograded/, feedback/ (HTML, hidden tests
+removed), grades.csv (nbgrader's export) and report.csv (one row per submission: status, score, seconds,
+sandbox, and every problem met).
+
+How one run goes (one grader per course folder: work/grade.lock):
+  1. find the submissions (course.grade.submissions): invalid files and missing notebooks get a row, never
+     silence; edited or deleted test cells are put back as released;
+  2. the gradebook is checked (a truncated or corrupt gradebook.db is named, moved aside and rebuilt by
+     regrading), and generate_assignment fills it with the tests;
+  3. the reference values: the exercise's checks (autograde/checks/) run on the solution notebook, outside
+     any sandbox, once per version of the solution and the checks;
+  4. each submission runs in its own sandbox (course.grade.sandbox, --jobs at once) and hands back one file
+     of plain data; the clean grader process compares it with the reference (course.grade.verdicts);
+  5. the verdicts become the test cells' outputs of the executed notebook, which nbgrader merges into the
+     gradebook without executing anything (and its scores are checked against the verdicts); feedback is
+     generated from it and swapped into feedback/ whole;
+  6. grades.csv and report.csv are written atomically.
+The ledger (work/ledger.json) holds, per submission, the hash of what was graded: a run killed halfway
+resumes where it stopped, a second run regrades only what changed (everything with --force), and a run
+that failed for the grader's own reasons (a sandbox killed from outside) is regraded next time.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import io
+import os
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from course.grade import sandbox, verdicts
+from course.grade.files import (GradingError, atomic_write, course_lock, disk_error, read_json, replace_dir)
+from course.grade.nbgrader_api import (assignments, check_result, export_csv, gradebook_problem, load_config,
+                                       nbgrader_api, sha, source_hash)
+from course.grade.plain import decode
+from course.grade.submissions import Submission, discover, grade_id, repair
+from course.paths import AUTOGRADE, SOLUTIONS
+
+UNSANDBOXED = "UNSANDBOXED: graded without the sandbox (--unsandboxed); not safe for a real class"
+OUTPUT_LIMIT = 1_000_000  # characters of one output kept in feedback
+HARNESS_FILES = ("harness.py", "plain.py", "verdicts.py", "sandbox.py")
+
+
+@dataclass
+class Row:
+    student: str
+    assignment: str
+    notebook: str
+    status: str  # graded | invalid | missing | failed
+    score: float = 0.0
+    max_score: float = 0.0
+    seconds: float = 0.0
+    sandbox: str = ""  # sealed | UNSANDBOXED
+    problems: str = ""
+
+
+class Ledger:
+    """work/ledger.json: what has been graded, keyed by student/assignment; written atomically."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.data = read_json(self.path, "the grading ledger", {"sources": {}, "graded": {}})
+        if not isinstance(self.data, dict) or not isinstance(self.data.get("graded"), dict):
+            raise GradingError(f"{self.path} (the grading ledger) is corrupt: not the ledger's layout. Move it "
+                               "aside (or delete it) and run again: every submission is then graded afresh.")
+        self.data.setdefault("sources", {})
+
+    def save(self) -> None:
+        import json
+
+        try:
+            atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True))
+        except OSError as exc:
+            raise disk_error(exc, self.path) from None
+
+
+def _version(assignment: str) -> str:
+    """What a grade depends on besides the file: the source notebook, its checks and the harness."""
+    here = Path(__file__).parent
+    return sha(source_hash(assignment).encode(), verdicts.checks_path(assignment).read_bytes(),
+               *((here / f).read_bytes() for f in HARNESS_FILES))
+
+
+# ----------------------------------------------------------------------------- reference values
+
+def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dict[str, list]:
+    """The checks applied to the solution notebook, outside any sandbox; cached per version."""
+    import json
+
+    version = _version(assignment)
+    cache = work / "reference" / f"{assignment}.json"
+    stored = read_json(cache, "cached reference values", None) if cache.exists() else None
+    if not (isinstance(stored, dict) and stored.get("version") == version):
+        (source,) = sorted((SOLUTIONS / assignment).glob("*.ipynb"))
+        run = work / f"reference-run-{os.getpid()}" / assignment
+        outcome = sandbox.run_sealed(source, verdicts.checks_path(assignment), run, limits, sealed=False,
+                                     threads=max(1, (os.cpu_count() or 1)))
+        shutil.rmtree(run.parent, ignore_errors=True)
+        errors = [o for e in outcome.events if e["ev"] == "cell_done" for o in e["outputs"]
+                  if o.get("output_type") == "error"]
+        if outcome.problems or outcome.infrastructure or errors:
+            raise GradingError(f"the solution notebook of {assignment} does not run cleanly under the grader: "
+                               f"{(outcome.problems + [outcome.infrastructure] + [str(e)[:300] for e in errors])}")
+        stored = {"version": version, "values": _values(outcome.events)}
+        atomic_write(cache, json.dumps(stored))
+    return {gid: [decode(v) for v in values] for gid, values in stored["values"].items()}
+
+
+def _values(events) -> dict[str, list]:
+    """{grade_id: [encoded value of check 0, 1, ...]} from a run's events (the first value of each wins)."""
+    out: dict[str, dict] = {}
+    for e in events:
+        if e.get("ev") == "check" and isinstance(e.get("gid"), str) and type(e.get("k")) is int:
+            out.setdefault(e["gid"], {}).setdefault(e["k"], e.get("value"))
+    return {gid: [by_k.get(k, {"t": "rejected", "why": "not run"}) for k in range(max(by_k) + 1)]
+            for gid, by_k in out.items()}
+
+
+# ----------------------------------------------------------------------------- the executed notebook
+
+def _clean_outputs(outputs) -> list:
+    """The sandbox's outputs for one cell, reduced to well-formed streams and errors of bounded size."""
+    from nbformat.v4 import new_output
+
+    clean = []
+    for o in outputs if isinstance(outputs, list) else []:
+        if not isinstance(o, dict):
+            continue
+        if o.get("output_type") == "stream" and o.get("name") in ("stdout", "stderr"):
+            text = str(o.get("text", ""))
+            if len(text) > OUTPUT_LIMIT:
+                text = text[:OUTPUT_LIMIT] + f"\n... (output truncated: {len(text) - OUTPUT_LIMIT:,} more characters)\n"
+            clean.append(new_output("stream", name=o["name"], text=text))
+        elif o.get("output_type") == "error":
+            tb = [str(x)[:2000] for x in o.get("traceback", [])][:40] if isinstance(o.get("traceback"), list) else []
+            clean.append(new_output("error", ename=str(o.get("ename", "Error"))[:200],
+                                    evalue=str(o.get("evalue", ""))[:2000], traceback=tb))
+    return clean
+
+
+def _verdict_output(verdict: verdicts.CellVerdict, n_checks: int):
+    from nbformat.v4 import new_output
+
+    if verdict.passed:
+        return [new_output("stream", name="stdout", text=f"passed: {n_checks} check(s), judged by the grader\n")]
+    message = "; ".join(verdict.failures)
+    return [new_output("error", ename="AssertionError", evalue=message, traceback=[f"AssertionError: {message}"])]
+
+
+def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
+    nb = copy.deepcopy(nb)
+    done = {e["i"]: e for e in outcome.events if e.get("ev") == "cell_done" and type(e.get("i")) is int}
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        cell.execution_count = None
+        if meta.get("grade") and not meta.get("solution"):
+            gid = meta["grade_id"]
+            cell.outputs = _verdict_output(verdict_map[gid], len(checks[gid]))
+        else:
+            cell.outputs = _clean_outputs(done.get(i, {}).get("outputs", []))
+    return nb
+
+
+# ----------------------------------------------------------------------------- the grade command
+
+def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | None = None,
+          memory_mb: int | None = None, force: bool = False, progress: bool = True, log=print,
+          unsandboxed: bool = False, on_sandbox_start=None) -> list[Row]:
+    """Grade every submission under `folder` into the course folder `course`. Returns one Row each."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if timeout is not None and timeout < 1:
+        raise ValueError(f"timeout must be at least 1 second, got {timeout}")
+    if memory_mb is not None and memory_mb < 256:
+        raise ValueError(f"memory_mb must be at least 256, got {memory_mb}")
+    course = Path(course).resolve()
+    with course_lock(course):
+        return _grade(Path(folder), course, jobs, timeout, memory_mb, force, progress, log, unsandboxed,
+                      on_sandbox_start)
+
+
+def _grade(folder, course, jobs, timeout, memory_mb, force, progress, log, unsandboxed, on_sandbox_start):
+    import nbformat
+
+    work = course / "work"
+    if not unsandboxed:
+        problem = sandbox.sandbox_problem()
+        if problem:
+            raise GradingError(f"{problem}. Grading stopped: nothing was graded. (`--unsandboxed` grades without "
+                               "the sandbox, for your own tests only: submissions could then read the solutions "
+                               "and change each other's grades.)")
+    known = assignments()
+    subs = discover(folder, known)
+    if not any(s.path for s in subs):
+        raise GradingError(f"no notebooks under {folder}; expected {folder}/<student>/<assignment>/<notebook>.ipynb")
+    ledger = Ledger(work / "ledger.json")
+    notes: list[str] = []
+    db = course / "gradebook.db"
+    broken = gradebook_problem(db)
+    if broken:
+        aside = db.with_name(f"gradebook.db.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(db, aside)
+        ledger.data = {"sources": {}, "graded": {}}
+        ledger.save()
+        notes.append(f"{db} was unusable ({broken}): moved to {aside.name}, the gradebook rebuilt by regrading")
+        log(f"warning: {notes[-1]}")
+    cfg = load_config(course, timeout, memory_mb)
+    api = nbgrader_api(cfg)
+    limits = sandbox.Limits(cell_timeout=float(cfg.Execute.timeout),
+                            memory_mb=int(cfg.GraderKernelManager.memory_limit_mb))
+    run_dir = work / f"run-{os.getpid()}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for stale in work.glob("run-*"):  # left by a grader that was killed (the lock says none is running)
+        shutil.rmtree(stale, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    try:
+        return _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, force, progress, log,
+                         unsandboxed, notes, on_sandbox_start, nbformat)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, force, progress, log, unsandboxed,
+              notes, on_sandbox_start, nbformat):
+    gradable = sorted({s.assignment for s in subs if not s.problem})
+    checks, references = {}, {}
+    for assignment in gradable:
+        digest = _version(assignment)
+        if ledger.data["sources"].get(assignment) != digest or not (course / "release" / assignment).exists():
+            check_result(api.generate_assignment(assignment, force=True, create=True),
+                         f"generate_assignment {assignment}")
+            ledger.data["sources"][assignment] = digest
+            ledger.save()
+        checks[assignment] = verdicts.load_checks(verdicts.checks_path(assignment))
+        references[assignment] = reference_values(assignment, course / "work", limits)
+
+    rows: dict[str, Row] = {}
+    pending: list[tuple[Submission, object]] = []
+    box = UNSANDBOXED if unsandboxed else "sealed"
+    for sub in subs:
+        key = f"{sub.key}/{sub.notebook}"
+        if sub.problem:
+            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "missing" if sub.missing else "invalid",
+                            problems="; ".join([sub.problem] + sub.problems))
+            continue
+        sub.digest = sha(sub.path.read_bytes(), ledger.data["sources"][sub.assignment].encode())
+        done = ledger.data["graded"].get(sub.key)
+        if not force and done and done.get("hash") == sub.digest and (course / "autograded" / sub.key).exists():
+            rows[key] = Row(**done["row"])
+            continue
+        nb = nbformat.read(str(sub.path), as_version=4)
+        release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
+        sub.problems += repair(nb, release_nb)
+        pending.append((sub, nb))
+
+    outsiders = [r for r in rows.values() if r.status in ("invalid", "missing") and r.student]
+    if outsiders:
+        from nbgrader.api import Gradebook
+
+        with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:  # so the CSV export lists them (score 0)
+            for r in outsiders:
+                gb.update_or_create_student(r.student)
+
+    started = time.perf_counter()
+    if pending:
+        n = min(jobs, len(pending))
+        log(f"grading {len(pending)} submission(s) with {n} sandbox(es) at a time"
+            f"{' WITHOUT the sandbox (--unsandboxed)' if unsandboxed else ''} "
+            f"({len(subs) - len(pending)} already graded or not gradable)")
+        for row in _run_all(pending, course, run_dir, cfg, ledger, limits, n, progress, unsandboxed, checks,
+                            references, on_sandbox_start, nbformat):
+            row.sandbox = box
+            if unsandboxed:
+                row.problems = "; ".join(p for p in (UNSANDBOXED, row.problems) if p)
+            rows[f"{row.student}/{row.assignment}/{row.notebook}"] = row
+            if row.status == "graded":
+                ledger.data["graded"][f"{row.student}/{row.assignment}"] = {
+                    "hash": next(s.digest for s, _ in pending if s.key == f"{row.student}/{row.assignment}"),
+                    "row": asdict(row)}
+                ledger.save()
+    elapsed = time.perf_counter() - started
+
+    ordered = [rows[k] for k in sorted(rows)]
+    if notes:
+        for row in ordered:
+            row.problems = "; ".join(p for p in [row.problems] + notes if p)
+    export_csv(cfg, course / "grades.csv")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(asdict(Row("", "", "", "")).keys()))
+    writer.writeheader()
+    for row in ordered:
+        writer.writerow(asdict(row))
+    try:
+        atomic_write(course / "report.csv", buf.getvalue())
+    except OSError as exc:
+        raise disk_error(exc, course / "report.csv") from None
+    if pending:
+        log(f"{len(pending)} submission(s) in {elapsed:.1f} s: {elapsed / len(pending):.1f} s per submission "
+            f"with {min(jobs, len(pending))} sandbox(es) at a time")
+    return ordered
+
+
+def _run_all(pending, course, run_dir, cfg, ledger, limits, n, progress, unsandboxed, checks, references,
+             on_sandbox_start, nbformat):
+    from tqdm.auto import tqdm
+
+    threads = max(1, (os.cpu_count() or 1) // n)
+    merge_cfg = cfg.copy()
+    merge_cfg.CourseDirectory.submitted_directory = str(run_dir / "executed")
+    merge_cfg.CourseDirectory.feedback_directory = str(run_dir / "feedback")
+    merge_cfg.Execute.enabled = False  # nothing executes here: the outputs are the grader's verdicts
+    merge_cfg.ClearOutput.enabled = False
+    merge_api = nbgrader_api(merge_cfg)
+
+    def one(i, sub, nb):
+        box = run_dir / "sandbox" / f"{i:04d}"
+        box.mkdir(parents=True)
+        path = box.parent / f"{i:04d}.ipynb"
+        nbformat.write(nb, str(path))
+        try:
+            return sandbox.run_sealed(path, verdicts.checks_path(sub.assignment), box, limits,
+                                      sealed=not unsandboxed, threads=threads, on_start=on_sandbox_start)
+        finally:
+            shutil.rmtree(box, ignore_errors=True)
+
+    bar = tqdm(total=len(pending), desc="grading", unit="submission", disable=not progress)
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        futures = {pool.submit(one, i, sub, nb): (sub, nb) for i, (sub, nb) in enumerate(pending)}
+        try:
+            for future in as_completed(futures):
+                sub, nb = futures[future]
+                try:
+                    row = _merge(sub, nb, future.result(), course, run_dir, merge_cfg, merge_api,
+                                 checks[sub.assignment], references[sub.assignment], nbformat)
+                except GradingError:
+                    raise
+                except Exception as exc:  # one submission must never stop the class
+                    row = Row(sub.student, sub.assignment, sub.notebook, "failed",
+                              problems=f"merging into the gradebook failed: {type(exc).__name__}: {exc}")
+                bar.update(1)
+                yield row
+        finally:
+            bar.close()
+            for future in futures:
+                future.cancel()
+
+
+def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, reference, nbformat) -> Row:
+    """Judge one sandbox's values, merge the executed notebook into the gradebook, swap in its feedback."""
+    from nbgrader.api import Gradebook
+
+    row = Row(sub.student, sub.assignment, sub.notebook, "failed", seconds=round(outcome.seconds, 2))
+    problems = sub.problems + outcome.problems
+    if outcome.infrastructure:
+        row.problems = "; ".join(problems + [f"{outcome.infrastructure}: not graded; run `kvcourse grade` again "
+                                             "to regrade it"])
+        return row
+    got = {gid: [decode(v) for v in values] for gid, values in _values(outcome.events).items()}
+    verdict_map = verdicts.judge(checks, got, reference)
+    for e in outcome.events:
+        if e.get("ev") == "cell_done" and e.get("timeout") and "a cell ran past the timeout and was interrupted" not in problems:
+            problems.append("a cell ran past the timeout and was interrupted")
+        for o in e.get("outputs", []) if isinstance(e.get("outputs"), list) else []:
+            if isinstance(o, dict) and o.get("ename") == "MemoryError" and \
+                    "an allocation failed under the memory cap (MemoryError)" not in problems:
+                problems.append("an allocation failed under the memory cap (MemoryError)")
+    executed = executed_notebook(nb, outcome, checks, verdict_map)
+    dest = run_dir / "executed" / sub.student / sub.assignment
+    dest.mkdir(parents=True, exist_ok=True)
+    nbformat.write(executed, str(dest / f"{sub.notebook}.ipynb"))
+    if sub.path and (sub.path.parent / "timestamp.txt").exists():
+        shutil.copyfile(sub.path.parent / "timestamp.txt", dest / "timestamp.txt")
+    result = merge_api.autograde(sub.assignment, sub.student, force=True, create=True)
+    if not result.get("success"):
+        row.problems = "; ".join(problems + ["merging into the gradebook failed: " + (result.get("error") or "")[-300:]])
+        return row
+    points = {grade_id(c): float(c.metadata["nbgrader"].get("points", 0)) for c in executed.cells
+              if c.get("metadata", {}).get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")}
+    with Gradebook(merge_cfg.CourseDirectory.db_url, "kvcourse") as gb:
+        for gid, verdict in verdict_map.items():
+            if gid not in points:
+                continue
+            g = gb.find_grade(gid, sub.notebook, sub.assignment, sub.student)
+            want = points[gid] if verdict.passed else 0.0
+            if g.auto_score != want or g.manual_score is not None:  # the verdicts, never anything else
+                g.auto_score, g.manual_score = want, None
+        gb.db.commit()
+        submission = gb.find_submission(sub.assignment, sub.student)
+        row.score, row.max_score = float(submission.score), float(submission.max_score)
+    result = merge_api.generate_feedback(sub.assignment, sub.student, force=True)
+    staged = run_dir / "feedback" / sub.student / sub.assignment
+    if not result.get("success") or not staged.is_dir():
+        row.problems = "; ".join(problems + ["feedback failed: " + (result.get("error") or "")[-300:]])
+        return row
+    replace_dir(staged, course / "feedback" / sub.student / sub.assignment)
+    row.status = "graded"
+    row.problems = "; ".join(problems)
+    return row
+
+
+# ----------------------------------------------------------------------------- command line
+
+def add_arguments_grade(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", type=Path, help="submissions: FOLDER/<student>/<assignment>/<notebook>.ipynb "
+                                             "or FOLDER/<student>/<notebook>.ipynb")
+    p.add_argument("--course", type=Path, default=AUTOGRADE,
+                   help="course folder for the gradebook, feedback and CSVs (default: autograde/)")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
+    p.add_argument("--timeout", type=int, default=None, help="seconds per cell before it is interrupted "
+                                                             "(default: autograde/nbgrader_config.py, 30)")
+    p.add_argument("--memory-mb", type=int, default=None, help="memory cap per submission in MiB (default 4096)")
+    p.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
+    p.add_argument("--unsandboxed", action="store_true",
+                   help="grade without the bubblewrap sandbox (only for your own tests; every report says so)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def print_rows(rows: list[Row], width: int | None = None) -> None:
+    width = width or max([len(f"{r.student}/{r.assignment}") for r in rows] + [10])
+    for r in rows:
+        score = f"{r.score:g}/{r.max_score:g}" if r.status == "graded" else r.status.upper()
+        print(f"{r.student + '/' + r.assignment:<{width}}  {score:>9}  {r.problems}")
+
+
+def run_grade(args) -> int:
+    try:
+        rows = grade(args.folder, args.course, jobs=args.jobs, timeout=args.timeout, memory_mb=args.memory_mb,
+                     force=args.force, progress=not args.quiet, unsandboxed=args.unsandboxed)
+    except (GradingError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_rows(rows)
+    course = Path(args.course)
+    print(f"\ngrades: {course / 'grades.csv'}   report: {course / 'report.csv'}   feedback: {course / 'feedback'}/")
+    if args.unsandboxed:
+        print(UNSANDBOXED)
+    bad = [r for r in rows if r.status != "graded"]
+    if bad:
+        print(f"{len(bad)} submission(s) need a look (see report.csv); every other one is graded.")
+    return 1 if bad else 0

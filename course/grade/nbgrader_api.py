@@ -1,0 +1,144 @@
+"""nbgrader, driven from Python: the course's config re-rooted at a course folder, the API object, the
+assignments of the source folder, the student versions (exercises/), the gradebook's health and CSV export."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import sys
+import warnings
+from pathlib import Path
+
+from course.grade.files import GradingError, atomic_output, disk_error
+from course.paths import AUTOGRADE, EXERCISES, SOLUTIONS
+
+
+def assignments(source: Path = SOLUTIONS) -> dict[str, list[str]]:
+    """{assignment id: [notebook stems]} from the nbgrader source folder."""
+    found = {}
+    for folder in sorted(Path(source).iterdir()):
+        notebooks = sorted(p.stem for p in folder.glob("*.ipynb")) if folder.is_dir() else []
+        if notebooks:
+            found[folder.name] = notebooks
+    return found
+
+
+def load_config(course: Path = AUTOGRADE, timeout: int | None = None, memory_mb: int | None = None):
+    """autograde/nbgrader_config.py, re-rooted at `course` (every path of nbgrader state inside it)."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", str(AUTOGRADE)).load_config()
+    root = Path(course).resolve()
+    cfg.CourseDirectory.root = str(root)
+    cfg.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}"
+    cfg.Exchange.root = str(root / "exchange")
+    cfg.Exchange.cache = str(root / "exchange" / ".cache")
+    if timeout is not None:
+        cfg.Execute.timeout = int(timeout)
+    if memory_mb is not None:
+        cfg.GraderKernelManager.memory_limit_mb = int(memory_mb)
+    return cfg
+
+
+def venv_on_path(env: dict) -> dict:
+    """nbgrader runs the `alembic` command when it creates a gradebook: it must be on PATH."""
+    bin_dir = os.path.dirname(sys.executable)
+    if bin_dir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
+    return env
+
+
+_venv_on_path = venv_on_path  # the name classroom.py has used
+
+
+def nbgrader_api(cfg, log_level: str = "ERROR"):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+
+    venv_on_path(os.environ)
+    Path(cfg.Exchange.root).mkdir(parents=True, exist_ok=True)
+    api = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
+    api.log_level = log_level
+    warnings.filterwarnings("ignore", module="nbgrader")  # SQLAlchemy chatter about its own sessions
+    return api
+
+
+def check_result(result: dict, what: str) -> None:
+    if not result.get("success"):
+        detail = (result.get("error") or result.get("log") or "").strip().splitlines()[-12:]
+        raise GradingError(f"{what} failed:\n" + "\n".join(detail))
+
+
+def sha(*chunks: bytes) -> str:
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def source_hash(assignment: str, source: Path = SOLUTIONS) -> str:
+    return sha(*(p.read_bytes() for p in sorted((Path(source) / assignment).glob("*.ipynb"))))
+
+
+def generate_exercises(dest: Path = EXERCISES, workdir: Path | None = None) -> list[Path]:
+    """Run nbgrader generate_assignment on every assignment of solutions/ and copy the results to dest."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kvcourse-release-") as tmp:
+        course = Path(workdir or tmp)
+        api = nbgrader_api(load_config(course))
+        written = []
+        for assignment, notebooks in assignments().items():
+            check_result(api.generate_assignment(assignment, force=True, create=True),
+                         f"generate_assignment {assignment}")
+            out = Path(dest) / assignment
+            out.mkdir(parents=True, exist_ok=True)
+            for nb in notebooks:
+                shutil.copyfile(course / "release" / assignment / f"{nb}.ipynb", out / f"{nb}.ipynb")
+                written.append(out / f"{nb}.ipynb")
+        return written
+
+
+# ----------------------------------------------------------------------------- the gradebook file
+
+NBGRADER_TABLES = {"assignment", "notebook", "student", "submitted_assignment", "grade", "grade_cell"}
+
+
+def gradebook_problem(path: Path) -> str:
+    """Why the SQLite gradebook at `path` cannot be trusted ("" when it is sound or does not exist yet)."""
+    path = Path(path)
+    if not path.exists():
+        return ""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            if con.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+                return "SQLite's integrity check failed"
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        return f"not a readable SQLite database ({exc})"
+    missing = NBGRADER_TABLES - tables
+    if missing and tables:
+        return f"nbgrader's tables are missing: {', '.join(sorted(missing))}"
+    if not tables and path.stat().st_size > 0:
+        return "it holds no tables (truncated?)"
+    return ""
+
+
+def export_csv(cfg, dest: Path) -> None:
+    """nbgrader's CSV export of the gradebook, written atomically (the previous file survives a failure)."""
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
+
+    dest = Path(dest)
+    try:
+        with atomic_output(dest) as tmp, Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:
+            CsvExportPlugin(to=str(tmp)).export(gb)
+    except OSError as exc:
+        raise disk_error(exc, dest) from None
+
+
+_export_csv = export_csv  # the name classroom.py has used

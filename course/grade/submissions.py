@@ -1,0 +1,153 @@
+"""Finding submissions in a folder and repairing what a student changed in the locked cells.
+
+Layouts: DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's) or DIR/<student>/<notebook>.ipynb.
+`name (1).ipynb`, the name a browser gives a re-download, is accepted with a note. A student folder (or a
+student's assignment folder) without a notebook gives a "missing" submission, so no student drops out of
+the report or the CSV.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RENAMED = re.compile(r"^(?P<stem>.+?)(?: ?\(\d+\)| - Copy| copy)$")
+
+
+@dataclass
+class Submission:
+    student: str
+    assignment: str
+    notebook: str
+    path: Path | None
+    problem: str = ""  # why it cannot be graded ("" = it can)
+    problems: list[str] = field(default_factory=list)  # notes for the report (repairs, renames)
+    digest: str = ""  # hash of the file and of its assignment's source: what the ledger remembers
+    missing: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.student}/{self.assignment}"
+
+
+def grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _stem(path: Path, by_stem: dict) -> tuple[str, str]:
+    """(the notebook's stem as released, a note when the file was renamed by a browser or a copy)."""
+    if path.stem in by_stem:
+        return path.stem, ""
+    m = RENAMED.match(path.stem)
+    if m and m.group("stem") in by_stem:
+        return m.group("stem"), f"file named {path.name!r}: graded as {m.group('stem')}.ipynb"
+    return path.stem, ""
+
+
+def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
+    """Every notebook under folder, with its student and assignment (problems noted, not raised)."""
+    from course.grade.files import GradingError
+
+    by_stem = {nb: a for a, nbs in known.items() for nb in nbs}
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise GradingError(f"{folder} is not a folder; give the folder that holds one sub-folder per student")
+    found, seen = [], {}
+    for path in sorted(folder.rglob("*.ipynb")):
+        parts = path.relative_to(folder).parts
+        if any(p.startswith(".") for p in parts):
+            continue  # .ipynb_checkpoints and other hidden folders
+        stem, note = _stem(path, by_stem)
+        student = parts[0] if len(parts) > 1 else ""
+        assignment = by_stem.get(stem, parts[1] if len(parts) == 3 else "")
+        sub = Submission(student, assignment, stem, path, problems=[note] if note else [])
+        if len(parts) == 1 or len(parts) > 3:
+            sub.problem = "misplaced: put it at DIR/<student>/<assignment>/<notebook>.ipynb"
+        elif stem not in by_stem:
+            sub.problem = f"unknown notebook: expected one of {sorted(by_stem)}"
+        elif (sub.student, sub.assignment, sub.notebook) in seen:
+            other = seen[sub.student, sub.assignment, sub.notebook]
+            sub.problem = f"duplicate: this student already has {other.name} for this notebook"
+        else:
+            sub.problem = invalid_reason(path)
+        if not sub.problem or not sub.problem.startswith("duplicate"):
+            seen.setdefault((sub.student, sub.assignment, sub.notebook), path)
+        found.append(sub)
+    # students (or assignment folders) with no notebook at all: a "missing" row each, never silence
+    graded = {s.assignment for s in found if s.assignment}
+    have = {(s.student, s.assignment) for s in found}
+    for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        student = student_dir.name
+        expected = {d.name for d in student_dir.iterdir() if d.is_dir() and d.name in known}
+        if not any(s == student for s, _ in have):
+            expected |= graded or set(known)
+        for assignment in sorted(expected):
+            if (student, assignment) not in have:
+                for nb in known[assignment]:
+                    found.append(Submission(student, assignment, nb, None, missing=True,
+                                            problem=f"missing: no {nb}.ipynb in {student_dir.name}/"))
+    return found
+
+
+def invalid_reason(path: Path) -> str:
+    import nbformat
+
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+        nbformat.validate(nb)
+    except Exception as exc:  # not JSON, not a notebook, wrong schema: report it, grade the others
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"invalid notebook ({type(exc).__name__}): {first[:160]}"
+    return ""
+
+
+def repair(nb, release_nb) -> list[str]:
+    """Note what the student changed in the locked cells and put the released cells back.
+
+    Modifies nb in place; returns the problems for the report. Edited and deleted test cells come back as
+    released; a deleted answer cell comes back empty (the answer is gone either way); changed test-cell
+    metadata (points) is restored. The grader never runs the test cells' code anyway (verdicts come from
+    course.grade.verdicts), but feedback shows them, and nbgrader's gradebook keys scores by them.
+    """
+    import copy
+
+    from nbformat.v4 import new_code_cell
+
+    cells = {grade_id(c): c for c in nb.cells if grade_id(c)}
+    deleted, edited, tampered, restored = [], [], [], []
+    for i, cell in enumerate(release_nb.cells):
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        gid = meta.get("grade_id")
+        if not gid:
+            continue
+        mine = cells.get(gid)
+        if mine is None:
+            if meta.get("solution"):
+                put_back = new_code_cell("# (this answer cell was deleted from the submission)")
+                put_back.metadata["nbgrader"] = {k: v for k, v in meta.items() if k != "checksum"}
+                restored.append(gid)
+            elif meta.get("grade"):
+                put_back = copy.deepcopy(cell)
+                deleted.append(gid)
+            else:
+                continue
+            anchor = next((grade_id(c) for c in reversed(release_nb.cells[:i]) if grade_id(c) in cells), None)
+            index = 0 if anchor is None else 1 + max(j for j, c in enumerate(nb.cells) if grade_id(c) == anchor)
+            nb.cells.insert(index, put_back)
+            cells[gid] = put_back
+        elif meta.get("grade") and not meta.get("solution"):
+            mine_meta = mine.get("metadata", {}).get("nbgrader", {})
+            if mine.source != cell.source:
+                edited.append(gid)
+                mine.source = cell.source
+            if (mine_meta.get("points"), mine_meta.get("grade"), mine_meta.get("locked")) != (
+                    meta.get("points"), meta.get("grade"), meta.get("locked")):
+                tampered.append(gid)
+                mine.metadata["nbgrader"] = copy.deepcopy(meta)
+    problems = []
+    for ids, what in ((restored, "deleted answer cell(s) replaced by empty ones"),
+                      (deleted, "deleted test cell(s) put back"), (edited, "edited test cell(s) restored"),
+                      (tampered, "test cell metadata restored")):
+        if ids:
+            problems.append(f"{what}: {', '.join(ids)}")
+    return problems
