@@ -128,8 +128,8 @@ def _session(session: ReviewSession) -> int:
             else:
                 _card(session)
             print()
-    except _Stop:
-        print("Stopped; everything answered so far is saved.")
+    except (_Stop, KeyboardInterrupt):
+        print("\nStopped; everything answered so far is saved.")
     print(session.summary_text())
     return 0
 

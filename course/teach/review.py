@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from course.lessons.recap import COURSE
 from course.teach.progress import ProgressStore, default_store
 from course.teach.questions import (LEVELS, CheckResult, QuestionBank, card_text, fill_numbers, grade,
                                     load_questions, measured_values, question_text)
@@ -47,9 +49,8 @@ REASON_TEXT = {"missed": "missed last time", "skipped": "not answered yet", "unr
                "reset": "schedule reset", "due": "due on schedule", "waiting": "not due yet",
                "not started": "lesson not started"}
 
-# Which lesson each exercise (its notebook's stem in exercises/) follows; None (or not listed): the whole course.
-EXERCISE_LESSONS = {"memory_formula": "02_kv_cache", "kv_cache": "02_kv_cache", "sampler": "03_sampling",
-                    "checkpoint_quiz": None, "paged_cache": "05_serving"}
+# Which lesson each exercise (its notebook's stem in exercises/) follows: the course table the recaps link from.
+EXERCISE_LESSONS = {Path(path).stem: lesson for lesson, _title, exercises in COURSE for path in exercises}
 
 
 # ---------------------------------------------------------------------- the Leitner replay
@@ -444,8 +445,7 @@ def progress_text(store: ProgressStore | None = None, bank: QuestionBank | None 
                  "lessons/review.ipynb." if due else nothing_due_text(store, bank))
     other = [c for c in store.exercise_checks() if EXERCISE_LESSONS.get(c["exercise"]) not in bank.lessons]
     for c in other:
-        scope = " (all lessons)" if c["exercise"] in EXERCISE_LESSONS else ""
-        lines.append(f"{c['exercise']}{scope}: {c['passed']}/{c['total']} visible tests pass")
+        lines.append(f"{c['exercise']}: {c['passed']}/{c['total']} visible tests pass")
     return "\n".join(lines)
 
 
