@@ -1,28 +1,44 @@
-"""An optional fast decode path for a loaded model, leaving course/model.py as the lessons read it.
+"""The compiled decode step: one graph per batch size, from the token ids to the logits.
 
-    fast = course.engine.fast.FastModel(model)      # same call signature as the model; compiles on first decode
-    generate(fast, ids, 64)                  # prefill runs eagerly, every decode step runs compiled
+    step = course.engine.fast.DecodeStep(model)        # compiles on the first call of each batch size
+    logits = step(tokens, positions, cache)            # tokens [B, 1], positions [B], a KVCache → [B, V]
 
-Why it is faster. Decode multiplies one row vector by every weight matrix: a matrix-vector product
-(GEMV) that should run at memory speed. On the course's AMD CPU the BLAS call behind `F.linear` (MKL)
-reaches well under half of the memory bandwidth for a single row, while the same product written as a
-reduction, `(x * W).sum(-1)`, and compiled by torch.compile's Inductor becomes one vectorised loop that
-streams each weight row once. Compiling the whole decode step also fuses RMSNorm, RoPE and SwiGLU's
-pointwise work and removes most of Python's per-op overhead (~900 small ops per token in eager mode).
-Measured side by side on 1 thread: eager 46.5 ms/token, compiled 26.7 ms, and 25.7 ms for torch just to
-sum every weight tensor once, so the compiled step reads its weights about as fast as torch reads them
-at all. Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
+    fast = course.engine.fast.FastModel(model)         # the model's call signature, for generate() & co.
+    generate(fast, ids, 64)                            # prefill runs eagerly, every decode step compiled
 
-The weights are not copied: the model's `nn.Linear` modules get a subclass whose forward differs only
-while being compiled, so the eager model (and every test of it) is unchanged.
+What is inside the one graph (the way gpt-fast's generate.py builds its decode step): the embedding
+lookup, every layer's RMSNorm, projections, RoPE, the write of this step's K and V into the
+*preallocated* cache, attention over the whole cache buffer with a mask that hides the positions a
+sequence has not reached, SwiGLU, the final norm and the LM head. Every shape in it is fixed (the cache
+buffer's length, not the context), and the positions are a tensor, so decoding further into the same
+cache never recompiles. Nothing of a step runs in Python between the layers.
+
+Why it is faster than the eager model. Decode multiplies one row vector by every weight matrix: a
+matrix-vector product (GEMV) that should run at memory speed. The BLAS call behind `F.linear` reaches
+only a fraction of the memory bandwidth for a single row, while the same product written as a
+reduction, `(x * W).sum(-1)`, becomes one vectorised Inductor loop that streams each weight row once.
+For a batch the reduction is written weight-row-outermost, so each row is read once and used for all
+B sequences while it sits in the L1 cache (BLAS instead switches from its GEMV kernel to a GEMM one at
+B = 2, which is slower per byte on this CPU than either — the bench shows the numbers). The per-call
+work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
+skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
+safe here because every call is shaped the same as its warm-up. On CUDA the step is captured as a CUDA
+graph (`mode="reduce-overhead"`), so one launch replaces some 500 kernel launches.
+
+Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
+The weights are not copied: the step reads the eager model's own parameters.
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from course.engine.kv_cache import KVCache
+from course.engine.model import Transformer, apply_rope
 
 
 class GemvLinear(nn.Linear):
@@ -42,18 +58,89 @@ def use_gemv_linears(model: nn.Module) -> nn.Module:
     return model
 
 
-class FastModel:
-    """Wraps a course Transformer: decode steps (one token against a KV cache) run torch.compile'd.
+# --- the step, as one function of tensors --------------------------------------------------------------------
+def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, d] · weightᵀ ([N, d]) → [B, N], written so that Inductor reads each weight row once.
 
-    The first decode step compiles (tens of seconds to minutes on 2 CPU cores; Inductor caches the
-    result on disk, so the next process starts in seconds). If compiling fails (no C++ compiler, an
-    unsupported backend) it warns once and runs eagerly.
+    B = 1: the row-vector product as a reduction over d. B > 1: the output is laid out [N, B] (weight row
+    outermost, the B sequences next, d innermost), so one weight row serves every sequence from the cache.
+    """
+    if x.shape[0] == 1:
+        return (x * weight).sum(-1, dtype=torch.float32).to(x.dtype)[None]  # [1, N]
+    return (weight[:, None, :] * x[None]).sum(-1, dtype=torch.float32).to(x.dtype).t()  # [N, B] → [B, N]
+
+
+def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(x) * norm.weight
+
+
+def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tensor,
+                ks: list[torch.Tensor], vs: list[torch.Tensor], rows: torch.Tensor | None = None,
+                linear=streamed_linear) -> torch.Tensor:
+    """One decode step for B sequences, each at its own position; writes the cache in place.
+
+    tokens [B, 1] (the latest token of each sequence), positions [B] (where it goes), ks / vs: every
+    layer's preallocated cache buffers [B_cache, H_kv, S, D_h]; rows [B]: the cache row of each sequence
+    (None: rows 0..B-1, the whole cache). Returns next-token logits [B, V] in float32.
+    Key j of sequence b is attended to iff j <= positions[b]: the buffer's length S never changes, so
+    neither do the shapes of this function, whatever the context.
+    """
+    c = model.config
+    B, S = tokens.shape[0], ks[0].shape[2]
+    H, H_kv, D_h = c.n_heads, c.n_kv_heads, c.head_dim
+    G = H // H_kv  # query heads per KV head
+    dtype = model.dtype
+    x = model.tok_embeddings(tokens[:, 0])  # [B, d]
+    cos = model.rope_cos[positions].to(dtype)[:, None, :]  # [B, 1, D_h]
+    sin = model.rope_sin[positions].to(dtype)[:, None, :]
+    keys = torch.arange(S, device=tokens.device)
+    hidden = torch.where(keys[None, :] <= positions[:, None], 0.0, float("-inf"))  # [B, S]
+    hidden = hidden.to(dtype)[:, None, None, :]  # [B, 1, 1, S]: broadcast over KV heads and their groups
+    gather = rows is not None  # a subset of the cache's rows: attention reads a gathered copy of them
+    rows = torch.arange(B, device=tokens.device) if rows is None else rows
+    scale = 1.0 / math.sqrt(D_h)
+    for layer, k_cache, v_cache in zip(model.layers, ks, vs):
+        att = layer.attention
+        h = _rms_norm(x, layer.attention_norm)  # [B, d]
+        q = apply_rope(linear(h, att.wq.weight).view(B, H, D_h), cos, sin)  # [B, H, D_h]
+        k = apply_rope(linear(h, att.wk.weight).view(B, H_kv, D_h), cos, sin)  # [B, H_kv, D_h]
+        v = linear(h, att.wv.weight).view(B, H_kv, D_h)
+        k_cache[rows, :, positions] = k  # sequence b writes its K at (row b, position b): [B, H_kv, D_h]
+        v_cache[rows, :, positions] = v
+        if gather:
+            k_cache, v_cache = k_cache[rows], v_cache[rows]  # [B, H_kv, S, D_h]
+        q = q.view(B, H_kv, G, D_h)
+        scores = (q.float() @ k_cache.float().transpose(-1, -2)) * scale + hidden  # [B, H_kv, G, S]
+        out = torch.softmax(scores, dim=-1).to(dtype) @ v_cache  # [B, H_kv, G, D_h]
+        x = x + linear(out.reshape(B, H * D_h), att.wo.weight)
+        ff = layer.feed_forward
+        h = _rms_norm(x, layer.ffn_norm)
+        x = x + linear(F.silu(linear(h, ff.w_gate.weight)) * linear(h, ff.w_up.weight), ff.w_down.weight)
+    return linear(_rms_norm(x, model.norm), model.output.weight).float()  # [B, V]
+
+
+class DecodeStep:
+    """`step(tokens [B, 1], positions [B], cache) → logits [B, V]`: the decode step, compiled once per batch size.
+
+    The cache is a contiguous course.engine.kv_cache.KVCache; it is written in place at each sequence's
+    position. Each (batch size, cache length, dtype, device) compiles once, the first time it is seen
+    (tens of seconds on 2 CPU cores; Inductor keeps the result on disk, so a later process starts in
+    seconds); after that the same shapes run without recompiling and, from the second call, without
+    evaluating guards. compile=False runs the same function eagerly (the reference the tests compare
+    against). If compiling fails (no C++ compiler, an unsupported backend) it warns once and runs eagerly.
     """
 
-    def __init__(self, model: nn.Module, compile: bool = True, dynamic: bool | None = True):
-        self.model = use_gemv_linears(model)
+    def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
+                 skip_guards: bool = True):
+        self.model = model
         self.compiled = compile
-        self._decode = torch.compile(model, dynamic=dynamic) if compile else model
+        if mode is None:
+            mode = "reduce-overhead" if model.device.type == "cuda" else "default"
+        self.mode = mode
+        self.skip_guards = skip_guards and compile
+        self._fn = torch.compile(decode_step, mode=mode, dynamic=False, fullgraph=True) if compile else decode_step
+        self._warm: set[tuple] = set()
 
     @property
     def config(self):
@@ -67,17 +154,117 @@ class FastModel:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
-    def __call__(self, tokens: torch.Tensor, start_pos: int = 0, cache=None, last_only: bool = False):
-        if cache is None or tokens.shape[1] != 1:
-            return self.model(tokens, start_pos=start_pos, cache=cache, last_only=last_only)
+    def buffers(self, cache: KVCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The cache's K and V buffers, checked to be the plain contiguous kind this step writes."""
         try:
-            return self._decode(tokens, start_pos=start_pos, cache=cache, last_only=last_only)
+            ks, vs = [layer.k for layer in cache.layers], [layer.v for layer in cache.layers]
+        except AttributeError:
+            raise TypeError(f"DecodeStep writes a contiguous KVCache; got {type(cache).__name__}") from None
+        if len(ks) != self.config.n_layers or any(type(layer) is not type(cache.layers[0]) for layer in cache.layers):
+            raise TypeError(f"the cache has {len(ks)} layers of mixed or wrong kind; the model has {self.config.n_layers}")
+        if any(k.dtype != self.dtype or k.device != self.device for k in ks + vs):
+            raise TypeError(f"the cache must hold {self.dtype} on {self.device}, like the model; "
+                            f"got {ks[0].dtype} on {ks[0].device}")
+        return ks, vs
+
+    @torch.inference_mode()
+    def __call__(self, tokens: torch.Tensor, positions, cache: KVCache, rows=None) -> torch.Tensor:
+        """tokens [B, 1]; positions: a [B] tensor, a list of B ints or one int for all; rows: the cache
+        row of each sequence (None: the cache holds exactly these B sequences, rows 0..B-1)."""
+        ks, vs = self.buffers(cache)
+        B_cache, S = ks[0].shape[0], ks[0].shape[2]
+        B = B_cache if rows is None else len(rows)
+        if tokens.dim() != 2 or tokens.shape != (B, 1):
+            raise ValueError(f"tokens must be [B, 1] = [{B}, 1] (one new token per sequence), got {list(tokens.shape)}")
+        if isinstance(positions, int):  # one position for every row: checked here, no device sync
+            if not 0 <= positions < S:
+                raise ValueError(f"KV cache overflow: position {positions} does not fit in a cache of {S} tokens; "
+                                 "create the cache with a larger max_seq_len")
+            positions = [positions] * B
+        # Fresh [B] and [B, 1] tensors made here, in inference mode: the graph's guards see the same kind of
+        # tensor on every call, whether the caller's came from inside or outside inference mode.
+        positions = torch.as_tensor(positions, device=self.device).to(torch.long, copy=True)
+        tokens = tokens.to(torch.long, copy=True)
+        if positions.shape != (B,):
+            raise ValueError(f"positions must be [B] = [{B}], one per sequence; got shape {list(positions.shape)}")
+        if rows is not None:
+            rows = torch.as_tensor(rows, device=self.device).to(torch.long, copy=True)
+        key = (B, B_cache, S, rows is None, self.dtype, self.device.type, ks[0].is_inference())
+        if key not in self._warm:  # first call of these shapes: check the values once, then compile
+            last = int(positions.max())
+            if int(positions.min()) < 0 or last >= S:
+                raise ValueError(f"KV cache overflow: position {last} does not fit in a cache of {S} tokens; "
+                                 "create the cache with a larger max_seq_len")
+            if rows is not None and (int(rows.min()) < 0 or int(rows.max()) >= B_cache):
+                raise ValueError(f"cache rows {rows.tolist()} do not exist in a cache of {B_cache} rows")
+            if self.mode == "reduce-overhead":  # CUDA graphs may then write the cache buffers in place
+                for t in ks + vs:
+                    torch._dynamo.mark_static_address(t)
+            out = self._run(tokens, positions, ks, vs, rows)
+            self._warm.add(key)
+            return out
+        if self.skip_guards:
+            try:
+                with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                    out = self._fn(self.model, tokens, positions, ks, vs, rows)
+                return out.clone() if self.mode == "reduce-overhead" else out  # CUDA graphs reuse the output
+            except RuntimeError as exc:  # these inputs differ from every warm-up in a way the key missed:
+                if "skip_guard_eval_unsafe" not in str(exc):  # check the guards from now on
+                    raise
+                warnings.warn(f"DecodeStep: inputs unlike its warm-up ({exc}); evaluating guards from now on")
+                self.skip_guards = False
+        return self._run(tokens, positions, ks, vs, rows)
+
+    def _run(self, tokens, positions, ks, vs, rows):
+        try:
+            out = self._fn(self.model, tokens, positions, ks, vs, rows)
         except Exception as exc:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
-            if self._decode is self.model:
+            if self._fn is decode_step:
                 raise
             warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
-            self._decode, self.compiled = self.model, False
+            self._fn, self.compiled, self.skip_guards = decode_step, False, False
+            out = decode_step(self.model, tokens, positions, ks, vs, rows)
+        return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
+
+    def __repr__(self) -> str:
+        return f"DecodeStep({self.config.name}, compiled={self.compiled}, mode={self.mode!r})"
+
+
+class FastModel:
+    """Wraps a course Transformer with the model's call signature: decode steps run the compiled DecodeStep.
+
+    Prefill (more than one token) and calls without a cache go to the eager model unchanged.
+    """
+
+    def __init__(self, model: nn.Module, compile: bool = True, mode: str | None = None):
+        self.model = model
+        self.step = DecodeStep(model, compile=compile, mode=mode)
+        self._decode = self._step_call
+
+    @property
+    def compiled(self) -> bool:
+        return self.step.compiled
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def _step_call(self, tokens, start_pos=0, cache=None, last_only=False):
+        logits = self.step(tokens, start_pos, cache)  # [B, V]
+        return logits if last_only else logits[:, None]  # [B, 1, V] like the model's full output
+
+    def __call__(self, tokens: torch.Tensor, start_pos: int = 0, cache=None, last_only: bool = False):
+        if cache is None or tokens.shape[1] != 1 or not isinstance(cache, KVCache) or type(cache) is not KVCache:
             return self.model(tokens, start_pos=start_pos, cache=cache, last_only=last_only)
+        return self._decode(tokens, start_pos=start_pos, cache=cache, last_only=last_only)
 
     def __repr__(self) -> str:
         return f"FastModel({self.config.name}, compiled={self.compiled})"

@@ -1,0 +1,186 @@
+"""The compiled decode step (course/engine/fast.py): the eager model's logits and tokens, one graph per batch size.
+
+Compiling takes about a minute on 2 busy cores, so the compiled step is built once per session (one batch
+size for the tiny model, one batched); the step function's semantics (per-sequence positions, cache rows,
+errors) are tested on the same function run eagerly.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from course.engine.fast import DecodeStep, FastModel, decode_step, streamed_linear
+from course.engine.generate import decode_one_token, generate, prefill
+from course.engine.kv_cache import KVCache
+from course.engine.model import tiny_model
+
+S = 96  # cache length of every test: 64 decode steps after prompts of up to 20 tokens fit
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _solo_caches(model, prompts):
+    """Each prompt prefilled alone (the eager model's own path): its next-token logits and its cache."""
+    out = []
+    for p in prompts:
+        cache = KVCache(model.config, 1, S)
+        out.append((prefill(model, torch.tensor([p]), cache), cache))
+    return out
+
+
+def _stack(model, caches) -> KVCache:
+    """One batch cache whose row b holds solo cache b."""
+    batch = KVCache(model.config, len(caches), S)
+    for b, c in enumerate(caches):
+        for layer, solo in zip(batch.layers, c.layers):
+            layer.k[b], layer.v[b] = solo.k[0], solo.v[0]
+    return batch
+
+
+@pytest.fixture(scope="session")
+def compiled_tiny():
+    model = tiny_model(seed=3)
+    return model, DecodeStep(model)
+
+
+def test_streamed_linear_is_a_matrix_product():
+    w = torch.randn(40, 24)
+    for B in (1, 3):
+        x = torch.randn(B, 24)
+        torch.testing.assert_close(streamed_linear(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
+
+
+def test_step_function_matches_the_model_at_per_sequence_positions(one_thread):
+    model = tiny_model(seed=1)
+    prompts = [[5, 9, 2], list(range(7, 20)), [200] * 8]  # three different lengths in one batch
+    solo = _solo_caches(model, prompts)
+    batch = _stack(model, [c for _, c in solo])
+    ks, vs = [l.k for l in batch.layers], [l.v for l in batch.layers]
+    tokens = torch.tensor([[11], [12], [13]])
+    positions = torch.tensor([len(p) for p in prompts])
+    with torch.inference_mode():
+        got = decode_step(model, tokens, positions, ks, vs)  # [3, V]
+    for b, (p, (_, cache)) in enumerate(zip(prompts, solo)):
+        want = decode_one_token(model, tokens[b:b + 1], len(p), cache)  # the eager model, alone
+        torch.testing.assert_close(got[b:b + 1], want, atol=1e-5, rtol=1e-5)
+        for layer, solo_layer in zip(batch.layers, cache.layers):  # the step wrote the same K/V where they belong
+            torch.testing.assert_close(layer.k[b, :, :len(p) + 1], solo_layer.k[0, :, :len(p) + 1])
+
+
+def test_step_function_decodes_a_subset_of_cache_rows(one_thread):
+    model = tiny_model(seed=1)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
+    solo = _solo_caches(model, prompts)
+    batch = _stack(model, [c for _, c in solo])
+    before = [l.k[1].clone() for l in batch.layers]
+    step = DecodeStep(model, compile=False)
+    got = step(torch.tensor([[3], [4]]), torch.tensor([3, 2]), batch, rows=[0, 2])  # row 1 is left alone
+    for i, b in enumerate((0, 2)):
+        want = decode_one_token(model, torch.tensor([[3 + i]]), len(prompts[b]), solo[b][1])
+        torch.testing.assert_close(got[i:i + 1], want, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(l.k[1], k) for l, k in zip(batch.layers, before))
+
+
+def test_step_rejects_bad_input_with_a_clear_message(one_thread):
+    model = tiny_model()
+    step = DecodeStep(model, compile=False)
+    cache = KVCache(model.config, 2, 8)
+    with pytest.raises(ValueError, match="tokens must be"):
+        step(torch.zeros(1, 1, dtype=torch.long), 0, cache)
+    with pytest.raises(ValueError, match="positions must be"):
+        step(torch.zeros(2, 1, dtype=torch.long), torch.tensor([1, 2, 3]), cache)
+    with pytest.raises(ValueError, match="overflow.*larger max_seq_len"):
+        step(torch.zeros(2, 1, dtype=torch.long), 8, cache)
+    with pytest.raises(ValueError, match="overflow"):
+        step(torch.zeros(2, 1, dtype=torch.long), torch.tensor([0, 8]), cache)
+    with pytest.raises(TypeError, match="must hold torch.float32"):
+        step(torch.zeros(2, 1, dtype=torch.long), 0, KVCache(model.config, 2, 8, dtype=torch.bfloat16))
+
+
+def test_fast_model_keeps_prefill_and_other_caches_eager(one_thread):
+    model = tiny_model()
+    fast = FastModel(model, compile=False)
+    calls = []
+    fast._decode = lambda *a, **k: calls.append(a[0].shape) or model(*a, **k)
+    cache = KVCache(model.config, 1, 20)
+    prefill(fast, torch.randint(0, 256, (1, 9)), cache)
+    assert calls == []
+    decode_one_token(fast, torch.tensor([[3]]), 9, cache)
+    assert calls == [torch.Size([1, 1])]
+
+
+def test_compiled_step_matches_eager_for_64_steps_without_recompiling(compiled_tiny, one_thread):
+    model, step = compiled_tiny
+    prompt = list(range(30, 42))
+    (logits_e, cache_e), = _solo_caches(model, [prompt])
+    (_, cache_c), = _solo_caches(model, [prompt])
+    tok_e = tok_c = logits_e.argmax(-1, keepdim=True)  # [1, 1]
+    tokens_e, tokens_c, worst = [], [], 0.0
+    step(tok_c, len(prompt), cache_c)  # compile (or load from Inductor's disk cache) ...
+    (_, cache_c), = _solo_caches(model, [prompt])  # ... and start again from a clean cache
+    graphs = _graphs()
+    with torch.compiler.set_stance("fail_on_recompile"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a recompile as the position grows, or an eager fallback, is an error
+        for i in range(64):
+            pos = len(prompt) + i
+            a = decode_one_token(model, tok_e, pos, cache_e)
+            b = step(tok_c, torch.tensor([pos]), cache_c)
+            worst = max(worst, float((a - b).abs().max()))
+            tok_e, tok_c = a.argmax(-1, keepdim=True), b.argmax(-1, keepdim=True)
+            tokens_e.append(int(tok_e)), tokens_c.append(int(tok_c))
+    assert _graphs() == graphs  # no new graph in 64 positions
+    assert step.compiled
+    assert worst <= 1e-4, f"compiled vs eager logits differ by {worst:.2e}"
+    assert tokens_c == tokens_e
+    assert len(set(tokens_e)) > 1  # the test decoded something, not one token over and over
+
+
+def test_fast_model_generates_the_eager_tokens(compiled_tiny, one_thread):
+    model, step = compiled_tiny
+    fast = FastModel(model)
+    fast.step = step  # the session's compiled step: same shapes as above, no new compile
+    prompt = list(range(30, 42))
+    cache = KVCache(model.config, 1, S)
+    got = generate(fast, prompt, 40, cache=cache).tokens
+    assert got == generate(model, prompt, 40).tokens
+
+
+def test_compiled_batch_matches_each_sequence_alone(compiled_tiny, one_thread):
+    model, step = compiled_tiny
+    prompts = [[5, 9, 2], list(range(7, 20)), [200] * 8, [1]]
+    solo = _solo_caches(model, prompts)
+    batch = _stack(model, [c for _, c in solo])
+    tokens = torch.stack([lg.argmax(-1) for lg, _ in solo])  # [4, 1]
+    positions = torch.tensor([len(p) for p in prompts])
+    graphs = None
+    for i in range(6):  # the batch decodes together; every sequence must follow its solo greedy run
+        got = step(tokens, positions + i, batch)
+        if i == 0:
+            graphs = _graphs()  # the batch of 4 compiled once, at the first step
+        for b in range(len(prompts)):
+            want = decode_one_token(model, tokens[b:b + 1], len(prompts[b]) + i, solo[b][1])
+            torch.testing.assert_close(got[b:b + 1], want, atol=1e-4, rtol=1e-4)
+        tokens = got.argmax(-1, keepdim=True)
+    assert _graphs() == graphs
+
+
+@pytest.mark.slow
+def test_compiled_real_model_matches_eager_for_64_greedy_tokens(real_model):
+    torch.set_num_threads(2)
+    fast = FastModel(real_model)
+    prompt = list(range(1000, 1064))
+    eager = generate(real_model, prompt, 64)
+    compiled = generate(fast, prompt, 64)
+    assert fast.compiled and compiled.tokens == eager.tokens
+    c_e, c_c = KVCache(real_model.config, 1, 128), KVCache(real_model.config, 1, 128)  # generate's size: no new compile
+    prefill(real_model, torch.tensor([prompt]), c_e), prefill(real_model, torch.tensor([prompt]), c_c)
+    token = torch.tensor([[eager.tokens[0]]])
+    a = decode_one_token(real_model, token, 64, c_e)
+    b = decode_one_token(fast, token, 64, c_c)
+    assert float((a - b).abs().max()) <= 1e-4
