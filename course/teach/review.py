@@ -176,12 +176,16 @@ def due_items(store: ProgressStore | None = None, bank: QuestionBank | None = No
     bank = bank if bank is not None else load_questions()
     if lesson is not None:
         bank.check_lesson(lesson)
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise ValueError(f"limit must be a whole number >= 1, got {limit!r}")
+    _check_limit(limit)
     now = time.time() if now is None else float(now)
     items = [i for i in all_items(store, bank, now) if i.is_due(now) and (lesson is None or i.lesson == lesson)]
     items.sort(key=lambda i: (-i.weight, i.due_at, i.order))
     return items[:limit] if limit is not None else items
+
+
+def _check_limit(limit) -> None:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"limit must be a whole number >= 1 (or None for all), got {limit!r}")
 
 
 def next_due_at(store: ProgressStore | None = None, bank: QuestionBank | None = None,
@@ -233,8 +237,10 @@ class ReviewSession:
     revealed: bool = field(init=False, default=False)
 
     def __post_init__(self):
-        self.items = due_items(self.store, self.bank, now=self.now, lesson=self.lesson, limit=self.limit)
-        self.due_total = len(due_items(self.store, self.bank, now=self.now, lesson=self.lesson))
+        _check_limit(self.limit)
+        due = due_items(self.store, self.bank, now=self.now, lesson=self.lesson)
+        self.items = due[:self.limit] if self.limit is not None else due
+        self.due_total = len(due)
 
     # -- where we are
     @property
