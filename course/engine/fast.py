@@ -70,9 +70,55 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight[:, None, :] * x[None]).sum(-1, dtype=torch.float32).to(x.dtype).t()  # [N, B] → [B, N]
 
 
-def _rms_norm(x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The model's RMSNorm (course.engine.model.RMSNorm) as a function of tensors."""
     x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)).type_as(x) * norm.weight
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).type_as(x) * weight
+
+
+def decode_block(x: torch.Tensor, w: tuple[torch.Tensor, ...], eps: float, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor, hidden: torch.Tensor, n_heads: int, n_kv_heads: int, gather: bool = False,
+                 linear=streamed_linear) -> torch.Tensor:
+    """One transformer block for B one-token rows x [B, d]; writes this step's K and V into the cache.
+
+    w: the block's tensors (see `block_weights`); k_cache / v_cache [B_cache, H_kv, S, D_h]; rows [B], positions
+    [B]: where each row's K/V go; cos / sin [B, 1, D_h]; hidden [B, 1, 1, S]: 0 where a key is visible, -inf where
+    the sequence has not reached it. gather: rows is a subset of the cache's rows (attention reads a copy of them).
+    """
+    wq, wk, wv, wo, w_gate, w_up, w_down, norm_att, norm_ffn = w
+    B, D_h = x.shape[0], k_cache.shape[-1]
+    G = n_heads // n_kv_heads  # query heads per KV head
+    h = rms_norm(x, norm_att, eps)  # [B, d]
+    q = apply_rope(linear(h, wq).view(B, n_heads, D_h), cos, sin)  # [B, H, D_h]
+    k = apply_rope(linear(h, wk).view(B, n_kv_heads, D_h), cos, sin)  # [B, H_kv, D_h]
+    v = linear(h, wv).view(B, n_kv_heads, D_h)
+    k_cache[rows, :, positions] = k  # sequence b writes its K at (row b, position b): [B, H_kv, D_h]
+    v_cache[rows, :, positions] = v
+    if gather:
+        k_cache, v_cache = k_cache[rows], v_cache[rows]  # [B, H_kv, S, D_h]
+    q = q.view(B, n_kv_heads, G, D_h)
+    scores = (q.float() @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(D_h)) + hidden  # [B, H_kv, G, S]
+    out = torch.softmax(scores, dim=-1).to(x.dtype) @ v_cache  # [B, H_kv, G, D_h]
+    x = x + linear(out.reshape(B, n_heads * D_h), wo)
+    h = rms_norm(x, norm_ffn, eps)
+    return x + linear(F.silu(linear(h, w_gate)) * linear(h, w_up), w_down)  # SwiGLU
+
+
+def block_weights(layer: nn.Module) -> tuple[torch.Tensor, ...]:
+    """A TransformerBlock's tensors in the order decode_block takes them (no copies)."""
+    att, ff = layer.attention, layer.feed_forward
+    return (att.wq.weight, att.wk.weight, att.wv.weight, att.wo.weight, ff.w_gate.weight, ff.w_up.weight,
+            ff.w_down.weight, layer.attention_norm.weight, layer.ffn_norm.weight)
+
+
+def step_inputs(model: Transformer, positions: torch.Tensor, S: int):
+    """What every block of a step shares: cos, sin [B, 1, D_h] and the visibility mask hidden [B, 1, 1, S]."""
+    cos = model.rope_cos[positions].to(model.dtype)[:, None, :]
+    sin = model.rope_sin[positions].to(model.dtype)[:, None, :]
+    keys = torch.arange(S, device=positions.device)
+    hidden = torch.where(keys[None, :] <= positions[:, None], 0.0, float("-inf"))  # [B, S]
+    return cos, sin, hidden.to(model.dtype)[:, None, None, :]  # broadcast over KV heads and their groups
 
 
 def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tensor,
@@ -87,37 +133,14 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
     neither do the shapes of this function, whatever the context.
     """
     c = model.config
-    B, S = tokens.shape[0], ks[0].shape[2]
-    H, H_kv, D_h = c.n_heads, c.n_kv_heads, c.head_dim
-    G = H // H_kv  # query heads per KV head
-    dtype = model.dtype
+    cos, sin, hidden = step_inputs(model, positions, ks[0].shape[2])
+    gather = rows is not None
+    rows = torch.arange(tokens.shape[0], device=tokens.device) if rows is None else rows
     x = model.tok_embeddings(tokens[:, 0])  # [B, d]
-    cos = model.rope_cos[positions].to(dtype)[:, None, :]  # [B, 1, D_h]
-    sin = model.rope_sin[positions].to(dtype)[:, None, :]
-    keys = torch.arange(S, device=tokens.device)
-    hidden = torch.where(keys[None, :] <= positions[:, None], 0.0, float("-inf"))  # [B, S]
-    hidden = hidden.to(dtype)[:, None, None, :]  # [B, 1, 1, S]: broadcast over KV heads and their groups
-    gather = rows is not None  # a subset of the cache's rows: attention reads a gathered copy of them
-    rows = torch.arange(B, device=tokens.device) if rows is None else rows
-    scale = 1.0 / math.sqrt(D_h)
     for layer, k_cache, v_cache in zip(model.layers, ks, vs):
-        att = layer.attention
-        h = _rms_norm(x, layer.attention_norm)  # [B, d]
-        q = apply_rope(linear(h, att.wq.weight).view(B, H, D_h), cos, sin)  # [B, H, D_h]
-        k = apply_rope(linear(h, att.wk.weight).view(B, H_kv, D_h), cos, sin)  # [B, H_kv, D_h]
-        v = linear(h, att.wv.weight).view(B, H_kv, D_h)
-        k_cache[rows, :, positions] = k  # sequence b writes its K at (row b, position b): [B, H_kv, D_h]
-        v_cache[rows, :, positions] = v
-        if gather:
-            k_cache, v_cache = k_cache[rows], v_cache[rows]  # [B, H_kv, S, D_h]
-        q = q.view(B, H_kv, G, D_h)
-        scores = (q.float() @ k_cache.float().transpose(-1, -2)) * scale + hidden  # [B, H_kv, G, S]
-        out = torch.softmax(scores, dim=-1).to(dtype) @ v_cache  # [B, H_kv, G, D_h]
-        x = x + linear(out.reshape(B, H * D_h), att.wo.weight)
-        ff = layer.feed_forward
-        h = _rms_norm(x, layer.ffn_norm)
-        x = x + linear(F.silu(linear(h, ff.w_gate.weight)) * linear(h, ff.w_up.weight), ff.w_down.weight)
-    return linear(_rms_norm(x, model.norm), model.output.weight).float()  # [B, V]
+        x = decode_block(x, block_weights(layer), c.norm_eps, k_cache, v_cache, rows, positions, cos, sin, hidden,
+                         c.n_heads, c.n_kv_heads, gather, linear)
+    return linear(rms_norm(x, model.norm.weight, c.norm_eps), model.output.weight).float()  # [B, V]
 
 
 class DecodeStep:
