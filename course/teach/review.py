@@ -460,10 +460,11 @@ def progress_html(store: ProgressStore | None = None, bank: QuestionBank | None 
     import html
 
     rows = progress(store, bank, now)
-    head = "".join(f"<th style='padding:0 .6em'>{html.escape(c)}</th>" for c in PROGRESS_COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td style='padding:0 .6em;text-align:{'left' if k in (0, 6) else 'right'}'>"
-                                    f"{html.escape(cell)}</td>" for k, cell in enumerate(_cells(r))) + "</tr>"
-                   for r in rows)
+    align = ["left" if k in (0, len(PROGRESS_COLUMNS) - 1) else "right" for k in range(len(PROGRESS_COLUMNS))]
+    head = "".join(f"<th style='padding:0 .6em;text-align:{a}'>{html.escape(c)}</th>"
+                   for a, c in zip(align, PROGRESS_COLUMNS))
+    body = "".join("<tr>" + "".join(f"<td style='padding:0 .6em;text-align:{a}'>{html.escape(cell)}</td>"
+                                    for a, cell in zip(align, _cells(r))) + "</tr>" for r in rows)
     return f"<table class='kvcourse-review-progress'><tr>{head}</tr>{body}</table>"
 
 
