@@ -7,7 +7,7 @@ import torch
 from course.engine.generate import generate
 from course.engine.kv_cache import KVCache
 from course.measure.costs import kv_cache_bytes
-from course.engine.prefix_cache import PrefixCache, generate_with_prefix
+from course.engine.prefix_cache import PrefixCache
 
 
 @pytest.fixture(autouse=True)
@@ -52,8 +52,8 @@ def test_generation_through_the_store_matches_plain_generate(tiny):
     for seed in (5, 6):
         prompt = prefix + _ids(8, seed)
         want = generate(tiny, prompt, 12, temperature=0).tokens
-        plain = generate_with_prefix(tiny, prompt, 12)
-        reused = generate_with_prefix(tiny, prompt, 12, prefix_cache=store, prefix_len=len(prefix))
+        plain = generate(tiny, prompt, 12)
+        reused = generate(tiny, prompt, 12, prefix_cache=store, prefix_len=len(prefix))
         assert plain.tokens == want and reused.tokens == want
         assert plain.reused_tokens == 0 and plain.computed_tokens == len(prompt)
     assert reused.reused_tokens == len(prefix) and reused.computed_tokens == 8
@@ -139,7 +139,7 @@ def test_system_prompt_reuse_on_the_real_model(real_model, tokenizer):
         prompt = tokenizer.chat_ids(question, system=system)
         assert prompt[:len(prefix)] == prefix  # the system turn is a token prefix of every request
         want = generate(real_model, prompt, 12, temperature=0).tokens
-        got = generate_with_prefix(real_model, prompt, 12, prefix_cache=store, prefix_len=len(prefix))
+        got = generate(real_model, prompt, 12, prefix_cache=store, prefix_len=len(prefix))
         assert got.tokens == want
     assert got.reused_tokens == len(prefix)
     assert store.stats.hits == 1 and store.stats.misses == 1

@@ -19,9 +19,8 @@ def add_arguments(p):
 
 def run(args) -> int:
     import course
-    from course.engine.generate import generate
     from course.engine.sampling import check_params
-    from course.engine.streaming import TokenStreamer
+    from course.engine.streaming import stream_answer
 
     try:
         check_params(args.temperature, args.top_k, args.top_p)
@@ -29,17 +28,15 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    ids = tok.encode(args.prompt) if args.raw else tok.chat_ids(args.prompt)
-    streamer = TokenStreamer(tok, write=lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     try:
-        g = generate(model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                     top_p=args.top_p, seed=args.seed, eos_id=tok.eos_id, on_token=streamer)
+        g = stream_answer(model, tok, args.prompt, args.max_new_tokens, raw=args.raw,
+                          write=lambda s: (sys.stdout.write(s), sys.stdout.flush()), temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    streamer.flush()
     print()
-    print(f"\n[{len(ids)} prompt tokens, {len(g.tokens)} new tokens, stop: {g.stop_reason}]  "
+    print(f"\n[{len(g.prompt_ids)} prompt tokens, {len(g.tokens)} new tokens, stop: {g.stop_reason}]  "
           f"TTFT {g.time_to_first_token * 1e3:.0f} ms  ·  mean ITL {g.mean_inter_token_latency * 1e3:.1f} ms/token  "
           f"({g.decode_tokens_per_s:.1f} tokens/s)  on {model.device} {str(model.dtype).split('.')[-1]}")
     return 0

@@ -2,7 +2,8 @@
 
 Each step scores every (beam, next token) pair by the running sum of log-probabilities, keeps the
 best W, and reorders the cache rows so row i holds the history of the beam now in slot i (a beam
-that was kept twice is copied, one that was dropped is overwritten).
+that was kept twice is copied, one that was dropped is overwritten). The steps run in the engine's one decode
+loop (course.engine.generate.decode_loop), which does the reordering when it is sent (tokens, rows).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course.engine.generate import decode_loop, prefill, prompt_tensor
 from course.engine.kv_cache import KVCache
 
 
@@ -28,13 +30,6 @@ class BeamResult:
         return self.cache_bytes / self.single_cache_bytes
 
 
-def _reorder(cache: KVCache, rows: torch.Tensor, end: int):
-    """Row i of every layer's K and V becomes old row rows[i] (positions 0..end-1)."""
-    for layer in cache.layers:
-        layer.k[:, :, :end] = layer.k[rows, :, :end]  # advanced indexing copies, so overlapping rows are safe
-        layer.v[:, :, :end] = layer.v[rows, :, :end]
-
-
 @torch.inference_mode()
 def beam_search(model, prompt_ids, width: int = 4, max_new_tokens: int = 24, eos_id: int | None = None,
                 use_cache: bool = True) -> BeamResult:
@@ -48,17 +43,16 @@ def beam_search(model, prompt_ids, width: int = 4, max_new_tokens: int = 24, eos
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     device = model.device
-    prompt = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)
+    prompt = prompt_tensor(model, prompt_ids, max_new_tokens)  # [1, T]
     T = prompt.shape[1]
     size = T + max_new_tokens
-    if size > model.config.max_seq_len:
-        raise ValueError(f"prompt + max_new_tokens = {size} exceeds the context of {model.config.max_seq_len}")
     seqs = prompt.repeat(width, 1)  # [W, T]: every beam starts as the prompt
     cache = KVCache(model.config, width, size, dtype=model.dtype, device=device) if use_cache else None
     scores = torch.full((width,), float("-inf"), device=device)
     scores[0] = 0.0  # one live beam at first, so the W copies of the prompt do not fill the beam with duplicates
     finished: list[tuple[list[int], float]] = []
-    logits = model(seqs, 0, cache, last_only=True)  # prefill all W rows: [W, V]
+    loop = decode_loop(model, seqs, max_new_tokens, cache=cache, use_cache=use_cache)  # the engine's decode loop
+    logits = next(loop)  # prefill all W rows: [W, V]
     for step in range(max_new_tokens):
         candidates = (scores[:, None] + torch.log_softmax(logits.float(), dim=-1)).view(-1)  # [W·V]
         top_scores, top_index = candidates.topk(2 * width)  # spare candidates replace beams that end
@@ -81,11 +75,10 @@ def beam_search(model, prompt_ids, width: int = 4, max_new_tokens: int = 24, eos
         scores = torch.tensor([s for _, _, s in kept], device=device)
         if step == max_new_tokens - 1:
             break
-        if use_cache:
-            _reorder(cache, rows, T + step)  # beams now in slot i descend from old slot rows[i]
-            logits = model(new, T + step, cache, last_only=True)  # [W, V]: one new token per beam
-        else:
-            logits = model(seqs, 0, None, last_only=True)
+        # Beams now in slot i descend from old slot rows[i]: the loop reorders the cache rows (or, uncached, the
+        # sequences it re-runs), then runs one new token per beam: [W, V].
+        logits = loop.send((new, rows))
+    loop.close()
     live = [(seqs[i, T:].tolist(), s) for i, s in enumerate(scores.tolist()) if s > float("-inf")]
     hypotheses = sorted(finished + live, key=lambda h: h[1], reverse=True)  # no length penalty: plain sums
     best_tokens, best_score = hypotheses[0]
@@ -102,5 +95,5 @@ def sequence_logprob(model, prompt_ids, new_tokens) -> float:
     """Summed log-probability the model gives new_tokens after the prompt (to compare beam vs greedy)."""
     ids = torch.as_tensor(list(prompt_ids) + list(new_tokens), dtype=torch.long, device=model.device).view(1, -1)
     T = len(prompt_ids)
-    logp = torch.log_softmax(model(ids)[0, T - 1:-1].float(), dim=-1)  # [n, V]
+    logp = torch.log_softmax(prefill(model, ids, cache=None, last_only=False)[0, T - 1:-1].float(), dim=-1)  # [n, V]
     return logp.gather(-1, torch.as_tensor(list(new_tokens), device=model.device).view(-1, 1)).sum().item()

@@ -1,28 +1,40 @@
 """One LLM call, in the phases the course teaches: prefill, then decode one token at a time.
 
-    prefill            all T prompt tokens in one parallel pass; fills the KV cache; gives token 1
-    decode_one_token   one new token attends over the cache; gives the next token
-    generate           prefill + decode until EOS or the token limit, streaming and timing each token
+    prefill            the prompt's T tokens in one parallel pass; fills the KV cache; gives token 1's logits
+    decode_one_token   one new token per sequence attends over the cache; gives the next logits
+    decode_loop        THE token-by-token loop: prefill, then one step per new token (every variant below uses it)
+    generate           decode_loop + a sampler, until EOS or the token limit, streaming and timing each token
 
-Each phase is its own function so each can be timed on its own.
+Everything that decodes token by token goes through `decode_loop`, changing it only by parameters: the cache
+object (KVCache, the INT8 cache, a cache filled from a stored prefix, a batch of beams), where the next tokens
+come from (a sampler, known tokens for teacher forcing, a beam search's choice), no cache at all (the O(T²)
+baseline), or the step function (`step(tokens [B, 1], start_pos, cache) -> logits [B, V]`, e.g. a compiled one).
+`sample_continuations` (course.engine.continuations), speculative decoding's draft and its target's verify
+passes (course.engine.speculative) and beam search (course.engine.beam) build on it.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Generator, Sequence
 
 import torch
 
 from course.engine.device import synchronize
 from course.engine.kv_cache import KVCache
-from course.engine.sampling import check_params, sample
+from course.engine.sampling import Sampler
+
+# step(tokens [B, n], start_pos, cache) -> next-token logits [B, V]: one forward pass against the cache.
+Step = Callable[[torch.Tensor, int, object], torch.Tensor]
 
 
+# ---------------------------------------------------------------------- the phases
 @torch.inference_mode()
-def prefill(model, prompt_ids: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
-    """Run the prompt [B, T] at positions 0..T-1, filling the cache; return next-token logits [B, V]."""
-    return model(prompt_ids, start_pos=0, cache=cache, last_only=True)
+def prefill(model, prompt_ids: torch.Tensor, cache: KVCache | None, start_pos: int = 0,
+            last_only: bool = True) -> torch.Tensor:
+    """Run the prompt [B, T] at positions start_pos..start_pos+T-1, filling the cache; return next-token logits
+    [B, V] (with last_only=False, the logits at every position: [B, T, V])."""
+    return model(prompt_ids, start_pos=start_pos, cache=cache, last_only=last_only)
 
 
 @torch.inference_mode()
@@ -37,6 +49,97 @@ def forward_uncached(model, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, start_pos=0, cache=None, last_only=True)
 
 
+# ---------------------------------------------------------------------- checks, once per call
+def check_context(config, prompt_len: int, max_new_tokens: int) -> None:
+    """The one context-length check: a prompt of at least one token, and room for max_new_tokens after it."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    if prompt_len == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    limit = config.max_seq_len
+    if prompt_len + max_new_tokens > limit:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
+                         f"{limit} tokens; shorten the prompt or ask for fewer tokens")
+
+
+def prompt_tensor(model, prompt_ids, max_new_tokens: int = 0) -> torch.Tensor:
+    """A prompt (list of ids, [T] or [B, T] tensor, or B equal-length lists) as a [B, T] long tensor on the model's
+    device, checked against the context."""
+    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.device)
+    ids = ids.view(1, -1) if ids.dim() <= 1 else ids
+    check_context(model.config, ids.shape[1], max_new_tokens)
+    return ids
+
+
+# ---------------------------------------------------------------------- the one decode loop
+def decode_loop(model, ids: torch.Tensor, max_new_tokens: int, *, cache=None, use_cache: bool = True,
+                start_pos: int = 0, first_logits: torch.Tensor | None = None,
+                step: Step | None = None) -> Generator[torch.Tensor, object, None]:
+    """The token-by-token loop. A generator: it yields the next-token logits [B, V], up to max_new_tokens times,
+    and you send back the tokens to append ([B] or [B, 1]) — sampled, known (teacher forcing), or chosen by a
+    search. Send `(tokens, rows)` to first reorder the batch (row i continues old row rows[i]: beam search).
+    Sending None, or the last of max_new_tokens, ends it without another pass.
+
+        loop = decode_loop(model, ids, n, cache=cache)
+        logits = next(loop)                      # the prefill (positions start_pos .. start_pos + T - 1)
+        logits = loop.send(next_tokens)          # one decode step per call
+
+    cache: filled from start_pos on (None with use_cache=True: a fresh KVCache sized for the call).
+    first_logits: the prompt is already in the cache (e.g. copied from a prefix store): skip the prefill.
+    use_cache=False re-runs the whole sequence every step. step: the forward pass of a decode step.
+    """
+    B, T = ids.shape
+    if use_cache and cache is None:
+        cache = KVCache(model.config, batch=B, max_seq_len=start_pos + T + max_new_tokens, dtype=model.dtype,
+                        device=ids.device)
+    if not use_cache and start_pos:
+        raise ValueError("start_pos needs a cache (use_cache=True): without one every step starts at position 0")
+    step = step or (lambda tokens, pos, c: decode_one_token(model, tokens, pos, c))
+    if first_logits is not None:
+        logits = first_logits
+    elif use_cache:
+        logits = prefill(model, ids, cache, start_pos)
+    else:
+        logits = forward_uncached(model, ids)
+    seq, pos = ids, start_pos + T  # seq: the whole sequence (the uncached path); pos: where the next token goes
+    for i in range(max_new_tokens):
+        fed = yield logits
+        if fed is None or i == max_new_tokens - 1:
+            return
+        rows = None
+        if isinstance(fed, tuple):
+            fed, rows = fed
+        tokens = torch.as_tensor(fed, dtype=torch.long, device=ids.device).view(B, 1)  # [B, 1]
+        if use_cache:
+            if rows is not None:
+                reorder_rows(cache, rows, pos)
+            logits = step(tokens, pos, cache)
+        else:
+            seq = torch.cat([seq if rows is None else seq[rows], tokens], dim=1)
+            logits = forward_uncached(model, seq)
+        pos += 1
+
+
+def reorder_rows(cache, rows: torch.Tensor, end: int) -> None:
+    """Row i of every cached tensor (K, V and any scales) becomes old row rows[i], positions 0..end-1."""
+    for layer in cache.layers:
+        for t in layer.tensors():
+            t[:, :, :end] = t[rows, :, :end]  # advanced indexing copies, so overlapping rows are safe
+
+
+@torch.inference_mode()
+def teacher_forced_logits(model, prompt_ids, tokens: Sequence[int], cache=None) -> torch.Tensor:
+    """The logits [n, V] that predict each of n known tokens after the prompt, feeding the known tokens (not the
+    model's own picks) through the decode loop: step i sees the prompt and tokens[:i]."""
+    ids = prompt_tensor(model, prompt_ids, len(tokens))
+    loop = decode_loop(model, ids, len(tokens), cache=cache)
+    out = [next(loop)]
+    for token in tokens[:-1]:
+        out.append(loop.send(torch.tensor([token])))
+    return torch.cat(out)  # [n, V]
+
+
+# ---------------------------------------------------------------------- one call, timed
 @dataclass
 class Generation:
     """What one call produced, and when. Times are seconds."""
@@ -44,6 +147,10 @@ class Generation:
     tokens: list[int] = field(default_factory=list)  # new tokens, EOS included if it was produced
     token_times: list[float] = field(default_factory=list)  # seconds since the call started, per token
     stop_reason: str = ""  # "eos" or "length"
+    reused_tokens: int = 0  # prompt tokens whose K/V came from a prefix store
+    computed_tokens: int = 0  # prompt tokens this call prefilled (a stored prefix included on a miss)
+    logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # [V] per token, with keep_logits=True
+    text: str = ""  # the answer as text, when a tokenizer was at hand (stream_answer)
 
     @property
     def time_to_first_token(self) -> float:
@@ -67,69 +174,46 @@ class Generation:
         return 1.0 / self.mean_inter_token_latency if self.inter_token_latencies else float("nan")
 
 
-def decode_n_tokens(model, first_token: torch.Tensor, start_pos: int, cache: KVCache, n: int,
-                    pick: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """Decode n tokens after `first_token` ([B, 1]) without streaming or stopping; returns [B, n]."""
-    out, token = [], first_token
-    for i in range(n):
-        token = pick(decode_one_token(model, token, start_pos + i, cache)).view(-1, 1)
-        out.append(token)
-    return torch.cat(out, dim=1) if out else first_token[:, :0]
-
-
 def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
-             use_cache: bool = True, on_token: Callable[[int], None] | None = None,
-             cache: KVCache | None = None) -> Generation:
+             use_cache: bool = True, on_token: Callable[[int], None] | None = None, cache=None,
+             sampler: Sampler | None = None, prefix_cache=None, prefix_len: int | None = None,
+             keep_logits: bool = False, step: Step | None = None) -> Generation:
     """Generate up to max_new_tokens for one prompt (a list of ids or a [1, T] tensor).
 
-    temperature 0 is greedy. `on_token(id)` is called as each token is produced (streaming).
-    Without the cache every step re-runs the whole sequence: the O(T²) baseline.
+    temperature 0 is greedy (or pass a ready `sampler`). `on_token(id)` is called as each token is produced
+    (streaming). Without the cache every step re-runs the whole sequence: the O(T²) baseline. `cache`: the cache
+    object to fill (e.g. course.engine.kv_quant.Int8KVCache). `prefix_cache` (a course.engine.prefix_cache
+    .PrefixCache): the prefill reuses its longest stored prefix (on a miss it first stores prompt[:prefix_len]);
+    the clock starts before it, so time_to_first_token compares directly with a plain call. keep_logits=True
+    keeps each step's logits in Generation.logits.
     """
-    check_params(temperature, top_k, top_p)
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    device = model.device
-    ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).view(1, -1)  # [1, T]
+    sampler = sampler or Sampler(temperature, top_k, top_p, seed=seed, device=model.device, dtype=model.dtype)
+    ids = prompt_tensor(model, prompt_ids, max_new_tokens)  # [1, T]
     T = ids.shape[1]
-    if T == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    limit = model.config.max_seq_len
-    if T + max_new_tokens > limit:
-        raise ValueError(f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
-                         f"{limit} tokens; shorten the prompt or ask for fewer tokens")
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-
-    def pick(logits):
-        return sample(logits, temperature, top_k, top_p, generator)
-
-    result = Generation(prompt_ids=ids[0].tolist())
-    if use_cache and cache is None:
-        cache = KVCache(model.config, batch=1, max_seq_len=T + max_new_tokens, dtype=model.dtype, device=device)
-    synchronize(device)
+    result = Generation(prompt_ids=ids[0].tolist(), computed_tokens=T)
+    synchronize(model.device)
     t0 = time.perf_counter()
-    seq = ids  # the whole sequence, needed only by the uncached path
-    last = ids[:, -1:]  # [1, 1] the latest token, all the cached path feeds the model
-    for step in range(max_new_tokens):
-        if not use_cache:
-            logits = forward_uncached(model, seq)
-        elif step == 0:
-            logits = prefill(model, ids, cache)
-        else:
-            logits = decode_one_token(model, last, T + step - 1, cache)
-        token = int(pick(logits)[0])  # .item() waits for the device: the clock below is honest
+    first = None
+    if prefix_cache is not None:
+        pre = prefix_cache.prefill(result.prompt_ids, max_seq_len=T + max_new_tokens, prefix_len=prefix_len)
+        first, cache = pre.logits, pre.cache
+        result.reused_tokens, result.computed_tokens = pre.reused_tokens, pre.computed_tokens
+    loop = decode_loop(model, ids, max_new_tokens, cache=cache, use_cache=use_cache, first_logits=first, step=step)
+    result.stop_reason = "length"
+    logits = next(loop, None) if max_new_tokens else None
+    while logits is not None:
+        token_ids, _ = sampler(logits)
+        token = int(token_ids[0])  # waits for the device: the clock below is honest
         result.token_times.append(time.perf_counter() - t0)
         result.tokens.append(token)
+        if keep_logits:
+            result.logits.append(logits[0])
         if on_token is not None:
             on_token(token)
         if eos_id is not None and token == eos_id:
             result.stop_reason = "eos"
+            loop.close()
             break
-        last = torch.full((1, 1), token, dtype=torch.long, device=device)
-        if not use_cache:
-            seq = torch.cat([seq, last], dim=1)
-    else:
-        result.stop_reason = "length"
+        logits = loop.send(token_ids) if len(result.tokens) < max_new_tokens else None
     return result

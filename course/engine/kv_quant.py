@@ -102,24 +102,19 @@ def compare_int8_cache(model, prompt_ids, n_tokens: int = 64) -> QuantComparison
     Replaying the same tokens (teacher forcing) isolates the cache's error at each step; the free-running
     INT8 generation then shows whether that error ever flips a greedy choice.
     """
-    from course.engine.generate import generate
+    from course.engine.generate import generate, teacher_forced_logits
 
     if n_tokens <= 0:
         raise ValueError(f"n_tokens must be positive, got {n_tokens}")
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.device).view(1, -1)  # [1, T]
-    T = ids.shape[1]
-    size = T + n_tokens
-    ref_cache = KVCache(model.config, 1, size, dtype=model.dtype, device=model.device)
-    q_cache = Int8KVCache(model.config, 1, size, dtype=model.dtype, device=model.device)
-    ref_logits = [model(ids, 0, ref_cache, last_only=True)]
-    q_logits = [model(ids, 0, q_cache, last_only=True)]
-    tokens = [int(ref_logits[0].argmax(-1))]
-    for step in tqdm(range(1, n_tokens), desc="float and INT8 caches, same tokens", unit="tok"):
-        tok = torch.tensor([[tokens[-1]]], device=model.device)
-        ref_logits.append(model(tok, T + step - 1, ref_cache, last_only=True))
-        q_logits.append(model(tok, T + step - 1, q_cache, last_only=True))
-        tokens.append(int(ref_logits[-1].argmax(-1)))
-    ref, q = torch.cat(ref_logits), torch.cat(q_logits)  # [n_tokens, V]
+    size = ids.shape[1] + n_tokens
+    with tqdm(total=2 * n_tokens, desc="float and INT8 caches, same tokens", unit="tok") as bar:
+        ref = generate(model, ids, n_tokens, keep_logits=True, on_token=lambda _: bar.update())  # greedy
+        tokens = ref.tokens
+        q_cache = Int8KVCache(model.config, 1, size, dtype=model.dtype, device=model.device)
+        q = teacher_forced_logits(model, ids, tokens, cache=q_cache)  # [n_tokens, V]: the INT8 cache, same tokens
+        bar.update(n_tokens)
+    ref = torch.stack(ref.logits)  # [n_tokens, V]
     diff = (ref - q).abs()
     agree = (ref.argmax(-1) == q.argmax(-1)).float().mean().item()
     free = generate(model, ids, n_tokens, use_cache=True,

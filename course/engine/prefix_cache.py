@@ -21,9 +21,8 @@ import torch
 from torch import nn
 
 from course.engine.device import synchronize
-from course.engine.generate import Generation, decode_one_token
+from course.engine.generate import prefill
 from course.engine.kv_cache import KVCache
-from course.engine.sampling import check_params, sample
 
 
 @dataclass
@@ -98,10 +97,11 @@ class PrefixCache:
         return sum(e.nbytes for e in self.entries.values())
 
     def entry_bytes(self, n_tokens: int) -> int:
-        """Bytes an entry of n_tokens will take: 2 · L · H_kv · P · D_h · dtype_bytes, plus V logits."""
+        """Bytes an entry of n_tokens will take: its K and V rows (measured on a shape-only cache of that length,
+        so the count is the cache's own) plus V float32 logits."""
         c = self.model.config
-        elt = torch.empty((), dtype=self.model.dtype).element_size()
-        return 2 * c.n_layers * c.n_kv_heads * n_tokens * c.head_dim * elt + c.vocab_size * 4
+        rows = KVCache(c, batch=1, max_seq_len=n_tokens, dtype=self.model.dtype, device="meta").nbytes
+        return rows + c.vocab_size * torch.finfo(torch.float32).bits // 8
 
     @torch.inference_mode()
     def add(self, prefix_ids) -> PrefixEntry:
@@ -119,7 +119,7 @@ class PrefixCache:
         model, P = self.model, len(tokens)
         cache = KVCache(model.config, batch=1, max_seq_len=P, dtype=model.dtype, device=model.device)
         ids = torch.tensor([tokens], dtype=torch.long, device=model.device)
-        logits = model(ids, start_pos=0, cache=cache, last_only=True)[0]  # [V]
+        logits = prefill(model, ids, cache)[0]  # [V]
         entry = PrefixEntry(tokens=tokens, k=[layer.k.clone() for layer in cache.layers],
                             v=[layer.v.clone() for layer in cache.layers], last_logits=logits.clone())
         self._evict(room_for=entry.nbytes)
@@ -147,7 +147,8 @@ class PrefixCache:
 
     @torch.inference_mode()
     def prefill(self, prompt_ids, max_seq_len: int | None = None, prefix_len: int | None = None) -> PrefillResult:
-        """Prefill a prompt, reusing the longest stored prefix; a drop-in for generate.prefill.
+        """Prefill a prompt, reusing the longest stored prefix; a drop-in for generate.prefill (and what
+        generate(..., prefix_cache=store) calls).
 
         prefix_len: on a miss, first store prompt_ids[:prefix_len] (the shared part, e.g. the system
         prompt) so later requests hit. max_seq_len: size of the returned cache (default: the prompt).
@@ -186,7 +187,7 @@ class PrefixCache:
             self.stats.seconds_copying += time.perf_counter() - t_copy
         if P < T:
             suffix = torch.tensor([ids[P:]], dtype=torch.long, device=model.device)  # [1, T - P]
-            logits = model(suffix, start_pos=P, cache=cache, last_only=True)  # [1, V]
+            logits = prefill(model, suffix, cache, start_pos=P)  # [1, V]: only the tokens after the prefix
         else:
             logits = entry.last_logits.clone().view(1, -1)
         computed += T - P
@@ -196,54 +197,3 @@ class PrefixCache:
         synchronize(model.device)
         return PrefillResult(logits=logits, cache=cache, reused_tokens=reused, computed_tokens=computed,
                              seconds=time.perf_counter() - t0)
-
-
-@dataclass
-class PrefixGeneration(Generation):
-    reused_tokens: int = 0  # prompt tokens whose K/V came from the prefix store
-    computed_tokens: int = 0  # prompt tokens prefilled by this request (the stored prefix included on a miss)
-
-
-@torch.inference_mode()
-def generate_with_prefix(model: nn.Module, prompt_ids, max_new_tokens: int = 16, *,
-                         prefix_cache: PrefixCache | None = None, prefix_len: int | None = None,
-                         temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                         seed: int | None = None, eos_id: int | None = None) -> PrefixGeneration:
-    """course.engine.generate.generate with the prefill step going through a PrefixCache (None: plain prefill).
-
-    Timing starts before the prefill, so time_to_first_token compares directly with generate().
-    """
-    check_params(temperature, top_k, top_p)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    device = model.device
-    ids = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
-    T = len(ids)
-    if T + max_new_tokens > model.config.max_seq_len:
-        raise ValueError(f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
-                         f"{model.config.max_seq_len} tokens; shorten the prompt or ask for fewer tokens")
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-    result = PrefixGeneration(prompt_ids=ids)
-    synchronize(device)
-    t0 = time.perf_counter()
-    if prefix_cache is None:
-        cache = KVCache(model.config, batch=1, max_seq_len=T + max_new_tokens, dtype=model.dtype, device=device)
-        logits = model(torch.tensor([ids], dtype=torch.long, device=device), start_pos=0, cache=cache, last_only=True)
-        result.computed_tokens = T
-    else:
-        pre = prefix_cache.prefill(ids, max_seq_len=T + max_new_tokens, prefix_len=prefix_len)
-        logits, cache = pre.logits, pre.cache
-        result.reused_tokens, result.computed_tokens = pre.reused_tokens, pre.computed_tokens
-    for step in range(max_new_tokens):
-        if step > 0:
-            logits = decode_one_token(model, last, T + step - 1, cache)
-        token = int(sample(logits, temperature, top_k, top_p, generator)[0])
-        result.token_times.append(time.perf_counter() - t0)
-        result.tokens.append(token)
-        if eos_id is not None and token == eos_id:
-            result.stop_reason = "eos"
-            break
-        last = torch.full((1, 1), token, dtype=torch.long, device=device)
-    else:
-        result.stop_reason = "length"
-    return result

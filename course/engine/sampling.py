@@ -25,7 +25,15 @@ import numbers
 import torch
 
 
-def _check_logits(logits: torch.Tensor) -> None:
+def _check_logits(logits: torch.Tensor, dtype: torch.dtype | None = None, temperature: float = 0.0) -> bool:
+    """Shape and type (free), then one reduction and one device sync: every row's largest logit must be finite.
+
+    The row maxima catch all three faults at once (a NaN anywhere makes its row's max NaN, a +inf makes it +inf,
+    a row of only -inf has max -inf); the slower diagnosis below runs only when something is wrong. `dtype`: the
+    dtype the model computed in (the logits may have been upcast since), for the message. With a temperature > 0
+    the same sync also says whether logits / T overflows float32 (division is monotonic, so the largest scaled
+    logit is the scaled largest one): the return value, for _scale.
+    """
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"logits must be a torch.Tensor of shape [V] or [B, V], got {type(logits).__name__}")
     if logits.dim() not in (1, 2) or logits.shape[-1] == 0 or logits.numel() == 0:
@@ -33,12 +41,24 @@ def _check_logits(logits: torch.Tensor) -> None:
                          "for a model's [B, T, V] output take the last position: logits[:, -1]")
     if not logits.is_floating_point():
         raise ValueError(f"logits must be floating point, got {logits.dtype}; convert with logits.float()")
+    row_max = logits.amax(dim=-1)  # [B] or []: the one reduction over V
+    if temperature > 0:
+        ok, overflow = torch.stack([torch.isfinite(row_max).all(),
+                                    torch.isposinf(row_max.float() / temperature).any()]).tolist()  # the one sync
+    else:
+        ok, overflow = bool(torch.isfinite(row_max).all()), False
+    if ok:
+        return bool(overflow)
+    dtype = dtype or logits.dtype
+    name = str(dtype).replace("torch.", "")
+    why = ("float16 overflowed (its largest value is 65504): run the model in bfloat16 or float32"
+           if dtype == torch.float16 else "check the model's weights and inputs")
     if torch.isnan(logits).any():
-        raise ValueError("logits contain NaN; check the model output (NaN usually means fp16 overflow)")
+        raise ValueError(f"logits contain NaN (the model computed in {name}); {why}")
     if torch.isposinf(logits).any():
-        raise ValueError("logits contain +inf; they must be finite or -inf (-inf = a token that is ruled out)")
-    if torch.isneginf(logits).all(dim=-1).any():
-        raise ValueError("logits: every logit of a row is -inf, so there is no token left to sample")
+        raise ValueError(f"logits contain +inf (the model computed in {name}); they must be finite or -inf "
+                         f"(-inf = a token that is ruled out); {why}")
+    raise ValueError("logits: every logit of a row is -inf, so there is no token left to sample")
 
 
 def check_params(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
@@ -59,8 +79,15 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature == 0:
         raise ValueError("temperature 0 means greedy decoding: take argmax(logits) instead of rescaling "
                          "(sample() and probabilities() do that for you)")
+    return _scale(logits, temperature, overflow=None)
+
+
+def _scale(logits: torch.Tensor, temperature: float, overflow: bool | None) -> torch.Tensor:
+    """logits / T; overflow=None looks (a device sync), True/False says whether a tiny T overflows float32."""
     scaled = logits / temperature
-    if torch.isposinf(scaled).any():
+    if overflow is None:
+        overflow = bool(torch.isposinf(scaled).any())
+    if overflow:
         # A tiny T overflowed float32. Softmax ignores a constant shift, so divide the gaps to the max instead.
         scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     return scaled
@@ -69,6 +96,10 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
     """Keep the k largest logits (ties with the k-th are kept too); k larger than V keeps all."""
     check_params(top_k=k)
+    return _top_k(logits, k)
+
+
+def _top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
     if not k or k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, int(k), dim=-1).values[..., -1:]  # [..., 1] the k-th largest logit
@@ -82,10 +113,18 @@ def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     stays, so a tiny p is greedy; tokens tied with the last kept one stay too.
     """
     check_params(top_p=p)
+    return _top_p(logits, p, already_sorted=None)
+
+
+def _top_p(logits: torch.Tensor, p: float | None, already_sorted: bool | None) -> torch.Tensor:
+    """already_sorted=None looks whether the logits are most likely first (a widget caches them sorted; a device
+    sync); False always sorts (the same result, no sync: the decode loop's choice)."""
     if p is None or p >= 1.0:
         return logits
-    if bool((logits[..., 1:] <= logits[..., :-1]).all()):
-        sorted_logits = logits  # already most likely first (a widget caches sorted logits): skip the sort
+    if already_sorted is None:
+        already_sorted = bool((logits[..., 1:] <= logits[..., :-1]).all())
+    if already_sorted:
+        sorted_logits = logits  # skip the sort
     else:
         sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # [..., V]
     probs = sorted_logits.softmax(dim=-1)
@@ -96,6 +135,15 @@ def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     return logits.masked_fill(logits < threshold, float("-inf"))
 
 
+def _transform(logits: torch.Tensor, temperature: float, top_k, top_p, overflow: bool | None = None,
+               already_sorted: bool | None = None) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, on logits and settings already checked."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = _scale(logits, temperature, overflow)
+    return _top_p(_top_k(logits, top_k), top_p, already_sorted)
+
+
 def transform_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                      top_p: float | None = None) -> torch.Tensor:
     """Temperature, then top-k, then top-p: the composition transformers' generate() uses.
@@ -104,10 +152,7 @@ def transform_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
     """
     _check_logits(logits)
     check_params(temperature, top_k, top_p)
-    logits = logits.float()
-    if temperature > 0:
-        logits = apply_temperature(logits, temperature)
-    return top_p_filter(top_k_filter(logits, top_k), top_p)
+    return _transform(logits, temperature, top_k, top_p)
 
 
 def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -118,9 +163,13 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     """
     _check_logits(logits)
     check_params(temperature, top_k, top_p)
+    return _probabilities(logits, temperature, top_k, top_p)
+
+
+def _probabilities(logits, temperature, top_k, top_p, overflow=None, already_sorted=None) -> torch.Tensor:
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return transform_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return _transform(logits, temperature, top_k, top_p, overflow, already_sorted).softmax(dim=-1)
 
 
 def kept_mask(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -131,7 +180,7 @@ def kept_mask(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None 
     check_params(temperature, top_k, top_p)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).bool()
-    return torch.isfinite(transform_logits(logits, temperature, top_k, top_p))
+    return torch.isfinite(_transform(logits, temperature, top_k, top_p))
 
 
 def nucleus_size(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -140,21 +189,60 @@ def nucleus_size(logits: torch.Tensor, temperature: float = 1.0, top_k: int | No
     return kept_mask(logits, temperature, top_k, top_p).sum(dim=-1)
 
 
+class Sampler:
+    """The sampler's settings, checked once; then one call per decode step.
+
+        pick = Sampler(temperature=0.7, top_p=0.9, seed=0)
+        ids, probs = pick(logits)    # logits [B, V] (or [V]) → token ids [B] and the distribution [B, V]
+                                     # they were drawn from (one-hot when greedy), as gpt-fast's sample()
+
+    Each call checks the logits with one reduction and one device sync (course.engine.sampling._check_logits),
+    and never re-checks the settings. `dtype`: the dtype the model computes in, named if its logits go bad.
+    """
+
+    def __init__(self, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None, *, seed: int | None = None, device=None,
+                 dtype: torch.dtype | None = None):
+        check_params(temperature, top_k, top_p)
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=device or "cpu").manual_seed(seed)
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.generator, self.dtype = generator, dtype
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution a call would draw from (same shape as logits)."""
+        overflow = _check_logits(logits, self.dtype, self.temperature)
+        return _probabilities(logits, self.temperature, self.top_k, self.top_p, overflow, already_sorted=False)
+
+    def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = self.probs(logits)
+        if self.greedy:
+            return logits.argmax(dim=-1), probs
+        flat = probs.reshape(-1, probs.shape[-1])  # [B, V]
+        ids = torch.multinomial(flat, 1, generator=self.generator).squeeze(-1)  # [B]
+        return ids.reshape(probs.shape[:-1]), probs
+
+
+def sample_with_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                      top_p: float | None = None, generator: torch.Generator | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw token ids and return them with the distribution they were drawn from: (ids [B], probs [B, V])."""
+    return Sampler(temperature, top_k, top_p, generator)(logits)
+
+
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw token ids: [V] → scalar tensor, [B, V] → [B].
 
     temperature 0 is argmax and uses no randomness. Otherwise each row draws from `probabilities(...)`;
     pass a seeded torch.Generator to repeat the same draws (on the same machine and library versions).
+    sample_with_probs (or a Sampler) also returns the distribution, as speculative decoding needs.
     """
-    _check_logits(logits)
-    check_params(temperature, top_k, top_p)
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = probabilities(logits, temperature, top_k, top_p)
-    flat = probs.reshape(-1, probs.shape[-1])  # [B, V]
-    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]
-    return ids.reshape(probs.shape[:-1])
+    return sample_with_probs(logits, temperature, top_k, top_p, generator)[0]
 
 
 def entropy_bits(probs: torch.Tensor) -> torch.Tensor:

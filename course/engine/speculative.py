@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from course.engine.device import synchronize
-from course.engine.generate import Generation
+from course.engine.generate import Generation, decode_loop, prefill, prompt_tensor
 from course.engine.kv_cache import KVCache
-from course.engine.sampling import check_params, probabilities
+from course.engine.sampling import Sampler
 
 # ---------------------------------------------------------------------------------------------
 # The accept / reject step (pure functions of two distributions)
@@ -178,21 +178,19 @@ class ModelDraft(Draft):
         limit = min(len(self.fed), len(seq) - 1)
         while valid < limit and self.fed[valid] == seq[valid]:
             valid += 1
-        device = self.model.device
-        new = torch.tensor([seq[valid:]], dtype=torch.long, device=device)  # [1, T_new]
-        pos, drafted, dists = valid, [], []
+        new = torch.tensor([seq[valid:]], dtype=torch.long, device=self.model.device)  # [1, T_new]
+        sampler = Sampler(temperature, top_k, top_p, generator, dtype=self.model.dtype)
+        loop = decode_loop(self.model, new, k, cache=self.cache, start_pos=valid)  # the engine's decode loop
+        logits, drafted, dists = next(loop), [], []
         for i in range(k):
-            logits = self.model(new, start_pos=pos, cache=self.cache, last_only=True)[0]  # [V]
             self.passes += 1
-            pos += new.shape[1]
-            if temperature == 0:
-                token = int(logits.argmax())
-            else:
-                q = probabilities(logits, temperature, top_k, top_p)
-                token = int(torch.multinomial(q, 1, generator=generator))
+            token, q = sampler(logits[0])  # a token and the distribution it was drawn from
+            drafted.append(int(token))
+            if not sampler.greedy:
                 dists.append(q)
-            drafted.append(token)
-            new = torch.tensor([[token]], dtype=torch.long, device=device)
+            if i < k - 1:
+                logits = loop.send(token)
+        loop.close()
         self.fed = list(seq) + drafted[:-1]  # the last drafted token was never fed
         return drafted, (torch.stack(dists) if dists else None)
 
@@ -327,24 +325,17 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
     temperature 0: greedy speculative decoding (output equals greedy target decoding token for token).
     temperature > 0: speculative sampling (output distributed exactly as the target's sampler).
     """
-    check_params(temperature, top_k, top_p)
     check_k(k)
+    generator = torch.Generator(device=target.device).manual_seed(seed) if seed is not None else None
+    sampler = Sampler(temperature, top_k, top_p, generator, dtype=target.dtype)  # settings checked once
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    device = target.device
-    prompt = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
-    if not prompt:
-        raise ValueError("the prompt is empty: give at least one token")
-    capacity = len(prompt) + max_new_tokens + k + 1
-    if len(prompt) + max_new_tokens > target.config.max_seq_len:
-        raise ValueError(f"prompt ({len(prompt)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
-                         f"{target.config.max_seq_len} tokens; shorten the prompt or ask for fewer tokens")
-    capacity = min(capacity, target.config.max_seq_len)
-    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
-    greedy = temperature == 0
+    ids = prompt_tensor(target, prompt_ids, max_new_tokens)  # [1, T], the context checked
+    prompt = ids[0].tolist()
+    capacity = min(len(prompt) + max_new_tokens + k + 1, target.config.max_seq_len)
     stats = SpeculativeStats(k=k, draft_name=getattr(draft, "name", type(draft).__name__))
     result = SpeculativeGeneration(prompt_ids=prompt, stats=stats)
-    cache = KVCache(target.config, batch=1, max_seq_len=capacity, dtype=target.dtype, device=device)
+    cache = KVCache(target.config, batch=1, max_seq_len=capacity, dtype=target.dtype, device=target.device)
     draft.reset(prompt, capacity)
 
     def emit(tokens) -> bool:
@@ -363,12 +354,9 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
                 return True
         return False
 
-    synchronize(device)
+    synchronize(target.device)
     t0 = time.perf_counter()
-    ids = torch.tensor([prompt], dtype=torch.long, device=device)  # [1, T]
-    logits = target(ids, start_pos=0, cache=cache, last_only=True)[0]  # [V]  the prefill pass
-    first = int(logits.argmax()) if greedy else int(torch.multinomial(
-        probabilities(logits, temperature, top_k, top_p), 1, generator=generator))
+    first = int(sampler(prefill(target, ids, cache)[0])[0])  # the prefill pass, and its token
     stats.prefill_seconds = time.perf_counter() - t0
     seq = prompt + [first]  # invariant: the target's cache holds K/V for seq[:-1]
     done = emit([first])
@@ -379,12 +367,12 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
         t_verify = time.perf_counter()
         stats.draft_seconds += t_verify - t_draft
         pos = len(seq) - 1
-        x = torch.tensor([[seq[-1]] + drafted], dtype=torch.long, device=device)  # [1, m+1]
-        logits = target(x, start_pos=pos, cache=cache)[0]  # [m+1, V]: ONE pass scores every draft
-        if greedy:
+        x = torch.tensor([[seq[-1]] + drafted], dtype=torch.long, device=target.device)  # [1, m+1]
+        logits = prefill(target, x, cache, start_pos=pos, last_only=False)[0]  # [m+1, V]: ONE pass scores them all
+        if sampler.greedy:
             n_ok, nxt = verify_greedy(logits, drafted)
         else:
-            n_ok, nxt = verify_sampled(probabilities(logits, temperature, top_k, top_p), q, drafted, generator)
+            n_ok, nxt = verify_sampled(sampler.probs(logits), q, drafted, generator)  # the sampler's own p
         stats.target_seconds += time.perf_counter() - t_verify
         new = drafted[:n_ok] + [nxt]
         stats.target_passes += 1
@@ -395,7 +383,7 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
         stats.proposed_per_pass.append(len(drafted))
         seq += new
         done = emit(new)
-    synchronize(device)
+    synchronize(target.device)
     stats.wall_seconds = time.perf_counter() - t0
     stats.draft_passes = getattr(draft, "passes", 0)
     return result

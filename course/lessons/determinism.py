@@ -146,22 +146,13 @@ def across_threads(model, prompt_ids: list[int], threads: tuple[int, int] = (1, 
 
 
 # -- 3. when do low bits change a token? -------------------------------------------------------------------
-@torch.inference_mode()
 def greedy_gaps(model, prompt_ids: list[int], n_new: int = 24) -> list[float]:
     """Top-1 minus top-2 logit at each of n_new greedy steps: how far each argmax was from flipping."""
-    from course.engine.generate import decode_one_token, prefill
-    from course.engine.kv_cache import KVCache
-
-    T = len(prompt_ids)
-    cache = KVCache(model.config, batch=1, max_seq_len=T + n_new, dtype=model.dtype, device=model.device)
-    logits = prefill(model, torch.tensor([prompt_ids], device=model.device), cache)  # [1, V]
+    gen = generate(model, prompt_ids, n_new, temperature=0.0, keep_logits=True)  # no EOS: always n_new steps
     gaps = []
-    for step in range(n_new):
-        top2 = torch.topk(logits[0].float(), 2)
-        gaps.append(float(top2.values[0] - top2.values[1]))
-        token = top2.indices[:1].view(1, 1)
-        if step < n_new - 1:
-            logits = decode_one_token(model, token, T + step, cache)
+    for logits in gen.logits:
+        top2 = torch.topk(logits.float(), 2).values
+        gaps.append(float(top2[0] - top2[1]))
     return gaps
 
 

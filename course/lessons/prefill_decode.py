@@ -1,26 +1,12 @@
 """Lesson 01's own helpers: one streamed call and its token timeline, recording values, the interview answers."""
 from __future__ import annotations
 
-from typing import Callable
+from course.engine.generate import Generation
+from course.engine.streaming import stream_answer
 
-from course.engine.generate import Generation, generate
 
-
-def stream_call(model, tokenizer, prompt, max_new_tokens: int = 48, write: Callable[[str], None] | None = None,
-                system: str | None = None) -> Generation:
-    """Run one chat call, writing the answer as it is produced; returns the Generation with its clock.
-
-    `prompt` is the user's text (wrapped in the chat template) or a list of token ids.
-    Greedy decoding; stops at the tokenizer's end-of-turn token or after max_new_tokens.
-    """
-    from course.engine.streaming import TokenStreamer
-
-    ids = tokenizer.chat_ids(prompt, system=system) if isinstance(prompt, str) else list(prompt)
-    write = write or (lambda text: print(text, end="", flush=True))
-    streamer = TokenStreamer(tokenizer, write)
-    gen = generate(model, ids, max_new_tokens, eos_id=tokenizer.eos_id, on_token=streamer)
-    streamer.flush()
-    return gen
+# One chat call, streamed, with the time each token arrived: the engine's prompt → text wiring.
+stream_call = stream_answer
 
 
 def token_latencies(gen: Generation) -> list[float]:

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from course.engine.generate import generate
-from course.engine.prefix_cache import PrefixCache, generate_with_prefix
+from course.engine.prefix_cache import PrefixCache
 from course.engine.sampling import probabilities
 from course.engine.speculative import (Draft, empirical_distribution, expected_tokens_per_pass, shallow_copy,
                           speculative_first_token, speculative_generate, total_variation)
@@ -451,9 +451,9 @@ def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=Q
         ids = tokenizer.chat_ids(question, system=system)
         if ids[:len(prefix)] != prefix:
             raise ValueError("the system turn does not tokenize as a prefix of the request; check the chat template")
-        plain = generate_with_prefix(model, ids, max_new_tokens, eos_id=tokenizer.eos_id)
-        cached = generate_with_prefix(model, ids, max_new_tokens, prefix_cache=store, prefix_len=len(prefix),
-                                      eos_id=tokenizer.eos_id)
+        plain = generate(model, ids, max_new_tokens, eos_id=tokenizer.eos_id)
+        cached = generate(model, ids, max_new_tokens, prefix_cache=store, prefix_len=len(prefix),
+                          eos_id=tokenizer.eos_id)
         rows.append(PrefixRow(question, len(ids), cached.reused_tokens, plain.time_to_first_token,
                               cached.time_to_first_token, plain.tokens == cached.tokens))
     return PrefixExperiment(len(prefix), store.entry_bytes(len(prefix)), rows, store)

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from course.engine.generate import generate
-from course.engine.kv_cache import KVCache
+from course.engine.generate import generate, prefill, teacher_forced_logits
 
 
 @dataclass
@@ -36,12 +35,9 @@ def check_equivalence(model, prompt_ids, n_tokens: int = 24) -> Equivalence:
         uncached = generate(model, prompt_ids, n_tokens, use_cache=False, on_token=lambda _: bar.update()).tokens
     ids = torch.as_tensor(list(prompt_ids) + cached, dtype=torch.long, device=model.device).view(1, -1)
     T = len(prompt_ids)
-    full = model(ids)[0, T - 1:-1]  # [n_tokens, V]: one uncached pass, logits that predict each new token
-    cache = KVCache(model.config, 1, ids.shape[1], dtype=model.dtype, device=model.device)
-    steps = [model(ids[:, :T], 0, cache, last_only=True)]
-    for pos in range(T, ids.shape[1] - 1):
-        steps.append(model(ids[:, pos:pos + 1], pos, cache, last_only=True))
-    diff = (torch.cat(steps) - full).abs().max().item()
+    full = prefill(model, ids, cache=None, last_only=False)[0, T - 1:-1]  # [n_tokens, V]: one uncached pass
+    steps = teacher_forced_logits(model, prompt_ids, cached)  # [n_tokens, V]: the cached loop, the same tokens
+    diff = (steps - full).abs().max().item()
     return Equivalence(n_tokens, diff, cached == uncached, cached, uncached)
 
 
