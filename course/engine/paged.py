@@ -266,6 +266,13 @@ class PagedKVCache:
         it is written (copy-on-write). All or nothing: PoolExhausted before any change if the pool is short.
         Returns the batch to pass to the model as `cache=` with `start_pos=batch.positions`.
         """
+        seq_ids, start, n_new = self.reserve(seq_ids, token_ids, n_new)
+        return PagedBatch(self, seq_ids, start, n_new)
+
+    def reserve(self, seq_ids: Sequence[Hashable], token_ids: Sequence[Sequence[int]] | None = None,
+                n_new: int | None = None) -> tuple[list, list[int], int]:
+        """append() without building the model's view: the block bookkeeping alone (sequence ids, the start
+        positions reserved, n_new). For sizing: how many blocks a mix of requests takes."""
         seq_ids = list(seq_ids)
         if token_ids is not None:
             token_ids = [[int(t) for t in ids] for ids in token_ids]
@@ -286,7 +293,7 @@ class PagedKVCache:
             else:
                 s.tokens = None  # positions of unknown tokens: this sequence can no longer share its blocks
         self._note_peak()
-        return PagedBatch(self, seq_ids, start, n_new)
+        return seq_ids, start, n_new
 
     def _reserve(self, seq_ids, start: list[int], n_new: int) -> None:
         """Make sure positions start[b]..start[b]+n_new-1 have private blocks (all or nothing)."""

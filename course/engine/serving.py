@@ -433,7 +433,7 @@ def memory_on_mix(config, requests: Sequence[Request], block_size: int = 16, max
     cache = PagedKVCache(config, blocks, block_size, dtype, device="meta")
     for r in requests:
         cache.add_sequence(r.id)
-        cache.append([r.id], n_new=r.max_len)
+        cache.reserve([r.id], n_new=r.max_len)
     pre = KVCache(config, batch=len(requests), max_seq_len=max_seq_len, dtype=dtype, device="meta").nbytes
     used = sum(r.max_len for r in requests) * cache.bytes_per_token
     return {"used": used, "paged": cache.bytes_reserved, "preallocated": pre,
