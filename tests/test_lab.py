@@ -1,18 +1,23 @@
-"""`kvcourse lab` (what `make start` runs) serves the course, with its Jupyter state kept out of the home folder."""
+"""`kvcourse lab` (what `make start` runs): self-paced settings in the course's state folder, a taken port reported,
+and a server that stops with the command: a SIGTERM leaves no JupyterLab behind."""
+import json
 import os
+import re
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from course.cli.lab import command
+from course.cli import lab
+from course.cli.lab import SELF_PACED_DISABLED_PLUGINS, banner, choose_port, command, prepare_self_paced
 from course.paths import PROJECT_ROOT
-
-pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
@@ -21,36 +26,128 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_command_opens_start_here_and_allows_root():
+def test_command_serves_the_course_folder_on_the_checked_port():
     cmd = command(port=9999, no_browser=True)
-    assert cmd[1] == "lab" and cmd[2].endswith("lessons/00_start_here.ipynb")
-    assert "--port=9999" in cmd and "--no-browser" in cmd
+    assert cmd[1] == "lab" and f"--ServerApp.root_dir={PROJECT_ROOT}" in cmd
+    assert "--port=9999" in cmd and "--ServerApp.port_retries=0" in cmd and "--no-browser" in cmd
     assert ("--allow-root" in cmd) == (os.geteuid() == 0)
 
 
-def test_lab_serves_the_start_notebook(tmp_path):
-    port, token = _free_port(), secrets.token_hex(16)
+def test_self_paced_settings(tmp_path):
+    state = tmp_path / "state"
+    page = state / "config" / "labconfig" / "page_config.json"
+    page.parent.mkdir(parents=True)
+    page.write_text(json.dumps({"disabledExtensions": {"some-learner-choice": True}, "other": 1}))
+    prepare_self_paced(state)
+    disabled = json.loads(page.read_text())["disabledExtensions"]
+    assert disabled["some-learner-choice"] and json.loads(page.read_text())["other"] == 1  # kept
+    for plugin in ("@jupyterlab/apputils-extension:announcements", "@jupyter/nbgrader:formgrader",
+                   "@jupyter/nbgrader:create-assignment", "@jupyter/nbgrader:course-list",
+                   "@jupyter/nbgrader:assignment-list"):
+        assert disabled.get(plugin) is True, plugin
+    assert "@jupyter/nbgrader:validate-assignment" not in disabled  # the self-paced way to check an exercise
+    server = json.loads((state / "config" / "jupyter_server_config.json").read_text())["ServerApp"]
+    assert server["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
+    assert "nbgrader.server_extensions.validate_assignment" not in server["jpserver_extensions"]
+    workspace = json.loads(next((state / "config" / "lab" / "workspaces").glob("*.jupyterlab-workspace")).read_text())
+    assert workspace["data"]["file-browser-filebrowser:cwd"] == {"path": ""}
+    assert workspace["data"]["layout-restorer:data"]["main"]["current"] == "notebook:lessons/00_start_here.ipynb"
+    # a layout the learner has since changed is not replaced
+    ws = next((state / "config" / "lab" / "workspaces").glob("*.jupyterlab-workspace"))
+    ws.write_text(json.dumps({"data": {"mine": 1}, "metadata": {"id": "default"}}))
+    prepare_self_paced(state)
+    assert json.loads(ws.read_text())["data"] == {"mine": 1}
+
+
+def test_notebooks_open_with_the_kernel_header_jupyterlab_would_write():
+    """The cause of "modified the moment it opens": JupyterLab writes the kernel's display name and language_info
+    into the notebook when the kernel starts. The course's file manager fills them in as the kernel reports them."""
+    import nbformat
+    from ipykernel.ipkernel import IPythonKernel
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from course.cli.jupyter_contents import with_kernel_header
+
+    nb = nbformat.read(PROJECT_ROOT / "lessons" / "00_start_here.ipynb", as_version=4)
+    spec = KernelSpecManager().get_kernel_spec(nb.metadata.kernelspec.name)
+    with_kernel_header(nb)
+    assert nb.metadata.kernelspec == {"name": "python3", "display_name": spec.display_name, "language": "python"}
+    assert nb.metadata.language_info == IPythonKernel.language_info
+
+
+def test_a_taken_port_is_reported_loudly():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        port = choose_port(taken)
+        assert port != taken and lab.port_is_free(port)
+        text = banner(taken, port, "localhost")
+    assert f"Port {taken} is taken" in text and f"http://localhost:{port}/lab" in text and "!!" in text
+    assert "taken" not in banner(port, port, "localhost")
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if marker.encode() in (proc / "cmdline").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.slow
+def test_lab_serves_self_paced_and_sigterm_leaves_no_server(tmp_path):
+    """One real `kvcourse lab` on a taken port: it says where it really serves, serves the course there with the
+    self-paced settings, and a SIGTERM to the command stops JupyterLab itself (no orphan on the port)."""
+    token = secrets.token_hex(16)
     env = dict(os.environ, KVCOURSE_STATE=str(tmp_path / "state"))
-    proc = subprocess.Popen([sys.executable, "-m", "course.cli", "lab", "--no-browser", "--port", str(port), "--",
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "course.cli", "lab", "--no-browser", "--port", str(taken), "--",
                              f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1"],
-                            cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/api/contents/lessons/00_start_here.ipynb?content=0&token={token}"
+                            cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 120
+        head = "".join(proc.stdout.readline() for _ in range(4))
+        m = re.search(rf"Port {taken} is taken.*?served at\s+http://127\.0\.0\.1:(\d+)/lab", head, re.S)
+        assert m, head
+        port = int(m.group(1))
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
         while True:
             try:
-                with urllib.request.urlopen(url, timeout=5) as r:
-                    assert r.status == 200
-                    break
+                with urllib.request.urlopen(f"{base}/api/contents/lessons/00_start_here.ipynb?token={token}",
+                                            timeout=10) as r:
+                    notebook = json.load(r)["content"]
+                break
             except OSError:
                 if time.time() > deadline or proc.poll() is not None:
-                    proc.kill()
-                    pytest.fail("JupyterLab did not come up:\n" + proc.stdout.read().decode()[-3000:])
+                    pytest.fail("JupyterLab did not come up:\n" + head)
                 time.sleep(1)
+        assert notebook["metadata"]["language_info"].get("version") == sys.version.split()[0]
+        with urllib.request.urlopen(f"{base}/lab?token={token}", timeout=30) as r:
+            page = r.read().decode()
+        config = json.loads(re.search(r'id="jupyter-config-data"[^>]*>(.*?)</script>', page, re.S).group(1))
+        assert set(SELF_PACED_DISABLED_PLUGINS) <= set(config["disabledExtensions"])
+        with pytest.raises(urllib.error.HTTPError) as err:  # no formgrader server in self-paced mode
+            urllib.request.urlopen(f"{base}/formgrader?token={token}", timeout=30)
+        assert err.value.code == 404
         assert (tmp_path / "state" / "runtime").is_dir()  # Jupyter's runtime files went to our state dir
+        assert proc.pid in _processes_with(token)  # the command *is* the server (exec), not its parent
     finally:
-        proc.terminate()
+        proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+            pytest.fail("JupyterLab did not stop on SIGTERM")
+        blocker.close()
+    time.sleep(1)
+    assert _processes_with(token) == [], "a JupyterLab process outlived `kvcourse lab`"
+    assert lab.port_is_free(port), f"port {port} still in use after `kvcourse lab` stopped"

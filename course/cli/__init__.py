@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name → (module, help). Each module defines add_arguments(parser) and run(args) -> int exit code.
@@ -22,9 +23,19 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvcourse", description=__doc__)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+class Parser(argparse.ArgumentParser):
+    """argparse, with every usage error on one line: what was wrong, and where to read the options."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> tuple[Parser, dict]:
+    """The `kvcourse` parser and {command name: its run function}, for every command this checkout has."""
+    from course.cli.args import harden
+
+    parser = Parser(prog="kvcourse", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # subcommand parsers are Parsers too
     available = {}
     for name, (module_name, help_text) in COMMANDS.items():
         try:
@@ -36,11 +47,32 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text, description=help_text)
         getattr(module, f"add_arguments_{name}", getattr(module, "add_arguments", lambda _p: None))(p)
         available[name] = getattr(module, f"run_{name}", getattr(module, "run", None))
+    harden(parser)
+    return parser, available
+
+
+# Errors that mean "this input cannot work" (a missing file, a folder for a file, a value out of range): one line on
+# stderr and exit status 2, like a usage error. KVCOURSE_DEBUG=1 shows the traceback instead.
+USER_ERRORS = (ValueError, OSError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, available = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    return int(available[args.command](args) or 0)
+    try:
+        return int(available[args.command](args) or 0)
+    except USER_ERRORS as exc:
+        if os.environ.get("KVCOURSE_DEBUG"):
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"kvcourse {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"kvcourse {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

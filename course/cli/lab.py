@@ -1,26 +1,156 @@
-"""`kvcourse lab`: open JupyterLab on the course, starting at lessons/00_start_here.ipynb."""
+"""`kvcourse lab`: open the course in JupyterLab, self-paced, with lessons/00_start_here.ipynb in front.
+
+Self-paced mode (this command; `make start`) writes its settings into the course's Jupyter state folder
+(.state/ or $KVCOURSE_STATE, never the home folder):
+
+* no "get notified about official Jupyter news?" pop-up: the announcements plugin is off;
+* no instructor tools: nbgrader's Formgrader, Create Assignment, Course List and Assignment List are off
+  (front end and server), so nothing asks for an exchange folder a learner alone does not have. nbgrader's
+  Validate button stays: with `kvcourse check`, it is how a self-paced learner checks an exercise. Classroom
+  mode (JupyterHub, `course/grade/classroom.py`) has its own configuration and keeps them;
+* notebooks open unmodified (course.cli.jupyter_contents says why they did not);
+* the file browser starts at the course folder, so exercises/ is in view beside lessons/.
+
+Then the command *becomes* JupyterLab (os.execvpe): a signal sent to `kvcourse lab` (Ctrl-C, a spawner's or
+systemd's SIGTERM) reaches the server itself, which stops its kernels and exits; nothing is left behind.
+"""
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
-import subprocess
+import socket
 import sys
+import tempfile
+from pathlib import Path
 
-from course.paths import LESSONS, PROJECT_ROOT, jupyter_env
+from course.cli.args import port as port_type
+from course.paths import PROJECT_ROOT, jupyter_env, state_dir
+
+START_NOTEBOOK = "lessons/00_start_here.ipynb"
+DEFAULT_PORT = 8888  # Jupyter's own default
+PORT_TRIES = 50
+
+# JupyterLab plugins switched off in self-paced mode, and why.
+SELF_PACED_DISABLED_PLUGINS = {
+    "@jupyterlab/apputils-extension:announcements": "the Jupyter news pop-up and update check (covers code; offline)",
+    "@jupyter/nbgrader:formgrader": "instructor tool",
+    "@jupyter/nbgrader:create-assignment": "instructor tool",
+    "@jupyter/nbgrader:course-list": "needs a classroom exchange ('Error fetching courses!')",
+    "@jupyter/nbgrader:assignment-list": "needs a classroom exchange ('exchange directory does not exist')",
+    "@jupyter/nbgrader:menu": "its items open the tools above",
+}
+SELF_PACED_DISABLED_SERVER_EXTENSIONS = (
+    "nbgrader.server_extensions.formgrader",
+    "nbgrader.server_extensions.assignment_list",
+    "nbgrader.server_extensions.course_list",
+)
 
 
 def add_arguments(p):
-    p.add_argument("--port", type=int, default=None, help="port to listen on (default: Jupyter picks 8888 or the next free one)")
+    p.add_argument("--port", type=port_type, default=None,
+                   help=f"port to listen on (default {DEFAULT_PORT}, or the next free one; a taken port is reported)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser window (e.g. on a remote machine)")
     p.add_argument("jupyter_args", nargs="*", metavar="-- JUPYTER_ARGS",
                    help="anything after -- goes to `jupyter lab` as is, e.g. -- --ServerApp.ip=0.0.0.0")
 
 
+# --------------------------------------------------------------------------- settings
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def default_workspace() -> dict:
+    """JupyterLab's first layout: the start notebook open, the file browser at the course folder."""
+    widget = f"notebook:{START_NOTEBOOK}"
+    return {
+        "data": {
+            "layout-restorer:data": {
+                "main": {"dock": {"type": "tab-area", "currentIndex": 0, "widgets": [widget]}, "current": widget},
+            },
+            widget: {"data": {"path": START_NOTEBOOK, "factory": "Notebook"}},
+            "file-browser-filebrowser:cwd": {"path": ""},
+        },
+        "metadata": {"id": "default"},
+    }
+
+
+def prepare_self_paced(state: Path | None = None) -> Path:
+    """Write self-paced mode's JupyterLab settings under `state` (the course's .state/ by default); returns it.
+
+    Settings a learner changed are kept: only our own keys are set, and the first layout is written only when
+    there is no saved layout yet.
+    """
+    state = Path(state) if state else state_dir()
+    config = state / "config"
+    page_config = config / "labconfig" / "page_config.json"
+    data = _read_json(page_config)
+    data.setdefault("disabledExtensions", {}).update({name: True for name in SELF_PACED_DISABLED_PLUGINS})
+    _write_json(page_config, data)
+
+    server_config = config / "jupyter_server_config.json"
+    data = _read_json(server_config)
+    server = data.setdefault("ServerApp", {})
+    server.setdefault("jpserver_extensions", {}).update({name: False for name in SELF_PACED_DISABLED_SERVER_EXTENSIONS})
+    server["contents_manager_class"] = "course.cli.jupyter_contents.CourseContentsManager"
+    _write_json(server_config, data)
+
+    workspaces = config / "lab" / "workspaces"
+    if not any(workspaces.glob("*.jupyterlab-workspace")):
+        from jupyterlab_server.workspaces_handler import WorkspacesManager
+
+        WorkspacesManager(str(workspaces)).save("default", json.dumps(default_workspace()))
+    return state
+
+
+# --------------------------------------------------------------------------- the port
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will bind it
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(requested: int | None, host: str = "127.0.0.1") -> int:
+    """The requested port if free, else the next free one above it (as Jupyter would, but we say so)."""
+    start = requested or DEFAULT_PORT
+    for port in range(start, min(start + PORT_TRIES, 65536)):
+        if port_is_free(port, host):
+            return port
+    raise OSError(f"no free port among {start}..{start + PORT_TRIES - 1}: stop another server or pass --port")
+
+
+def _host(extra: list[str]) -> str:
+    for arg in extra:
+        m = re.fullmatch(r"--(?:ServerApp\.)?ip=(.+)", arg)
+        if m:
+            return m.group(1)
+    return "localhost"
+
+
 def command(port: int | None = None, no_browser: bool = False, extra: list[str] | None = None) -> list[str]:
+    """The `jupyter lab` command line. JupyterLab opens its saved layout (first time: the start notebook), and
+    keeps to the port we checked (port_retries=0: it never moves to another one without saying so)."""
     jupyter = shutil.which("jupyter", path=os.path.dirname(sys.executable)) or "jupyter"
-    cmd = [jupyter, "lab", str(LESSONS / "00_start_here.ipynb"), f"--ServerApp.root_dir={PROJECT_ROOT}"]
+    cmd = [jupyter, "lab", f"--ServerApp.root_dir={PROJECT_ROOT}"]
     if port:
-        cmd.append(f"--port={port}")
+        cmd += [f"--port={port}", "--ServerApp.port_retries=0"]
     if no_browser:
         cmd.append("--no-browser")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -28,10 +158,27 @@ def command(port: int | None = None, no_browser: bool = False, extra: list[str] 
     return cmd + list(extra or [])
 
 
+def banner(requested: int | None, port: int, host: str) -> str:
+    url = f"http://{host}:{port}/lab"
+    if requested and requested != port:
+        bar = "!" * 78
+        return (f"{bar}\n!!  Port {requested} is taken: another program is listening there.\n"
+                f"!!  The course is served at   {url}   instead.\n{bar}")
+    return f"Opening the course in JupyterLab at {url}  (stop it with Ctrl-C, twice)."
+
+
 def run(args) -> int:
-    cmd = command(args.port, args.no_browser, args.jupyter_args)
-    print("Opening the course in JupyterLab. Stop it with Ctrl-C (twice).")
-    try:
-        return subprocess.call(cmd, cwd=PROJECT_ROOT, env=jupyter_env())
-    except KeyboardInterrupt:
-        return 0
+    extra = list(args.jupyter_args)
+    host = _host(extra)
+    bind = "127.0.0.1" if host in ("localhost", "127.0.0.1") else ("" if host == "0.0.0.0" else host)
+    port = choose_port(args.port, bind)
+    env = jupyter_env()
+    prepare_self_paced()
+    print(banner(args.port, port, host))
+    print("(Jupyter prints the address with its login token below.)", flush=True)
+    cmd = command(port, args.no_browser, extra)
+    os.chdir(PROJECT_ROOT)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(cmd[0], cmd, env)  # this process becomes JupyterLab: signals reach the server itself
+    return 0  # not reached

@@ -1,0 +1,148 @@
+"""Argument types for `kvcourse`: every bad value is refused while parsing, with a message that says what to pass.
+
+Each type is a function argparse calls on the text; it raises argparse.ArgumentTypeError, which argparse turns
+into `kvcourse generate: error: argument --max-new-tokens: ...` and exit status 2. Each also lists, in
+`.bad_values`, inputs it must refuse; tests/test_cli_fuzz.py feeds them to every subcommand that uses it (path
+types name placeholders the test fills in: {missing}, {dir}, {file}, {unreadable}, {unwritable}).
+
+Subcommands below the cli layer (check, grade, classroom) cannot import this module; `harden(parser)` gives their
+plain `type=int` / `type=float` options the checked versions instead (see there).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import tempfile
+from pathlib import Path
+
+HUGE = 2**31  # no count, size, time or port the course takes comes near it
+
+
+def _typed(fn, name: str, bad_values: list[str]):
+    fn.__name__ = name  # argparse names the type in "invalid <name> value" messages
+    fn.bad_values = bad_values
+    return fn
+
+
+def int_range(lo: int, hi: int = HUGE, what: str = "a whole number"):
+    """A whole number in [lo, hi]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{what} is needed, not {text!r}") from None
+        if not lo <= value <= hi:
+            bound = f"at least {lo}" if hi >= HUGE else f"from {lo} to {hi}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    bad = ["abc", "1.5", "", str(lo - 1), str(hi + 1) if hi < HUGE else str(HUGE * 10**9)]
+    if lo > 0:
+        bad.append("0")
+    if lo > -1:
+        bad.append("-1")
+    return _typed(parse, f"int_from_{lo}", sorted(set(bad)))
+
+
+def float_range(lo: float, hi: float = math.inf, *, lo_open: bool = False, what: str = "a number"):
+    """A finite number in [lo, hi] (or (lo, hi] with lo_open)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{what} is needed, not {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < lo or (lo_open and value == lo) or value > hi:
+            left = "(" if lo_open else "["
+            raise argparse.ArgumentTypeError(f"must be in {left}{lo:g}, {hi:g}], got {value:g}")
+        return value
+
+    bad = ["abc", "nan", "inf", "-1e400", str(lo - 1)]
+    if lo_open:
+        bad.append(str(lo))
+    if math.isfinite(hi):
+        bad.append(str(hi + 1))
+    return _typed(parse, f"number_from_{lo:g}", bad)
+
+
+positive_int = int_range(1)
+non_negative_int = int_range(0)
+port = int_range(1, 65535, what="a port number")
+seed = int_range(0, 2**32 - 1, what="a whole-number seed")
+temperature = float_range(0.0, 100.0, what="a temperature")
+top_p = float_range(0.0, 1.0, lo_open=True, what="a probability")
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder; give a file")
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{path} does not exist")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{path} cannot be read ({exc.strerror or exc})") from None
+    return path
+
+
+existing_file = _typed(_existing_file, "file", ["{missing}", "{dir}", "{unreadable}"])
+
+
+def _gguf_file(text: str) -> Path:
+    path = _existing_file(text)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise argparse.ArgumentTypeError(f"{path} is not a GGUF model file (it starts with {magic!r}, not b'GGUF')")
+    return path
+
+
+gguf_file = _typed(_gguf_file, "GGUF file", ["{missing}", "{dir}", "{unreadable}", "{file}"])
+
+
+def check_writable_dir(path: Path) -> Path:
+    """Create `path` if needed and prove a file can be written there (a temporary one, removed), so a long job
+    never runs only to lose its results. Raises ValueError naming the folder and the reason."""
+    path = Path(path).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".kvcourse-write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"cannot write into {path} ({exc.strerror or exc}): choose a folder you can write to"
+                         ) from None
+    return path
+
+
+def _writable_dir(text: str) -> Path:
+    try:
+        return check_writable_dir(Path(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+writable_dir = _typed(_writable_dir, "folder", ["{unwritable}", "{file}"])
+
+
+# ------------------------------------------------------------------ options of the layers below
+def _checked_int(action: argparse.Action):
+    """Every plain int option in the course is a count, seconds, MiB or a port: never negative or near 2**31,
+    and zero only where zero is the default."""
+    return int_range(0 if action.default == 0 else 1)
+
+
+def harden(parser: argparse.ArgumentParser) -> None:
+    """Swap plain `type=int` / `type=float` for the checked types, in `parser` and its subcommands."""
+    for action in parser._actions:
+        if action.type is int:
+            action.type = _checked_int(action)
+        elif action.type is float:
+            action.type = float_range(0.0)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                harden(sub)
