@@ -355,30 +355,35 @@ def paper_summary(model: str = "llama-2-7b", context: int = 4096, dtype_bytes: f
 # ---------------------------------------------------------------------------------------------
 
 def requests_that_fit(models: Sequence[str] = ("llama-2-7b", "llama-2-70b"), contexts: Sequence[int] = (4096, 32768),
-                      memory_bytes: int = 80 * GB, dtype: str = "fp16") -> list[dict]:
-    """How many sequences of a context fit in one GPU's memory after the FP16 weights (0 if the weights don't fit)."""
+                      memory_bytes: int = 80 * GB, dtype: str = "fp16", weights_dtype: str | None = None) -> list[dict]:
+    """How many sequences of each context fit in one GPU's memory after the weights (0 if the weights don't fit).
+
+    dtype is the cache's; weights_dtype the weights' (default: the same)."""
     rows = []
     for name in models:
-        w = weights_bytes(name, dtype)
+        w = weights_bytes(name, weights_dtype or dtype)
         per_token = kv_bytes_per_token(name, dtype)
+        free = memory_bytes - w
         for c in contexts:
-            free = memory_bytes - w
             rows.append(dict(model=name, context=c, weights_gb=w / GB, kv_gb_per_request=per_token * c / GB,
-                             requests=max(0, int(free // (per_token * c))) if free > 0 else 0,
-                             weights_fit=free > 0))
+                             requests=int(free // (per_token * c)) if free > 0 else 0, weights_fit=free > 0,
+                             weights_dtype=weights_dtype or dtype, memory_gb=memory_bytes / GB))
     return rows
 
 
-def fit_sentences(rows: list[dict], memory_bytes: int = 80 * GB) -> list[str]:
-    out = []
+def fit_sentences(rows: list[dict]) -> list[str]:
+    """One sentence per (model, context); one per model when its weights alone do not fit."""
+    out, said = [], set()
     for r in rows:
+        w = f"{r['weights_gb']:.1f} GB of {r['weights_dtype'].upper()} weights"
         if not r["weights_fit"]:
-            out.append(f"{r['model']}: its {r['weights_gb']:.0f} GB of FP16 weights alone exceed "
-                       f"{memory_bytes / GB:.0f} GB — no request fits on one GPU (it needs several, or quantised "
-                       f"weights).")
+            if r["model"] not in said:
+                out.append(f"{r['model']}: its {w} alone exceed {r['memory_gb']:.0f} GB — no request fits on one "
+                           f"GPU (split it over several, or quantise the weights).")
+                said.add(r["model"])
         else:
             out.append(f"{r['model']} at C = {r['context']:,}: {r['kv_gb_per_request']:.2f} GB of cache per request, "
-                       f"so {r['requests']} request(s) fit beside {r['weights_gb']:.1f} GB of weights.")
+                       f"so {r['requests']} request(s) fit beside {w}.")
     return out
 
 
