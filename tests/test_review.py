@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import multiprocessing as mp
 import time
+from pathlib import Path
 
 import pytest
 
@@ -222,17 +223,33 @@ def test_kvcourse_review_list_asks_nothing(monkeypatch, capsys, tmp_path, bank):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--limit", "0"], "--limit must be a whole number >= 1"),
-    (["--limit", "many"], "--limit must be a whole number >= 1"),
+    (["--limit", "0"], "must be at least 1"),
+    (["--limit", "many"], "a whole number is needed"),
     (["--lesson", "99_nope"], "--lesson must be one of"),
     (["--yes"], "--yes only goes with --reset"),
     (["--reset", "--list"], "either --reset or --list"),
     (["--file", "."], "is a folder"),
     (["--file", "missing.sqlite"], "does not exist"),
+    (["--file", __file__], "is not a progress file"),  # never moved aside as a "corrupt" progress file
 ])
 def test_bad_arguments_exit_2_with_one_line(monkeypatch, capsys, argv, message):
-    rc, out, err = _cli(monkeypatch, capsys, argv)
+    try:
+        rc, out, err = _cli(monkeypatch, capsys, argv)
+    except SystemExit as exc:  # refused while parsing
+        rc, (out, err) = exc.code, capsys.readouterr()
     assert rc == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not list(Path(__file__).parent.glob("*.corrupt-*"))
+
+
+def test_progress_refuses_a_file_that_is_not_a_progress_file(tmp_path, capsys):
+    from course.cli import main
+
+    other = tmp_path / "notes.txt"
+    other.write_text("my notes")
+    with pytest.raises(SystemExit) as exc:
+        main(["progress", "--file", str(other)])
+    assert exc.value.code == 2 and "is not a progress file" in capsys.readouterr().err
+    assert other.read_text() == "my notes" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
 @pytest.mark.parametrize("reply, changed", [("yes", True), ("no", False), ("", False)])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from course.cli.review import progress_file
 from course.teach.progress import ENV_VAR, ProgressStore, Summary, default_store
 from course.teach.questions import load_questions
 from course.teach.review import progress_text
@@ -11,7 +12,7 @@ from course.teach.review import progress_text
 def add_arguments(p) -> None:
     p.add_argument("--reset", action="store_true", help="delete all saved progress (asks first)")
     p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
-    p.add_argument("--file", default=None,
+    p.add_argument("--file", type=progress_file, default=None,  # never a file the store would move aside
                    help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
 
 

@@ -9,14 +9,32 @@ progress file that the notebooks use, at once, so a notebook can be open at the 
 """
 from __future__ import annotations
 
-import os
+import argparse
 import sys
-from pathlib import Path
 
+from course.cli.args import _typed, existing_file, positive_int
 from course.teach.progress import ENV_VAR, ProgressStore, default_store
 from course.teach.questions import load_questions
 from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
                                  nothing_due_text, when_text)
+
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _progress_file(text: str):
+    """An existing progress file: an SQLite database (or an empty file). Anything else is refused, because
+    the progress store would move a file it cannot use aside and start a new one in its place."""
+    path = existing_file(text)
+    with open(path, "rb") as f:
+        head = f.read(len(SQLITE_MAGIC))
+    if head and head != SQLITE_MAGIC:
+        raise argparse.ArgumentTypeError(f"{path} is not a progress file (not an SQLite database); "
+                                         "leave --file out to use your own")
+    return path
+
+
+progress_file = _typed(_progress_file, "progress file", ["{missing}", "{dir}", "{unreadable}", "{file}"])
 
 
 class _Stop(Exception):
@@ -25,12 +43,12 @@ class _Stop(Exception):
 
 def add_arguments(p) -> None:
     p.add_argument("--list", action="store_true", help="list what is due now, without asking anything")
-    p.add_argument("--limit", default=str(DEFAULT_LIMIT), metavar="N",
+    p.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, metavar="N",
                    help=f"at most N items in this session (default {DEFAULT_LIMIT})")
     p.add_argument("--lesson", default=None, help="only this lesson's items, e.g. 02_kv_cache")
     p.add_argument("--reset", action="store_true", help="start the review schedule over (asks first)")
     p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
-    p.add_argument("--file", default=None,
+    p.add_argument("--file", type=progress_file, default=None,
                    help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
 
 
@@ -40,12 +58,7 @@ def _error(message: str) -> int:
 
 
 def run(args) -> int:
-    try:
-        limit = int(str(args.limit).strip())
-    except ValueError:
-        limit = None
-    if limit is None or limit < 1:
-        return _error(f"--limit must be a whole number >= 1, got {args.limit!r}")
+    limit = args.limit
     bank = load_questions()
     if args.lesson is not None and args.lesson not in bank.lessons:
         return _error(f"--lesson must be one of {', '.join(bank.lessons)}; got {args.lesson!r}")
@@ -53,17 +66,7 @@ def run(args) -> int:
         return _error("--yes only goes with --reset")
     if args.reset and args.list:
         return _error("use either --reset or --list, not both")
-    if args.file is not None:
-        path = Path(args.file).expanduser()
-        if path.is_dir():
-            return _error(f"--file {path} is a folder; give the progress file itself (e.g. {path / 'progress.sqlite'})")
-        if not path.exists():
-            return _error(f"--file {path} does not exist; leave --file out to use your own progress file")
-        if not os.access(path, os.R_OK):
-            return _error(f"--file {path} cannot be read (check its permissions)")
-        store = ProgressStore(path)
-    else:
-        store = default_store()
+    store = ProgressStore(args.file) if args.file is not None else default_store()
     if args.reset:
         return _reset(store, assume_yes=args.yes)
     if args.list:
