@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup start test test-fast bench exercises clean-state
+.PHONY: setup start test test-fast bench grade exercises clean-state
 
 setup: $(STAMP)
 
@@ -24,13 +24,20 @@ start: setup
 
 test: setup
 	@sh scripts/ensure_chromium.sh
+	@sh scripts/ensure_bwrap.sh
 	$(BIN)/python -m pytest
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not browser"
 
 bench: setup
+	@sh scripts/ensure_bwrap.sh
 	$(BIN)/kvcourse bench
+
+# Grade a folder of submissions (each sealed off in a bubblewrap sandbox): make grade SUBMISSIONS=path/to/folder
+grade: setup
+	@sh scripts/ensure_bwrap.sh
+	$(BIN)/kvcourse grade $(SUBMISSIONS)
 
 clean-state:
 	rm -rf .state

@@ -245,6 +245,8 @@ MEMORY = {
         import math
 
         def kv_cache_bytes(n_layers, batch, seq_len, n_kv_heads, head_dim, dtype_bytes):
+            if batch <= 0:
+                raise ValueError("batch must be positive")
             factors = (2, n_layers, batch, seq_len, n_kv_heads, head_dim, dtype_bytes)  # 2 = K and V
             return math.prod(factors)
         """,
@@ -319,7 +321,7 @@ MEMORY = {
             except KeyboardInterrupt:
                 pass
         """)], evidence="timeout"),
-    "adv-exception": Sample("an answer cell that raises", "loses", {"max_batch": """
+    "adv-exception": Sample("an answer cell that raises", "loses", honest="reference", answers={"max_batch": """
         raise RuntimeError("I will do this one later")
         """}),
     "adv-edited-test": Sample("forgets the factor 2 and rewrites the visible test to pass", "loses",

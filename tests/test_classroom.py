@@ -171,6 +171,35 @@ def test_steps_refuse_what_cannot_work_with_a_hint(tmp_path):
     assert no_book.returncode == 2 and "no gradebook" in no_book.stderr
 
 
+
+def test_release_without_force_refuses_before_regenerating(tmp_path):
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    (exchange / classroom.COURSE_ID / "outbound" / ASSIGNMENT).mkdir(parents=True)  # already released
+    out = kvcourse("--course", str(course), "--exchange", str(exchange), "release", ASSIGNMENT)
+    assert out.returncode == 2 and "already released" in out.stderr and "--force" in out.stderr
+    assert not (course / "release").exists() and not (course / "gradebook.db").exists(), "refused first"
+
+
+def test_collect_reports_a_submission_made_as_another_student(tmp_path):
+    """`nbgrader submit --CourseDirectory.student_id=daemon` by root: the folder's name and owner disagree."""
+    import pwd
+
+    claimed = "daemon"  # a Unix account that exists on Debian; the submission below is owned by this user
+    me = pwd.getpwuid(os.getuid()).pw_name
+    if me == claimed:
+        pytest.skip("runs as the account it would impersonate")
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    classroom.init(course, exchange)
+    folder = exchange / classroom.COURSE_ID / "inbound" / f"{claimed}+{ASSIGNMENT}+2026-01-01 10:00:00.000000 UTC+x1"
+    folder.mkdir(parents=True)
+    shutil.copy(SAMPLES / "reference" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", folder)
+    (folder / "timestamp.txt").write_text("2026-01-01 10:00:00.000000 UTC")
+    assert classroom.impersonations(ASSIGNMENT, exchange) == [(folder.name, claimed, me)]
+    out = kvcourse("--course", str(course), "--exchange", str(exchange), "collect", ASSIGNMENT)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"claims to be by '{claimed}' but was made by '{me}'" in out.stderr
+    assert "cheating attempt" in out.stdout + out.stderr, "nbgrader's own warning is shown, not hidden"
+
 # ----------------------------------------------------------------------------- slow: a class on JupyterHub
 
 def free_port() -> int:

@@ -1,6 +1,8 @@
 """The graders are proven on autograde/samples: references get full marks, blanks 0, every planted bug
 loses points, differently written correct code gets full marks, hostile submissions are graded without
-stopping the class, feedback never shows hidden tests, grading is repeatable and survives being killed.
+stopping the class and score at most what their answers earn without the attack, changing nothing outside
+their own folder; feedback never shows hidden tests, grading is repeatable and survives being killed.
+(Faults of the grader itself: tests/test_grading_faults.py.)
 
 One batch run grades all samples (slow, about 2-3 minutes on 2 cores); the other slow tests use small
 subsets of the memory-formula samples, whose kernels start fastest.
@@ -29,6 +31,7 @@ SAMPLES = AUTOGRADE / "samples"
 MANIFEST = json.loads((SAMPLES / "manifest.json").read_text())
 EVIDENCE = {  # manifest "evidence" -> words report.csv must contain for that submission
     "timeout": "ran past the timeout",
+    "output truncated": "output truncated",
     "kernel died": "kernel died",
     "edited test": "edited test cell(s) restored",
     "deleted test": "deleted test cell(s) put back",
@@ -36,6 +39,8 @@ EVIDENCE = {  # manifest "evidence" -> words report.csv must contain for that su
     "metadata restored": "test cell metadata restored",
     "MemoryError": "memory cap (MemoryError)",
 }
+needs_bwrap = pytest.mark.skipif(bool(__import__("course.grade.sandbox", fromlist=["x"]).sandbox_problem()),
+                                 reason="the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
 
 
 def html_text(path: Path) -> str:
@@ -49,7 +54,7 @@ def squeeze(text: str) -> str:
 # ----------------------------------------------------------------------------- fast: no kernels
 
 def test_the_samples_cover_what_the_issue_asks():
-    for assignment in grading.assignments():
+    for assignment in sorted({e["assignment"] for e in MANIFEST}):
         kinds = [e["student"].split("-")[1] if "-" in e["student"] else e["student"]
                  for e in MANIFEST if e["assignment"] == assignment]
         assert kinds.count("bug") >= 6, f"{assignment}: at least 6 planted bugs"
@@ -57,8 +62,16 @@ def test_the_samples_cover_what_the_issue_asks():
         assert {"reference", "blank"} <= set(kinds)
     adversarial = {e["about"] for e in MANIFEST if e["student"].startswith("adv-")}
     for needed in ("never ends", "raises", "rewrites the visible test", "deletes its test cells", "sys.exit()",
-                   "os._exit(1)", "6 GiB", "not valid JSON"):
+                   "os._exit(1)", "6 GiB", "not valid JSON", "overwrites every other notebook", "gradebook.db",
+                   "reads the solutions", "input transformer", "int subclass", "torch.allclose", "prints 'visible tests",
+                   "20 MB"):
         assert any(needed in about for about in adversarial), needed
+    names = {e["student"] for e in MANIFEST}
+    for e in MANIFEST:
+        if e["student"].startswith("adv-") and e["expect"] != "invalid":
+            assert e["honest"] in names, f"{e['student']}: name the sample with the same answers and no attack"
+    for bug in ("mem-bug-float", "mem-bug-batch-zero", "samp-bug-top-p-before-top-k", "samp-bug-top-k-ties-fewer"):
+        assert bug in names, f"{bug}: each stronger hidden test has a planted bug it catches"
 
 
 def test_config_keeps_all_nbgrader_state_in_the_course_folder(tmp_path):
@@ -128,6 +141,12 @@ def test_repair_reports_tampering_and_restores_deleted_answer_cells():
                         "test cell metadata restored: test_max_context"]
     order = [grading._grade_id(c) for c in nb.cells if grading._grade_id(c)]
     assert order.index("max_batch") == order.index("test_max_context_hidden") + 1, "back where it was"
+    released = [grading._grade_id(c) for c in release.cells if grading._grade_id(c)]
+    assert order == released, "every locked cell is back, in the released order"
+    by_id = {grading._grade_id(c): c for c in nb.cells if grading._grade_id(c)}
+    assert by_id["test_kv_cache_bytes"].source == {grading._grade_id(c): c for c in release.cells
+                                                   if grading._grade_id(c)}["test_kv_cache_bytes"].source
+    assert by_id["test_max_context"].metadata["nbgrader"]["points"] == 2
     assert grading.repair(release, release) == []
 
 
@@ -160,15 +179,28 @@ def test_grade_rejects_bad_arguments(tmp_path):
 
 # ----------------------------------------------------------------------------- one batch run over all samples
 
+def _fingerprint(*folders: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for folder in folders
+            for p in sorted(folder.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    if __import__("course.grade.sandbox", fromlist=["x"]).sandbox_problem():
+        pytest.skip("the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
     course = tmp_path_factory.mktemp("course")
+    watched = [SAMPLES] + [PROJECT_ROOT / top / a for top in ("solutions", "exercises")
+                           for a in sorted({e["assignment"] for e in MANIFEST})]
+    before = _fingerprint(*watched)
     started = time.perf_counter()
     rows = grading.grade(SAMPLES, course, jobs=2, progress=False, log=lambda *_: None)
     seconds = time.perf_counter() - started
     report = list(csv.DictReader(open(course / "report.csv")))
     print(f"\ngraded {len(rows)} samples in {seconds:.0f} s")
-    return {"course": course, "rows": {(r.student, r.assignment): r for r in rows}, "report": report}
+    return {"course": course, "rows": {(r.student, r.assignment): r for r in rows}, "report": report,
+            "changed": sorted(k for k, v in _fingerprint(*watched).items() if before.get(k) != v)}
 
 
 @pytest.mark.slow
@@ -191,6 +223,34 @@ def test_every_sample_gets_the_grade_it_must(graded):
 
 
 @pytest.mark.slow
+def test_every_attack_scores_at_most_its_honest_score_and_changes_nothing_outside(graded):
+    rows = graded["rows"]
+    report = []
+    for entry in MANIFEST:
+        if entry["honest"]:
+            row, honest = rows[entry["student"], entry["assignment"]], rows[entry["honest"], entry["assignment"]]
+            report.append(f"{entry['student']}/{entry['assignment']}: {row.score:g} (honest {honest.score:g})")
+            assert row.status == "graded" and honest.status == "graded", (row, honest)
+            assert row.score <= honest.score, f"{entry['student']} earned more than its answers: {row} vs {honest}"
+    print("\n" + "\n".join(report))
+    assert not graded["changed"], f"a submission changed files outside its folder: {graded['changed'][:5]}"
+    from nbgrader.api import Gradebook  # the gradebook holds exactly the verdicts (nobody else wrote it)
+
+    with Gradebook(f"sqlite:///{graded['course'] / 'gradebook.db'}", "kvcourse") as gb:
+        for (student, assignment), row in rows.items():
+            if row.status == "graded":
+                assert float(gb.find_submission(assignment, student).score) == row.score, (student, assignment)
+    assert all(r.sandbox == "sealed" for r in rows.values() if r.status == "graded")
+
+
+@pytest.mark.slow
+def test_feedback_truncates_huge_outputs(graded):
+    page = graded["course"] / "feedback" / "adv-huge-output" / "01_memory_formula" / "memory_formula.html"
+    assert page.stat().st_size < 3 * 2 ** 20, "a 20 MB print must not go whole into the feedback page"
+    assert "output truncated" in html_text(page)
+
+
+@pytest.mark.slow
 def test_adversarial_submissions_leave_evidence(graded):
     rows = graded["rows"]
     for entry in MANIFEST:
@@ -203,6 +263,7 @@ def test_adversarial_submissions_leave_evidence(graded):
     edited = nbformat.read(str(autograded / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"), 4)
     (cell,) = [c for c in edited.cells if grading._grade_id(c) == "test_kv_cache_bytes"]
     assert "524_288" in cell.source and any(o.output_type == "error" for o in cell.outputs)
+    assert "print('all good')" not in json.dumps(nbformat.writes(edited)), "the edited test is gone"
     assert rows["adv-points", "01_memory_formula"].max_score == rows["reference", "01_memory_formula"].max_score
     hog = nbformat.read(str(autograded / "adv-huge-alloc" / "01_memory_formula" / "memory_formula.ipynb"), 4)
     assert any(o.get("ename") == "MemoryError" for c in hog.cells for o in c.get("outputs", []))
@@ -255,7 +316,7 @@ def test_feedback_never_shows_hidden_tests(graded):
         leaked = [s for s in secrets if s in flat]
         assert not leaked, f"{path}: {leaked[:3]}"
     text = html_text(course / "feedback" / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.html")
-    assert "hidden tests failed (AssertionError: hint: round down to whole tokens)" in text
+    assert "hidden tests failed (AssertionError: hint: round down to whole tokens" in text
     assert "hidden tests passed" in text
 
 
@@ -348,6 +409,26 @@ def test_check_saves_its_result_in_the_progress_file(tmp_path, monkeypatch):
     shown = _kvcourse("progress")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "memory_formula" in shown.stdout and "1/5" in shown.stdout
+
+
+@pytest.mark.slow
+def test_check_runs_the_original_tests_of_an_edited_notebook():
+    edited = _kvcourse("check", str(SAMPLES / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert edited.returncode == 1, edited.stdout + edited.stderr
+    assert "the ORIGINAL tests were run instead" in edited.stdout
+    assert "[FAIL] test_kv_cache_bytes (2 pt) (original test)" in edited.stdout, "its own 'all good' test is not run"
+    assert "all good" not in edited.stdout
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_check_full_runs_the_hidden_checks_without_showing_them():
+    out = _kvcourse("check", "--full", str(SAMPLES / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "[FAIL] test_max_context_hidden (2 pt)" in out.stdout and "hint: round down to whole tokens" in out.stdout
+    assert "[pass] test_kv_cache_bytes_hidden (2 pt)" in out.stdout
+    assert re.search(r"score: 1[0-2]/14", out.stdout), out.stdout
+    assert "20_071" not in out.stdout and "13_476_839_424" not in out.stdout, "no hidden input or expected value"
 
 
 def test_check_warns_about_changed_test_cells():

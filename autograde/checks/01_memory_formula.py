@@ -49,7 +49,7 @@ CHECKS = {
         Check("INT8", kv(32, 3, 1000, 8, 128, 1), exact, "hint: an INT8 cache uses 1 byte per number"),
         Check("odd shape", kv(7, 5, 333, 2, 96, 2), exact, "hint: check every factor of the formula"),
         Check("an int, exactly", kv(32, 2, 4096, 8, 128, 2), exact, WHOLE),
-        Check("batch 0", kv(32, 0, 4096, 8, 128, 2), exact, "hint: an empty batch (batch = 0) holds 0 bytes"),
+        Check("batch 0", kv(32, 0, 4096, 8, 128, 2), raises, "hint: batch = 0 has no cache to size: raise ValueError"),
     ],
     "test_kv_bytes_per_token": [
         Check("Llama-2-7B", per_token(llama_7b), exact, "hint: the cache stores K and V for the KV heads"),

@@ -38,6 +38,7 @@ SCHEMA = "kvcourse-bench/1"
 # Modules whose @bench_item functions the command runs, after course.measure.bench's engine items and this
 # module's course checks. Add yours here (one line) to put your item in `kvcourse bench`.
 ITEM_MODULES: tuple[str, ...] = (
+    "course.grade.bench",  # grading time per submission, sealed vs unsealed
 )
 _Context = Context  # the name the tests know
 

@@ -6,9 +6,10 @@ own command of the same job (the exchange is nbgrader's; nothing here moves a st
     init                 create the class folder and the shared exchange (mode ugo+rwx, as nbgrader asks)
     release A            nbgrader generate_assignment (from solutions/) + release_assignment
     (students fetch and submit with the Assignment List in JupyterLab)
-    collect A            nbgrader collect, into the class folder's inbox/
-    grade A [--jobs N]   `kvcourse grade` (course/grading.py: nbgrader autograde + generate_feedback in
-                         parallel workers, the safe-execution plug-ins, one gradebook writer)
+    collect A            nbgrader collect, into the class folder's inbox/; a submission made as another
+                         student (its folder's owner is not the student it names) is reported, exit 1
+    grade A [--jobs N]   `kvcourse grade` (course/grade/grader.py: each submission sealed off in a
+                         bubblewrap sandbox, verdicts from plain data, one gradebook writer)
     feedback A           nbgrader release_feedback (students then fetch it from the Assignment List)
     export [--to CSV]    nbgrader's CSV export of the gradebook
     cycle A              collect, grade, feedback and export in one go
@@ -85,12 +86,12 @@ def _assignment(name: str) -> str:
     return name
 
 
-def _api(course: Path, exchange: Path, **changes):
+def _api(course: Path, exchange: Path, log_level: str = "ERROR", **changes):
     cfg = config(course, exchange)
     for section, values in changes.items():
         for key, value in values.items():
             setattr(cfg[section], key, value)
-    return grading.nbgrader_api(cfg)
+    return grading.nbgrader_api(cfg, log_level=log_level)
 
 
 def _run(result: dict, what: str) -> str:
@@ -121,22 +122,61 @@ def release(assignment: str, course: Path, exchange: Path, force: bool = False) 
     course.mkdir(parents=True, exist_ok=True)
     if not exchange.is_dir():
         raise ClassroomError(f"no exchange at {exchange}: run `kvcourse classroom init` first")
-    api = _api(course, exchange, ExchangeReleaseAssignment={"force": force})
-    _run(api.generate_assignment(assignment, force=True, create=True), f"generate_assignment {assignment}")
     outbound = exchange / COURSE_ID / "outbound" / assignment
-    if outbound.exists() and not force:
+    if outbound.exists() and not force:  # refuse before touching anything (the release/ folder included)
         raise ClassroomError(f"{assignment} is already released; add --force to release it again "
                              "(students who fetched it keep their copy)")
+    api = _api(course, exchange, ExchangeReleaseAssignment={"force": force})
+    _run(api.generate_assignment(assignment, force=True, create=True), f"generate_assignment {assignment}")
     _run(api.release_assignment(assignment), f"release_assignment {assignment}")
     return outbound
 
 
-def collect(assignment: str, course: Path, exchange: Path) -> list[str]:
-    """nbgrader collect (newest submission of each student) into inbox/. Returns the students collected."""
+def impersonations(assignment: str, exchange: Path) -> list[tuple[str, str, str]]:
+    """Submissions in the exchange whose folder is owned by someone other than the student it names:
+    [(folder name, claimed student, real owner)]. nbgrader's exchange names a submission after the
+    student id the submitter gave (`nbgrader submit --CourseDirectory.student_id=alice` works for anyone),
+    but the folder belongs to whoever created it, and only root can change that. (Where students have no
+    Unix accounts of their own, as with a one-account test spawner, ownership cannot tell them apart.)"""
+    import pwd
+
+    inbound = exchange / COURSE_ID / "inbound"
+    found = []
+    if not inbound.is_dir():
+        return found
+    for entry in sorted(inbound.glob(f"*+{assignment}+*")):
+        claimed = entry.name.split("+")[0]
+        try:
+            pwd.getpwnam(claimed)
+        except KeyError:  # students without Unix accounts (a test hub's one-account spawner): owners say nothing
+            continue
+        try:
+            owner = pwd.getpwuid(entry.stat().st_uid).pw_name
+        except KeyError:
+            owner = f"uid {entry.stat().st_uid}"
+        if owner != claimed:
+            found.append((entry.name, claimed, owner))
+    return found
+
+
+def collect(assignment: str, course: Path, exchange: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """nbgrader collect (newest submission of each student) into inbox/.
+
+    Returns (the students collected, submissions made as another student). nbgrader's own warnings (its
+    "cheating attempt?" included) are shown, not silenced."""
     _assignment(assignment)
-    api = _api(course, exchange, CourseDirectory={"submitted_directory": INBOX})
+    suspicious = impersonations(assignment, exchange)
+    api = _api(course, exchange, log_level="WARNING", CourseDirectory={"submitted_directory": INBOX})
     _run(api.collect(assignment, update=True), f"collect {assignment}")
-    return sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}"))
+    return sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious
+
+
+def _report_impersonations(found) -> int:
+    for folder, claimed, owner in found:
+        print(f"error: submission {folder} claims to be by {claimed!r} but was made by {owner!r}: {owner} "
+              f"submitted as {claimed}. Check {claimed}'s grade by hand (their collected copy may be {owner}'s work).",
+              file=sys.stderr)
+    return 1 if found else 0
 
 
 def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout: int | None = None,
@@ -250,8 +290,9 @@ def run_classroom(args) -> int:
             where = release(args.assignment, course, exchange, force=args.force)
             print(f"released {args.assignment} to {where}; students fetch it from Nbgrader > Assignments")
         elif args.step == "collect":
-            students = collect(args.assignment, course, exchange)
+            students, suspicious = collect(args.assignment, course, exchange)
             print(f"collected {len(students)} submission(s) of {args.assignment} into {course / INBOX}")
+            return _report_impersonations(suspicious)
         elif args.step == "feedback":
             students = feedback(args.assignment, course, exchange)
             print(f"released feedback on {args.assignment} for {len(students)} student(s); "
@@ -262,8 +303,9 @@ def run_classroom(args) -> int:
             for a, counts in status(course, exchange, args.assignment).items():
                 print(f"{a:<22} " + "  ".join(f"{k} {v}" for k, v in counts.items()))
         else:  # grade, cycle
+            suspicious = []
             if args.step == "cycle":
-                students = collect(args.assignment, course, exchange)
+                students, suspicious = collect(args.assignment, course, exchange)
                 print(f"collected {len(students)} submission(s)")
             rows = grade(args.assignment, course, exchange, jobs=args.jobs, timeout=args.timeout,
                          force=args.force, progress=not args.quiet)
@@ -271,7 +313,7 @@ def run_classroom(args) -> int:
             if args.step == "cycle":
                 released = feedback(args.assignment, course, exchange)
                 print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")
-            return code
+            return max(code, _report_impersonations(suspicious))
     except (ClassroomError, grading.GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -85,6 +85,9 @@ class Ledger:
 def _version(assignment: str) -> str:
     """What a grade depends on besides the file: the source notebook, its checks and the harness."""
     here = Path(__file__).parent
+    if not verdicts.checks_path(assignment).exists():
+        raise GradingError(f"{assignment} has no checks: write {verdicts.checks_path(assignment)} (one list of "
+                           "Check per test cell; see course/grade/verdicts.py) before grading it")
     return sha(source_hash(assignment).encode(), verdicts.checks_path(assignment).read_bytes(),
                *((here / f).read_bytes() for f in HARNESS_FILES))
 

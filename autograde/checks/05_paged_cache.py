@@ -1,0 +1,343 @@
+"""Checks for exercise 05 (a paged KV cache: block pool, block tables, fork, the model on top): one list per test cell.
+
+Every run drives the learner's BlockPool / PagedKVCache / fork / SequenceView on fixed, seeded inputs and returns
+only what does not depend on a free-list policy the instructions leave open (which block id comes out first):
+counts, reference counts looked up through the learner's own tables, gathered tensors, tokens, and whether the
+right exception was raised. The comparison with the solution's values happens outside the sandbox.
+"""
+import torch
+
+from course.engine.config import ModelConfig
+from course.engine.generate import generate
+from course.engine.model import tiny_model
+from course.grade.verdicts import Check, close, exact, raises
+
+TINY = ModelConfig.from_name("tiny")  # 2 layers, H_kv = 2, D_h = 16
+MQA = TINY.with_(n_kv_heads=1)
+
+
+def randn(seed, *shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------- the pool
+
+def pool_cycle(ns):
+    pool = ns["BlockPool"](3)
+    out = [pool.num_free]
+    a, b = pool.allocate(), pool.allocate()
+    out += [a != b, {a, b} <= {0, 1, 2}, pool.ref_count[a], pool.ref_count[b], pool.num_free]
+    pool.share(a)
+    out.append(pool.ref_count[a])
+    pool.release(a)
+    out += [pool.ref_count[a], pool.num_free]
+    pool.release(a)
+    out += [pool.ref_count[a], pool.num_free]
+    c, d = pool.allocate(), pool.allocate()
+    out.append({c, d} == {0, 1, 2} - {b})
+    return out
+
+
+def pool_empty(n):
+    def run(ns):
+        pool = ns["BlockPool"](n)
+        for _ in range(n):
+            pool.allocate()
+        return pool.allocate()
+    return run
+
+
+def says_what_to_do(ns):
+    pool = ns["BlockPool"](1)
+    pool.allocate()
+    try:
+        pool.allocate()
+    except MemoryError as err:
+        return len(str(err)) > 20
+    return False
+
+
+def release_free_block(ns):
+    pool = ns["BlockPool"](2)
+    block = pool.allocate()
+    pool.release(block)
+    return pool.release(block)
+
+
+# ----------------------------------------------------------------------------- the cache
+
+def block_counts(ns):
+    cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
+    k, v = randn(1, 1, 2, 4, 16), randn(2, 1, 2, 4, 16)
+    cache.update(0, 0, 0, k, v)
+    out = [len(cache.tables[0]), cache.pool.num_free]
+    cache.update(0, 1, 0, k, v)
+    out.append(len(cache.tables[0]))
+    cache.update(0, 0, 4, k[:, :, :1], v[:, :, :1])
+    out += [len(cache.tables[0]), cache.pool.num_free, cache.lengths[0]]
+    return out
+
+
+def exact_block_counts(block_size, lengths):
+    def run(ns):
+        out = []
+        for n in lengths:
+            cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=block_size)
+            x = randn(n, 1, 2, n, 16)
+            cache.update(0, 0, 0, x, x)
+            out.append((len(cache.tables[0]), cache.pool.num_free))
+        return out
+    return run
+
+
+def decode_counts(ns):
+    """A 3-token prompt, then decode one token at a time past two boundaries: blocks held after each token."""
+    cache = ns["PagedKVCache"](TINY, num_blocks=4, block_size=3)
+    x = randn(3, 1, 2, 9, 16)
+    cache.update(0, 0, 0, x[:, :, :3], x[:, :, :3])
+    out = [len(cache.tables[0])]
+    for pos in range(3, 9):
+        cache.update(0, 0, pos, x[:, :, pos:pos + 1], x[:, :, pos:pos + 1])
+        out.append(len(cache.tables[0]))
+    return out
+
+
+def gather(ns):
+    cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
+    k, v = randn(3, 1, 2, 10, 16), randn(4, 1, 2, 10, 16)
+    k_all, v_all = cache.update(0, 0, 0, k[:, :, :6], v[:, :, :6])
+    out = [k_all.clone(), v_all.clone()]
+    for pos in range(6, 10):
+        k_all, v_all = cache.update(0, 0, pos, k[:, :, pos:pos + 1], v[:, :, pos:pos + 1])
+    return out + [k_all.clone(), v_all.clone()]
+
+
+def free_all(ns):
+    cache = ns["PagedKVCache"](TINY, num_blocks=6, block_size=4)
+    x = randn(5, 1, 2, 7, 16)
+    cache.update(0, 0, 0, x, x)
+    cache.update(1, 0, 0, x[:, :, :3], x[:, :, :3])
+    out = [cache.pool.num_free]
+    cache.free(0)
+    out += [cache.pool.num_free, 0 in cache.tables]
+    cache.free(1)
+    return out + [cache.pool.num_free]
+
+
+def out_of_order(ns):
+    """a and b interleave, b is freed, a grows into its block: a's table is not in block-id order."""
+    c = ns["PagedKVCache"](TINY, num_blocks=4, block_size=2)
+    xa, xb = randn(6, 1, 2, 8, 16), randn(7, 1, 2, 8, 16)
+    c.update("a", 0, 0, xa[:, :, :2], xa[:, :, :2] * 2)
+    c.update("b", 0, 0, xb[:, :, :2], xb[:, :, :2])
+    c.update("a", 0, 2, xa[:, :, 2:4], xa[:, :, 2:4] * 2)
+    c.free("b")
+    for pos in range(4, 8):
+        k_all, v_all = c.update("a", 0, pos, xa[:, :, pos:pos + 1], xa[:, :, pos:pos + 1] * 2)
+    return [k_all.clone(), v_all.clone(), c.pool.num_free, len(c.tables["a"])]
+
+
+def full_pool(ns):
+    c = ns["PagedKVCache"](TINY, num_blocks=2, block_size=2)
+    x = randn(8, 1, 2, 4, 16)
+    c.update("a", 0, 0, x, x)
+    return c.update("b", 0, 0, x[:, :, :1], x[:, :, :1])
+
+
+def everything_returns(ns):
+    c = ns["PagedKVCache"](TINY, num_blocks=5, block_size=2)
+    for seq, n in (("a", 3), ("b", 4), ("c", 2)):
+        x = randn(len(seq) + n, 1, 2, n, 16)
+        c.update(seq, 0, 0, x, x)
+    for seq in ("b", "a", "c"):
+        c.free(seq)
+    return [c.pool.num_free, all(r == 0 for r in c.pool.ref_count)]
+
+
+def layers_share_a_table(ns):
+    c = ns["PagedKVCache"](TINY.with_(n_layers=3), num_blocks=3, block_size=3)
+    z = randn(9, 3, 1, 2, 7, 16)
+    for layer in range(3):
+        c.update(5, layer, 0, z[layer, :, :, :4], z[layer, :, :, :4])
+    outs = []
+    for pos in range(4, 7):
+        for layer in range(3):
+            outs.append(c.update(5, layer, pos, z[layer, :, :, pos:pos + 1], z[layer, :, :, pos:pos + 1])[0].clone())
+    return outs + [len(c.tables[5]), c.pool.num_free]
+
+
+# ----------------------------------------------------------------------------- fork
+
+def fork_basic(ns):
+    cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
+    x = randn(10, 1, 2, 6, 16)
+    for layer in range(TINY.n_layers):
+        cache.update("p", layer, 0, x, x)
+    ns["fork"](cache, "p", "c")
+    p, c = cache.tables["p"], cache.tables["c"]
+    out = [c[0] == p[0], cache.pool.ref_count[p[0]], c[1] != p[1], cache.pool.num_free, cache.lengths["c"]]
+    y = randn(11, 1, 2, 1, 16)
+    k_c, _ = cache.update("c", 0, 6, y, y)
+    k_p, _ = cache.update("p", 0, 6, -y, -y)
+    return out + [k_c.clone(), k_p.clone()]
+
+
+def fork_then_free_parent(ns):
+    c = ns["PagedKVCache"](TINY, num_blocks=6, block_size=2)
+    x = randn(12, 1, 2, 5, 16)
+    for layer in range(TINY.n_layers):
+        c.update("p", layer, 0, x[:, :, :4], x[:, :, :4] + 1)
+    ns["fork"](c, "p", "c")
+    out = [c.pool.num_free]
+    c.free("p")
+    out.append(c.pool.num_free)
+    junk = torch.full((1, 2, 6, 16), 9.0)
+    c.update("other", 0, 0, junk, junk)
+    k_all, v_all = c.update("c", 0, 4, x[:, :, 4:5], x[:, :, 4:5] + 1)
+    out += [k_all.clone(), v_all.clone(), c.pool.num_free]
+    c.free("c")
+    c.free("other")
+    return out + [c.pool.num_free, all(r == 0 for r in c.pool.ref_count)]
+
+
+def fork_twice(ns):
+    c = ns["PagedKVCache"](TINY, num_blocks=5, block_size=3)
+    x = randn(13, 1, 2, 4, 16)
+    for layer in range(TINY.n_layers):
+        c.update(0, layer, 0, x, x * 3)
+    for child in (1, 2):
+        ns["fork"](c, 0, child)
+    out = [c.pool.ref_count[c.tables[0][0]], c.pool.num_free]
+    for seq in (0, 1, 2):
+        out.append(c.update(seq, 1, 4, x[:, :, :1], x[:, :, :1])[1].clone())
+    for seq in (2, 0, 1):
+        c.free(seq)
+    return out + [c.pool.num_free]
+
+
+# ----------------------------------------------------------------------------- the model
+
+def model_logits(seed, config, prompt_len, total, num_blocks, block_size):
+    def run(ns):
+        model = tiny_model(seed=seed, config=config)
+        ids = torch.randint(0, config.vocab_size, (1, total), generator=torch.Generator().manual_seed(seed + 100))
+        cache = ns["PagedKVCache"](model.config, num_blocks=num_blocks, block_size=block_size)
+        view = ns["SequenceView"](cache, 0)
+        with torch.no_grad():
+            steps = [model(ids[:, :prompt_len], start_pos=0, cache=view)]
+            steps += [model(ids[:, t:t + 1], start_pos=t, cache=view) for t in range(prompt_len, total)]
+        return torch.cat(steps, dim=1)
+    return run
+
+
+def greedy(seed, config, prompt, n, num_blocks, block_size):
+    def run(ns):
+        model = tiny_model(seed=seed, config=config)
+        cache = ns["PagedKVCache"](model.config, num_blocks=num_blocks, block_size=block_size)
+        with torch.no_grad():
+            tokens = generate(model, prompt, n, cache=ns["SequenceView"](cache, 0)).tokens
+        cache.free(0)
+        return [tokens, cache.pool.num_free]
+    return run
+
+
+def interleaved(ns):
+    mqa = tiny_model(seed=7, config=MQA)
+    prompts = {"x": [1, 2, 3, 4, 5], "y": [9, 8, 7]}
+    c = ns["PagedKVCache"](mqa.config, num_blocks=20, block_size=3)
+    last, pos, out = {}, {}, {s: [] for s in prompts}
+    with torch.no_grad():
+        for s, p in prompts.items():
+            logits = mqa(torch.tensor([p]), start_pos=0, cache=ns["SequenceView"](c, s), last_only=True)
+            last[s], pos[s] = int(logits.argmax()), len(p)
+            out[s].append(last[s])
+        for _ in range(19):
+            for s in prompts:
+                logits = mqa(torch.tensor([[last[s]]]), start_pos=pos[s], cache=ns["SequenceView"](c, s),
+                             last_only=True)
+                last[s], pos[s] = int(logits.argmax()), pos[s] + 1
+                out[s].append(last[s])
+    return out
+
+
+def forked_continuations(ns):
+    mqa = tiny_model(seed=7, config=MQA)
+    c = ns["PagedKVCache"](mqa.config, num_blocks=8, block_size=4)
+    p = [3, 1, 4, 1, 5, 9]
+    outs = []
+    with torch.no_grad():
+        mqa(torch.tensor([p[:-1]]), start_pos=0, cache=ns["SequenceView"](c, "prompt"))
+        ns["fork"](c, "prompt", "a")
+        ns["fork"](c, "prompt", "b")
+        for s in ("a", "b"):
+            tokens, token, at = [], p[-1], len(p) - 1
+            for _ in range(8):
+                token = int(mqa(torch.tensor([[token]]), start_pos=at, cache=ns["SequenceView"](c, s),
+                                last_only=True).argmax())
+                tokens.append(token)
+                at += 1
+            outs.append(tokens)
+    return outs
+
+
+BOUNDARY = "hint: take a block exactly when a token falls past the last one: ceil(tokens / block_size) blocks"
+ORDER = "hint: token t lives in block table[t // block_size] at offset t % block_size; gather in table order"
+FREE = "hint: free() releases every block of the table, the partly filled last one too"
+REFS = "hint: a shared block goes back to the free list only when its last user releases it (reference counts)"
+
+CHECKS = {
+    "test_pool_allocate": [
+        Check("allocate, share, release", pool_cycle, exact,
+              "hint: allocate() takes a free block at count 1; release() frees it when the count reaches 0"),
+    ],
+    "test_pool_refuses": [
+        Check("an empty pool", pool_empty(2), raises, "hint: when no block is free, raise MemoryError"),
+        Check("the message", says_what_to_do, exact, "hint: say in the MemoryError what to do"),
+    ],
+    "test_cache_blocks": [
+        Check("a full block, then the next token", block_counts, exact, BOUNDARY),
+    ],
+    "test_cache_gather": [
+        Check("prefill 6, decode 4 across a boundary", gather, exact, ORDER),
+    ],
+    "test_cache_free": [
+        Check("two requests end", free_all, exact, FREE),
+    ],
+    "test_cache_hidden": [
+        Check("a table out of block-id order", out_of_order, exact, ORDER),
+        Check("the pool runs out", full_pool, raises, "hint: an empty pool must raise MemoryError"),
+        Check("every block comes back", everything_returns, exact, FREE),
+        Check("exact block counts, block size 2", exact_block_counts(2, (1, 2, 3, 4, 5)), exact, BOUNDARY),
+        Check("decoding past two boundaries", decode_counts, exact,
+              "hint: decoding must extend the table at every block boundary, not only the prompt's blocks"),
+        Check("three layers, one table", layers_share_a_table, exact,
+              "hint: each layer has its own K/V pool, and all layers share one block table"),
+        Check("releasing a free block", release_free_block, raises,
+              "hint: releasing a block that is already free must raise ValueError"),
+    ],
+    "test_fork": [
+        Check("fork a 6-token sequence (block size 4)", fork_basic, exact,
+              "hint: share() every full block of the parent; copy the partly filled last one into a new block"),
+    ],
+    "test_fork_hidden": [
+        Check("free the parent first", fork_then_free_parent, exact, REFS),
+        Check("two forks of one prompt", fork_twice, exact,
+              "hint: copy the partly filled block in every layer; free each user once"),
+    ],
+    "test_model_logits": [
+        Check("prefill 6, decode 6", model_logits(0, TINY, 6, 12, 6, 4), close(1e-5),
+              "hint: if the cache passes but this fails, check that update() returns every position so far, in order"),
+    ],
+    "test_greedy_32": [
+        Check("32 greedy tokens", greedy(0, TINY, [169, 163, 192, 95], 32, 4, 16), exact,
+              "hint: a token written to the wrong block changes every token after it"),
+    ],
+    "test_model_hidden": [
+        Check("MQA, block size 3, 25 greedy tokens", greedy(7, MQA, [1, 2, 3, 4, 5], 20, 9, 3), exact,
+              "hint: check the block boundaries with another block size"),
+        Check("two requests interleaved", interleaved, exact,
+              "hint: interleaved requests must each decode their solo tokens"),
+        Check("forked continuations", forked_continuations, exact,
+              "hint: a forked sequence must decode like the original"),
+    ],
+}

@@ -1,0 +1,329 @@
+"""Faults of the grader itself: a second grader, a full disk, a truncated gradebook, a corrupt ledger, a
+kernel killed from outside, the grader killed with -9, missing and renamed notebooks, and the sandbox's
+walls (what a submission's process can see and reach). Each fault has its test; the slow ones grade the
+memory-formula reference, whose sandbox starts fastest.
+"""
+from __future__ import annotations
+
+import csv
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from course.grade import files, grader, nbgrader_api, sandbox, submissions
+from course.grade.files import GradingError
+from course.paths import AUTOGRADE, PROJECT_ROOT
+
+SAMPLES = AUTOGRADE / "samples"
+ASSIGNMENT = "01_memory_formula"
+needs_bwrap = pytest.mark.skipif(bool(sandbox.sandbox_problem()),
+                                 reason="the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
+
+
+def _folder(tmp_path: Path, students: dict[str, str]) -> Path:
+    """students: {name in the class: sample to copy}."""
+    folder = tmp_path / "submissions"
+    for name, sample in students.items():
+        shutil.copytree(SAMPLES / sample / ASSIGNMENT, folder / name / ASSIGNMENT)
+    return folder
+
+
+def _quiet(*_):
+    pass
+
+
+# ----------------------------------------------------------------------------- fast
+
+def test_a_second_grader_on_the_same_folder_stops_with_a_clear_message(tmp_path):
+    course = tmp_path / "course"
+    with files.course_lock(course):
+        with pytest.raises(GradingError, match=r"another grader is already working on .*course \(pid \d+"):
+            grader.grade(_folder(tmp_path, {"ann": "reference"}), course, progress=False, log=_quiet)
+    with files.course_lock(course):  # released: the next one gets it
+        pass
+
+
+def test_atomic_writes_leave_the_previous_file_on_a_full_disk(tmp_path, monkeypatch):
+    target = tmp_path / "grades.csv"
+    target.write_text("student,score\nann,14\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError):
+        files.atomic_write(target, "student,score\n")
+    assert target.read_text() == "student,score\nann,14\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["grades.csv"], "no temp file left behind"
+
+
+def test_csv_export_on_a_full_disk_keeps_the_previous_grades(tmp_path, monkeypatch):
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins import CsvExportPlugin
+
+    cfg = nbgrader_api.load_config(tmp_path)
+    nbgrader_api.venv_on_path(os.environ)
+    with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:
+        gb.update_or_create_student("ann")
+    previous = "assignment,duedate,timestamp,student_id,last_name,first_name,email,raw_score,late_submission_penalty,score,max_score\nx\n"
+    (tmp_path / "grades.csv").write_text(previous)
+
+    def export_until_the_disk_fills(self, gradebook):
+        with open(self.to, "w") as fh:
+            fh.write("assignment,dued")  # half a header, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(CsvExportPlugin, "export", export_until_the_disk_fills)
+    with pytest.raises(GradingError, match="disk is full; the previous version of the file is intact"):
+        nbgrader_api.export_csv(cfg, tmp_path / "grades.csv")
+    assert (tmp_path / "grades.csv").read_text() == previous
+
+
+def test_a_corrupt_ledger_is_named(tmp_path):
+    course = tmp_path / "course"
+    (course / "work").mkdir(parents=True)
+    (course / "work" / "ledger.json").write_text('{"sources": {"01_memory_formula": "ab')
+    with pytest.raises(GradingError, match=r"ledger\.json \(the grading ledger\) is corrupt"):
+        grader.Ledger(course / "work" / "ledger.json")
+    out = subprocess.run([sys.executable, "-m", "course.cli", "grade", str(_folder(tmp_path, {"ann": "reference"})),
+                          "--course", str(course), "--quiet"], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 2 and str(course / "work" / "ledger.json") in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_truncated_gradebook_is_detected_and_named(tmp_path):
+    db = tmp_path / "gradebook.db"
+    assert nbgrader_api.gradebook_problem(db) == "", "no gradebook yet is fine"
+    db.write_bytes(b"SQLite format 3\x00" + b"\x10\x00" + b"\x00" * 80)  # a header, then nothing
+    assert nbgrader_api.gradebook_problem(db)
+    db.write_bytes(b"not a database at all" * 10)
+    assert "not a readable SQLite database" in nbgrader_api.gradebook_problem(db)
+
+
+def test_missing_notebooks_get_rows_and_renamed_downloads_are_accepted(tmp_path):
+    known = {ASSIGNMENT: ["memory_formula"], "02_kv_cache": ["kv_cache"]}
+    (tmp_path / "ann" / ASSIGNMENT).mkdir(parents=True)
+    shutil.copy(SAMPLES / "reference" / ASSIGNMENT / "memory_formula.ipynb",
+                tmp_path / "ann" / ASSIGNMENT / "memory_formula (1).ipynb")
+    (tmp_path / "bob").mkdir()  # a student who handed in nothing
+    (tmp_path / "cat" / ASSIGNMENT).mkdir(parents=True)  # an empty assignment folder
+    found = {(s.student, s.assignment): s for s in submissions.discover(tmp_path, known)}
+    ann = found["ann", ASSIGNMENT]
+    assert ann.problem == "" and ann.notebook == "memory_formula"
+    assert ann.problems == ["file named 'memory_formula (1).ipynb': graded as memory_formula.ipynb"]
+    assert found["bob", ASSIGNMENT].missing and found["bob", ASSIGNMENT].problem.startswith("missing")
+    assert found["cat", ASSIGNMENT].missing
+    assert ("bob", "02_kv_cache") not in found, "missing rows only for the assignments being graded"
+
+
+def test_plain_data_refuses_subclasses_and_objects():
+    import numpy as np
+    import torch
+
+    from course.grade.plain import Array, Rejected, decode, encode
+    from course.grade.verdicts import close, exact
+
+    class Always(int):
+        def __eq__(self, other):
+            return True
+
+    for value, ok in ((3, True), (2.5, True), (True, True), ("B", True), ([1, (2, 3.0)], True), ({"a": 1}, True),
+                      (Always(3), False), (np.int64(3), False), (torch.nn.Parameter(torch.ones(2)), False),
+                      (object(), False), ({1: 2}, False)):
+        back = decode(json.loads(json.dumps(encode(value))))
+        assert (not isinstance(back, Rejected)) == ok, value
+    assert exact(decode(encode(3)), 3) and not exact(decode(encode(3.0)), 3), "an int must be an int"
+    t = torch.tensor([1.0, float("-inf"), 2.0])
+    assert isinstance(decode(encode(t)), Array)
+    assert close(0.0)(decode(encode(t.clone())), decode(encode(t)))
+    assert not close(0.0)(decode(encode(torch.tensor([1.0, 0.0, 2.0]))), decode(encode(t)))
+    assert not close(1e-3)(decode(encode(t.double())), decode(encode(t))), "dtype counts"
+    assert isinstance(decode({"t": "tensor", "dtype": "float32", "shape": [5], "b64": ""}), Rejected)
+
+
+# ----------------------------------------------------------------------------- the sandbox's walls
+
+SNOOP = r"""
+import json, os, socket, sys
+import course, course.paths
+out = {"uid": os.getuid(), "listing": sorted(os.listdir(str(course.paths.PROJECT_ROOT))),
+       "solutions": str(course.paths.SOLUTIONS), "solutions_exist": os.path.exists(str(course.paths.SOLUTIONS)),
+       "secret": os.path.exists(sys.argv[1]), "root": sorted(os.listdir("/"))}
+try:
+    socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=2)
+    out["network"] = "connected"
+except OSError as exc:
+    out["network"] = type(exc).__name__
+try:
+    open(os.path.join(os.path.dirname(course.__file__), "written-by-a-submission"), "w")
+    out["write_outside"] = True
+except OSError:
+    out["write_outside"] = False
+print(json.dumps(out))
+"""
+
+
+@needs_bwrap
+def test_inside_the_sandbox_a_submission_sees_only_the_course_package(tmp_path):
+    secret = tmp_path / "gradebook.db"
+    secret.write_text("grades")
+    server = __import__("socket").create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    (tmp_path / "box").mkdir()
+    (tmp_path / "box" / "snoop.py").write_text(SNOOP)
+    cmd = sandbox.bwrap_command(tmp_path / "box", [sys.executable, "/sub/snoop.py", str(secret), str(port)],
+                                sandbox._sandbox_env(1))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    server.close()
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not seen["secret"], "files outside the submission's folder are invisible"
+    assert not seen["solutions_exist"] and "solutions" not in seen["listing"] and "autograde" not in seen["listing"]
+    assert set(seen["listing"]) <= {"course", ".venv"}, seen["listing"]
+    assert seen["network"] != "connected", "no network, not even the host's loopback"
+    assert not seen["write_outside"], "the course package is read-only"
+    assert not (PROJECT_ROOT / "course" / "written-by-a-submission").exists()
+
+
+@needs_bwrap
+def test_the_sandbox_caps_memory(tmp_path):
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "hog.py").write_text("x = bytearray(3 * 2**30)\nprint('allocated')\n")
+    limits = sandbox.Limits(memory_mb=1024)
+    proc = subprocess.run(sandbox.bwrap_command(box, [sys.executable, "/sub/hog.py"], sandbox._sandbox_env(1)),
+                          capture_output=True, text=True, timeout=120,
+                          preexec_fn=sandbox._limiter(limits, sandbox._user_tasks() + 64))
+    assert "MemoryError" in proc.stderr and "allocated" not in proc.stdout
+
+
+def test_grading_stops_when_the_sandbox_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "the grading sandbox needs bubblewrap (`bwrap`)")
+    with pytest.raises(GradingError, match=r"needs bubblewrap.*nothing was graded.*--unsandboxed"):
+        grader.grade(_folder(tmp_path, {"ann": "reference"}), tmp_path / "course", progress=False, log=_quiet)
+    assert not (tmp_path / "course" / "grades.csv").exists()
+
+
+# ----------------------------------------------------------------------------- slow: faults while grading
+
+def _descendants(pid: int) -> list[int]:
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                kids.append(int(entry))
+    return kids + [g for k in kids for g in _descendants(k)]
+
+
+def _alive_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_a_kernel_killed_from_outside_is_regraded_not_zeroed(tmp_path):
+    folder, course = _folder(tmp_path, {"ann": "reference"}), tmp_path / "course"
+    killed = []
+
+    def kill_soon(proc):
+        def kill():
+            time.sleep(2)
+            for pid in _descendants(proc.pid):
+                try:
+                    if b"course.grade.harness" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                except OSError:
+                    pass
+        if not killed:
+            threading.Thread(target=kill, daemon=True).start()
+
+    (row,) = grader.grade(folder, course, progress=False, log=_quiet, on_sandbox_start=kill_soon)
+    assert killed, "the test killed the sandboxed harness"
+    assert row.status == "failed" and sandbox.KILLED_FROM_OUTSIDE in row.problems and "again" in row.problems
+    assert "ann/01_memory_formula" not in json.loads((course / "work" / "ledger.json").read_text())["graded"]
+    (again,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert again.status == "graded" and again.score == again.max_score > 0
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_kill_9_of_the_grader_takes_its_sandboxes_with_it(tmp_path):
+    folder, course = _folder(tmp_path, {"ann": "adv-infinite-loop", "bob": "adv-infinite-loop"}), tmp_path / "course"
+    proc = subprocess.Popen([sys.executable, "-m", "course.cli", "grade", str(folder), "--course", str(course),
+                             "--jobs", "2", "--quiet"], cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    marker = str(course / "work" / "run-")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(_alive_with("course.grade.harness /sub/job.json")) < 1:
+        time.sleep(0.5)
+    running = [p for p in _descendants(proc.pid)]
+    assert running, "sandboxes were running"
+    os.kill(proc.pid, signal.SIGKILL)  # the grader only, not its process group
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in running):
+        time.sleep(0.2)
+    assert not [p for p in running if _pid_alive(p)], "sandboxes outlived the grader"
+    assert not _alive_with(marker)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_a_truncated_gradebook_is_rebuilt_by_regrading(tmp_path):
+    folder, course = _folder(tmp_path, {"ann": "reference", "bob": "blank"}), tmp_path / "course"
+    first = {r.student: r.score for r in grader.grade(folder, course, progress=False, log=_quiet)}
+    db = course / "gradebook.db"
+    db.write_bytes(db.read_bytes()[:4096])  # cut off, as by a crash or a full disk
+    messages = []
+    rows = grader.grade(folder, course, progress=False, log=messages.append)
+    assert any(str(db) in m and "rebuilt" in m for m in messages), messages
+    assert {r.student: r.score for r in rows} == first and all(r.status == "graded" for r in rows)
+    assert list(course.glob("gradebook.db.corrupt-*")), "the broken file is kept aside, not deleted"
+    exported = {r["student_id"]: float(r["score"]) for r in csv.DictReader(open(course / "grades.csv"))}
+    assert exported == first
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_missing_students_appear_in_both_csvs(tmp_path):
+    folder, course = _folder(tmp_path, {"ann": "reference"}), tmp_path / "course"
+    (folder / "bob").mkdir()
+    rows = {r.student: r for r in grader.grade(folder, course, progress=False, log=_quiet)}
+    assert rows["bob"].status == "missing"
+    report = {r["student"]: r for r in csv.DictReader(open(course / "report.csv"))}
+    assert report["bob"]["status"] == "missing" and report["ann"]["status"] == "graded"
+    exported = {r["student_id"]: r for r in csv.DictReader(open(course / "grades.csv"))}
+    assert float(exported["bob"]["score"]) == 0.0 and float(exported["ann"]["score"]) == rows["ann"].score
