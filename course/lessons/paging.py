@@ -94,6 +94,19 @@ class PagingReport:
         """preallocated / paged reserved bytes."""
         return self.preallocated_bytes / self.paged_bytes
 
+    def values(self) -> dict:
+        return {"paging_preallocated_waste": self.preallocated_waste, "paging_paged_waste": self.paged_waste,
+                "paging_block_size": self.block_size, "paging_lengths": [int(n) for n in self.lengths],
+                "paging_blocks": list(self.blocks_per_request), "paging_saving": self.saving}
+
+    def __str__(self) -> str:
+        from course.measure.costs import human_bytes
+
+        return (f"{len(self.lengths)} requests, {int(self.lengths.sum()):,} tokens: used {human_bytes(self.used_bytes)}; "
+                f"preallocated {human_bytes(self.preallocated_bytes)} ({self.preallocated_waste:.0%} empty); "
+                f"paged {human_bytes(self.paged_bytes)} ({self.paged_waste:.1%} empty), "
+                f"{self.saving:.1f}× less reserved")
+
 
 def simulate_paging(config="smollm2-135m", n_requests: int = 64, max_seq_len: int = 4096, block_size: int = 16,
                     dtype="fp16", seed: int = 0, lengths=None) -> PagingReport:

@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import os
+
 import itertools
 import math
 from dataclasses import dataclass
@@ -110,16 +112,38 @@ class HeldOut:
     predicted_s: float
     predicted_ttft_s: float
     predicted_itl_s: float
+    load_average: float | None = None  # 1-minute load average over the check (None where unknown)
+    cores: int | None = None
+    tolerance: float = 0.2  # the fit "holds" when it is within this share of the measured time
 
     @property
     def error(self) -> float:
         """predicted ÷ measured − 1 (0.1 = the fit said 10 % too long)."""
         return self.predicted_s / self.measured_s - 1
 
+    @property
+    def holds(self) -> bool:
+        return abs(self.error) <= self.tolerance
+
+    @property
+    def verdict(self) -> str:
+        """What the check says about the fit, from its error and the machine's load."""
+        if self.holds:
+            return (f"the fit holds: within {abs(self.error):.0%} of a run it never saw "
+                    f"(tolerance {self.tolerance:.0%}), so its predictions can be used as they are")
+        busy = (self.load_average is not None and self.cores and self.load_average > self.cores)
+        why = (f"the machine was busy (load average {self.load_average:.1f} on {self.cores} cores), so the "
+               "sweeps and this run did not see the same machine" if busy else
+               "the sweeps and this run saw different conditions (other programs, CPU clock, caches)")
+        return (f"the fit does NOT hold: it is off by {self.error:+.0%} on a run it never saw. Most likely "
+                f"{why}. Treat every prediction below as uncertain by at least ±{abs(self.error):.0%}, or "
+                "re-run sections 2 and 7 on a quieter machine")
+
     def values(self) -> dict:
         return dict(heldout_prompt=self.prompt_len, heldout_new=self.n_out, heldout_measured_s=self.measured_s,
                     heldout_predicted_s=self.predicted_s, heldout_error=self.error,
-                    heldout_ttft_ms=self.measured_ttft_s * 1e3, heldout_itl_ms=self.measured_itl_s * 1e3)
+                    heldout_ttft_ms=self.measured_ttft_s * 1e3, heldout_itl_ms=self.measured_itl_s * 1e3,
+                    heldout_holds=self.holds, heldout_load_average=self.load_average)
 
     def __str__(self) -> str:
         return (f"held-out run: {self.prompt_len}-token prompt, {self.n_out} tokens out\n"
@@ -127,7 +151,7 @@ class HeldOut:
                 f"  TTFT      {self.predicted_ttft_s * 1e3:9.0f} ms {self.measured_ttft_s * 1e3:7.0f} ms\n"
                 f"  ITL       {self.predicted_itl_s * 1e3:9.1f} ms {self.measured_itl_s * 1e3:7.1f} ms\n"
                 f"  total     {self.predicted_s:9.2f} s  {self.measured_s:7.2f} s   "
-                f"(fit off by {self.error:+.0%})")
+                f"(fit off by {self.error:+.0%})\n" + self.verdict)
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
@@ -147,9 +171,13 @@ def held_out_check(model, latency: LatencyModel, prompt_len: int, n_out: int, re
     runs = [generate(model, ids, n_out) for _ in tqdm(range(repeats), desc="held-out runs", disable=not progress)]
     run = sorted(runs, key=lambda g: g.total_time)[len(runs) // 2]
     mid_context = prompt_len + (n_out - 2) / 2
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not every platform has a load average
+        load = None
     return HeldOut(prompt_len, n_out, median(g.total_time for g in runs), run.time_to_first_token,
                    run.mean_inter_token_latency, latency.total(prompt_len, n_out), latency.ttft(prompt_len),
-                   latency.itl(mid_context))
+                   latency.itl(mid_context), load, os.cpu_count())
 
 
 def checkpoint_ab(latency: LatencyModel, requests: dict | None = None) -> dict:
@@ -184,8 +212,9 @@ def ab_values(ab: dict) -> dict:
     return out
 
 
-def explain_ab(ab: dict, latency: LatencyModel) -> str:
-    """Why the slower request is slower, in seconds of prefill and decode the fit predicts."""
+def explain_ab(ab: dict, latency: LatencyModel, held_out: HeldOut | None = None) -> str:
+    """Why the slower request is slower, in seconds of prefill and decode the fit predicts; with a failed
+    held-out check, whether the answer survives the fit's measured error."""
     A, B = ab["A"], ab["B"]
     extra_prefill = A["ttft_s"] - B["ttft_s"]
     extra_decode = B["decode_s"] - A["decode_s"]
@@ -199,7 +228,19 @@ def explain_ab(ab: dict, latency: LatencyModel) -> str:
             f"prompt token {per_prompt_token * 1e3:.2f} ms: an output token is worth "
             f"{per_output_token / per_prompt_token:.0f} prompt tokens here. So {ab['slower']} is slower"
             + (" (both predictions extrapolate beyond the measured sizes)." if A["extrapolated"] or B["extrapolated"]
-               else "."))
+               else ".") + _robustness(ab, held_out))
+
+
+def _robustness(ab: dict, held_out: HeldOut | None) -> str:
+    if held_out is None or held_out.holds:
+        return ""
+    e = min(abs(held_out.error), 0.95)
+    slow, fast = ab[ab["slower"]]["total_s"], min(ab[k]["total_s"] for k in ("A", "B"))
+    if slow * (1 - e) > fast * (1 + e):
+        return (f"\nThe fit missed its held-out run by {held_out.error:+.0%}, yet {ab['slower']} stays slower even if "
+                f"each prediction is off by that much the wrong way ({slow / fast:.1f}× apart).")
+    return (f"\nThe fit missed its held-out run by {held_out.error:+.0%}: within that error the two requests are too "
+            "close to call on this machine.")
 
 
 def plot_latency_fit(prefill_: Sweep, decode_: Sweep, latency: LatencyModel, held_out: HeldOut | None = None):

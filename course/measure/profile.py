@@ -122,6 +122,7 @@ class DtypeComparison:
     bytes_read: tuple[float, float]
     cpu_bf16: bool | None
     device: str
+    features: tuple[str, ...] | None = None  # what the hardware check found (CPU flags, or the GPU's name)
 
     @property
     def slowdown(self) -> float:
@@ -137,12 +138,12 @@ class DtypeComparison:
         a, b = self.dtypes
         return {f"{a}_decode_ms": self.step_s[0] * 1e3, f"{b}_decode_ms": self.step_s[1] * 1e3,
                 f"{a}_linears_ms": self.linears_s[0] * 1e3, f"{b}_linears_ms": self.linears_s[1] * 1e3,
-                f"{b}_over_{a}_decode": self.slowdown, "cpu_has_bf16": self.cpu_bf16}
+                f"{b}_over_{a}_decode": self.slowdown, "cpu_has_bf16": self.cpu_bf16,
+                "bf16_hardware": self.hardware}
 
     def __str__(self) -> str:
         a, b = self.dtypes
-        flag = {True: "advertises", False: "does not advertise", None: "may or may not have"}[self.cpu_bf16]
-        where = f"this CPU {flag} bfloat16 instructions" if self.device == "cpu" else f"device {self.device}"
+        where = self.hardware
         return (f"decode step at C={self.context} on {self.device} ({where})\n"
                 f"{'':10}{a:>12}{b:>12}\n"
                 f"{'MB read':10}{self.bytes_read[0] / 1e6:>12.1f}{self.bytes_read[1] / 1e6:>12.1f}\n"
@@ -150,6 +151,17 @@ class DtypeComparison:
                 f"{'GEMVs ms':10}{self.linears_s[0] * 1e3:>12.1f}{self.linears_s[1] * 1e3:>12.1f}\n"
                 f"bytes predict {b} at {self.bandwidth_prediction:.2f}× the {a} time; measured "
                 f"{self.slowdown:.2f}×: " + self.verdict)
+
+    @property
+    def hardware(self) -> str:
+        """The hardware fact behind the verdict, as found on this machine."""
+        if self.device != "cpu":
+            return f"{', '.join(self.features or ()) or self.device}"
+        if self.features is None:
+            return "this CPU's flags could not be read (/proc/cpuinfo is missing)"
+        if self.features:
+            return f"this CPU advertises {', '.join(self.features)}"
+        return "this CPU advertises no bfloat16 instructions (no avx512_bf16, amx_bf16 or Arm bf16 flag)"
 
     @property
     def verdict(self) -> str:
@@ -160,6 +172,20 @@ class DtypeComparison:
         if self.slowdown > self.bandwidth_prediction * 1.25:
             return f"{b} was faster, but by less than the bytes alone predict - the step is not purely bandwidth-bound"
         return f"{b} was faster by about what the bytes predict - the step behaves as bandwidth-bound"
+
+    @property
+    def advice(self) -> str:
+        """Which dtype to use on this machine, from this measurement and the hardware found."""
+        a, b = self.dtypes
+        faster = b if self.slowdown < 0.95 else a if self.slowdown > 1.05 else None
+        if faster is None:
+            return (f"{a} and {b} ran within 5 % of each other here ({self.hardware}); {a} keeps results "
+                    "exactly comparable, so the course stays with it.")
+        return (f"on this machine {faster} decoded faster ({self.slowdown:.2f}× the {a} time for {b}; "
+                f"{self.hardware}). The course still defaults to {a} so that later lessons can compare "
+                f"results exactly; load with dtype=\"{b}\" to use it.") if faster == b else (
+                f"on this machine {b} was slower ({self.slowdown:.2f}× the {a} time; {self.hardware}), so "
+                f"{a} is both the faster and the exact choice here.")
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
@@ -174,7 +200,25 @@ def dtype_side_by_side(model_a, model_b, context: int = 16, budget_s: float = 1.
         reads.append(decode_cost(m.config, context, dtype_bytes(m.dtype)).bytes)
         names.append(str(m.dtype).split(".")[-1])
     return DtypeComparison(context, tuple(names), tuple(steps), tuple(linears), tuple(reads), cpu_has_bf16(),
-                           str(model_a.device))
+                           str(model_a.device), bf16_features(model_a.device))
+
+
+def bf16_features(device="cpu") -> tuple[str, ...] | None:
+    """The bfloat16 hardware found: CPU flags from /proc/cpuinfo (None if unreadable), or, on CUDA, the
+    GPU's name and whether it has bf16 tensor cores (compute capability 8.0, Ampere, or newer)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        cores = "bf16 tensor cores" if major >= 8 else "no bf16 tensor cores"
+        return (f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}: {cores})",)
+    if device.type != "cpu":
+        return (device.type,)
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return None
+    return tuple(sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile", "bf16"}))
 
 
 def cpu_has_bf16() -> bool | None:

@@ -20,11 +20,18 @@ from course.measure.timing import matmul_flops, memory_bandwidth
 
 @dataclass(frozen=True)
 class Machine:
-    """What this machine can do: bytes per second from memory, FLOPs per second in a big matmul."""
+    """What this machine can do: bytes per second from memory, FLOPs per second in a big matmul.
+
+    `bandwidth_source` / `flops_source` say where each roof came from: "probe" (course.measure.timing),
+    or the lesson's own point that beat the probe (see `best_roofs`)."""
     device: str
     dtype: str
     bytes_per_s: float
     flops_per_s: float
+    bandwidth_source: str = "probe"
+    flops_source: str = "probe"
+    probe_bytes_per_s: float | None = None
+    probe_flops_per_s: float | None = None
 
     @property
     def ridge(self) -> float:
@@ -39,12 +46,26 @@ class Machine:
         return "memory" if cost.intensity < self.ridge else "compute"
 
     def values(self) -> dict:
-        return dict(bandwidth_gb_s=self.bytes_per_s / 1e9, matmul_gflop_s=self.flops_per_s / 1e9,
-                    ridge_flop_per_byte=self.ridge)
+        out = dict(bandwidth_gb_s=self.bytes_per_s / 1e9, matmul_gflop_s=self.flops_per_s / 1e9,
+                   ridge_flop_per_byte=self.ridge)
+        if self.probe_bytes_per_s:  # roofs from best_roofs: say where each came from
+            out.update(probe_bandwidth_gb_s=self.probe_bytes_per_s / 1e9, probe_gflop_s=self.probe_flops_per_s / 1e9,
+                       bandwidth_source=self.bandwidth_source, flops_source=self.flops_source)
+        return out
 
     def __str__(self) -> str:
-        return (f"{self.device} ({self.dtype}): memory {self.bytes_per_s / 1e9:.1f} GB/s, "
+        line = (f"{self.device} ({self.dtype}): memory {self.bytes_per_s / 1e9:.1f} GB/s, "
                 f"matmul {self.flops_per_s / 1e9:.1f} GFLOP/s, ridge {self.ridge:.1f} FLOP/byte")
+        if self.probe_bytes_per_s is None:
+            return line
+        notes = []
+        for what, source, best, probe, unit in (
+                ("memory", self.bandwidth_source, self.bytes_per_s, self.probe_bytes_per_s, "GB/s"),
+                ("matmul", self.flops_source, self.flops_per_s, self.probe_flops_per_s, "GFLOP/s")):
+            notes.append(f"{what} roof: the probe's {probe / 1e9:.1f} {unit}" if source == "probe" else
+                         f"{what} roof raised to {best / 1e9:.1f} {unit}, reached by {source} "
+                         f"({best / probe:.2f}× the probe's {probe / 1e9:.1f}: the probe under-measured)")
+        return line + "\nroofs = the best this machine showed, probe or lesson:\n  " + "\n  ".join(notes)
 
 
 def measure_machine(device="cpu", dtype: torch.dtype = torch.float32, bandwidth_bytes: int = 256 << 20,
@@ -104,6 +125,25 @@ def compare(config: ModelConfig, prefill_: Sweep, decode_: Sweep, machine: Machi
                              measured_s=measured, predicted_over_measured=predicted / measured,
                              achieved_flops_per_s=cost.flops / measured))
     return Comparison(rows)
+
+
+def best_roofs(machine: Machine, comparison: Comparison) -> Machine:
+    """Raise each roof to the best the machine showed: the probe, or a measured point that beat it.
+
+    A roof is a limit, so no measured point may sit above it: if a prefill reached more FLOP/s than the
+    probe's matmul, or a decode step streamed its bytes faster than the probe, the probe under-measured
+    (a size its kernels handle worse, a busy moment) and that point is the better estimate of the limit."""
+    probe_b = machine.probe_bytes_per_s or machine.bytes_per_s
+    probe_f = machine.probe_flops_per_s or machine.flops_per_s
+    best_b, src_b, best_f, src_f = probe_b, "probe", probe_f, "probe"
+    for r in comparison.rows:
+        label = f"{r['phase']} at {'T' if r['phase'] == 'prefill' else 'C'}={r['tokens']}"
+        achieved_b = r["bytes"] / r["measured_s"]
+        if achieved_b > best_b:
+            best_b, src_b = achieved_b, label
+        if r["achieved_flops_per_s"] > best_f:
+            best_f, src_f = r["achieved_flops_per_s"], label
+    return Machine(machine.device, machine.dtype, best_b, best_f, src_b, src_f, probe_b, probe_f)
 
 
 def plot_roofline(machine: Machine, comparison: Comparison):

@@ -1,0 +1,140 @@
+"""Lesson 04's reports: each measurement of course/lessons/speculative.py as a short text whose every
+number and verdict is computed from the values it also returns for recording.
+
+Published figures quoted, with their sources:
+  Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023, arXiv:2211.17192)
+      and Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling"
+      (arXiv:2302.01318): 2–3× (2–2.5× for Chinchilla-70B with a 4B draft) for well-matched drafts.
+  Anthropic's prompt-caching documentation: reading cached input tokens costs 10 % of the base input
+      price, the "up to 90 %" discount services quote for cached prefixes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.engine.config import ModelConfig
+from course.measure.costs import weights_bytes
+
+PAPER_SPEEDUPS = ("Leviathan et al. (2023)", "Chen et al. (2023)", 2.0, 3.0)
+CACHED_INPUT_DISCOUNT = ("Anthropic's prompt-caching docs", 0.90)
+
+
+def expected_yield(alpha: float, k: int) -> float:
+    """Tokens per target pass when each draft survives with probability alpha: 1 + α + … + α^k."""
+    if not 0 <= alpha <= 1 or k < 1:
+        raise ValueError(f"alpha must be in [0, 1] and k >= 1, got alpha={alpha}, k={k}")
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+@dataclass
+class PaperExample:
+    target: str
+    draft: str
+    draft_cost: float  # c: draft step ÷ target step, from weight bytes (both bandwidth-bound)
+    alpha: float
+    k: int
+    verify_ratio: float = 1.0  # v_k: a (k+1)-token pass of a large bandwidth-bound model ≈ one step
+
+    @property
+    def speedup(self) -> float:
+        return expected_yield(self.alpha, self.k) / (self.k * self.draft_cost + self.verify_ratio)
+
+    def values(self) -> dict:
+        return {"paper_draft_cost": self.draft_cost, "paper_speedup": self.speedup}
+
+    def __str__(self) -> str:
+        lo, hi = PAPER_SPEEDUPS[2:]
+        where = "inside" if lo <= self.speedup <= hi else "outside"
+        return (f"{self.draft} drafting for {self.target}: a draft step reads {self.draft_cost:.3f} of the target's "
+                f"weight bytes ({1 / self.draft_cost:.0f}× cheaper). With α = {self.alpha:.0%}, k = {self.k} and "
+                f"v_k ≈ {self.verify_ratio:g}: {expected_yield(self.alpha, self.k):.2f} tokens per pass ÷ "
+                f"({self.k}·{self.draft_cost:.3f} + {self.verify_ratio:g}) = {self.speedup:.2f}×, {where} the "
+                f"{lo:g}–{hi:g}× reported by {PAPER_SPEEDUPS[0]} and {PAPER_SPEEDUPS[1]}.")
+
+
+def paper_example(target="llama-2-70b", draft="llama-2-7b", alpha: float = 0.8, k: int = 4) -> PaperExample:
+    """The GPU case on paper: both models bandwidth-bound, so a step costs its weight bytes."""
+    c = weights_bytes(ModelConfig.from_name(draft)) / weights_bytes(ModelConfig.from_name(target))
+    return PaperExample(target, draft, c, alpha, k)
+
+
+@dataclass
+class SweepSummary:
+    rows: list[dict]
+    lookup4: dict
+    shallow2: dict
+    best: dict
+    open_lookup4: dict
+
+    def values(self) -> dict:
+        return {"acceptance_rate": self.lookup4["acceptance_rate"], "spec_speedup": self.lookup4["speedup"],
+                "tokens_per_pass": self.lookup4["tokens_per_pass"], "sweep": self.rows,
+                "shallow_acceptance_rate": self.shallow2["acceptance_rate"],
+                "shallow_speedup": self.shallow2["speedup"], "open_lookup_speedup": self.open_lookup4["speedup"]}
+
+    def table(self) -> str:
+        out = [f"{'prompt · draft':44s} {'k':>2s} {'kept':>5s} {'tok/pass':>8s} {'speedup':>8s} {'predicted':>9s}"]
+        for r in self.rows:
+            name = f"{r['prompt']} · {r['draft']}"[:44]
+            out.append(f"{name:44s} {r['k']:2d} {r['acceptance_rate']:5.0%} {r['tokens_per_pass']:8.2f} "
+                       f"{r['speedup']:7.2f}× {r['predicted_speedup']:8.2f}×")
+        same = all(r["identical"] for r in self.rows)
+        out.append("every run's output equals plain greedy decoding: " + ("yes" if same else "NO (a near-tie flipped)"))
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        l4, s2, b, o4 = self.lookup4, self.shallow2, self.best, self.open_lookup4
+        return "\n".join([
+            f"Copy task: prompt lookup at k=4 kept {l4['acceptance_rate']:.0%} of its drafts, "
+            f"{l4['tokens_per_pass']:.2f} tokens per target pass, {l4['speedup']:.2f}× the plain decode speed "
+            f"(best: {b['draft']}, k={b['k']}, {b['speedup']:.2f}×).",
+            f"Shallow draft at k=2: kept {s2['acceptance_rate']:.0%}, {s2['tokens_per_pass']:.2f} tokens per pass, "
+            f"{s2['speedup']:.2f}× — it {'pays' if s2['speedup'] > 1 else 'does NOT pay'} on this machine.",
+            f"Open task: prompt lookup had a guess for {o4['proposal_share']:.0%} of the target passes and kept "
+            f"{o4['acceptance_rate']:.0%} of its guesses: {o4['tokens_per_pass']:.2f} tokens per pass, "
+            f"{o4['speedup']:.2f}× — {'faster' if o4['speedup'] > 1 else 'slower'} than plain decoding."])
+
+
+def _row(sweep, r) -> dict:
+    return dict(prompt=sweep.prompt, draft=r.draft, k=r.k, acceptance_rate=r.acceptance_rate,
+                agreement=r.agreement, tokens_per_pass=r.tokens_per_pass, speedup=r.speedup,
+                predicted_speedup=r.predicted_speedup, identical=r.identical, proposal_share=r.proposal_share)
+
+
+def summarize_sweeps(copy_sweep, open_sweep) -> SweepSummary:
+    rows = [_row(sw, r) for sw in (copy_sweep, open_sweep) for r in sw.rows]
+    return SweepSummary(rows, _row(copy_sweep, copy_sweep.row("prompt lookup", 4)),
+                        _row(copy_sweep, copy_sweep.row("shallow", 2)), _row(copy_sweep, copy_sweep.best()),
+                        _row(open_sweep, open_sweep.row("prompt lookup", 4)))
+
+
+@dataclass
+class PrefixSummary:
+    exp: object  # speculative.PrefixExperiment
+
+    def values(self) -> dict:
+        e, s = self.exp, self.exp.store.stats
+        return {"prefix_tokens": e.prefix_tokens, "prefix_identical": all(r.identical for r in e.rows),
+                "prefix_ttft_plain_ms": [r.ttft_plain * 1e3 for r in e.rows],
+                "prefix_ttft_cached_ms": [r.ttft_cached * 1e3 for r in e.rows],
+                "prefix_token_share": e.token_share_reused, "prefix_prefill_saved": e.time_share_saved,
+                "prefix_hits": s.hits, "prefix_misses": s.misses, "prefix_entry_bytes": e.entry_bytes}
+
+    def __str__(self) -> str:
+        e, s = self.exp, self.exp.store.stats
+        share, saved = e.token_share_reused, e.time_share_saved
+        name, discount = CACHED_INPUT_DISCOUNT
+        lines = [f"{r.question[:44]:44s} {r.prompt_tokens} tokens, reused {r.reused_tokens:3d}: TTFT "
+                 f"{r.ttft_plain * 1e3:5.0f} → {r.ttft_cached * 1e3:5.0f} ms, same answer: {r.identical}"
+                 for r in e.rows]
+        per_token = e.entry_bytes / e.prefix_tokens
+        lines += ["", f"store: {s.hits} hits, {s.misses} miss(es), {s.bytes / 2**20:.1f} MiB held; copying stored rows "
+                  f"took {s.seconds_copying * 1e3:.0f} ms in total",
+                  f"On the hits, {share:.1%} of each prompt's tokens came from the store and time to first token fell "
+                  f"by {saved:.0%}: the time saved {'trails' if saved < share else 'matches or beats'} the token share. "
+                  f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)",
+                  f"The price is memory: {e.entry_bytes / 2**20:.1f} MiB for {e.prefix_tokens} tokens "
+                  f"({per_token / 1024:.0f} KiB per token in float32, 2·L·H_kv·D_h·4 bytes), so the "
+                  f"{e.store.max_bytes / 2**20:.0f} MiB store holds {e.store.max_bytes // e.entry_bytes} such prefixes "
+                  "before the least recently used one is evicted."]
+        return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""Verdicts the lessons print are computed from the numbers: raised roofs, the held-out fit, bf16 advice,
+the A/B answer under a failed fit, the published datacenter example, the paper speculative example."""
+import pytest
+
+from course.measure import latency, profile, roofline
+from course.measure.published import datacenter_example
+
+
+def _cmp(prefill_flops_s, decode_bytes, decode_s):
+    return roofline.Comparison([
+        dict(phase="prefill", tokens=256, bytes=5e8, measured_s=0.1, achieved_flops_per_s=prefill_flops_s),
+        dict(phase="decode", tokens=16, bytes=decode_bytes, measured_s=decode_s, achieved_flops_per_s=1e9)])
+
+
+def test_best_roofs_raise_only_what_a_point_beat():
+    probe = roofline.Machine("cpu", "float32", 10e9, 50e9)
+    raised = roofline.best_roofs(probe, _cmp(80e9, 5e8, 0.1))  # prefill beat the matmul probe, decode did not
+    assert raised.flops_per_s == 80e9 and raised.flops_source == "prefill at T=256"
+    assert raised.bytes_per_s == 10e9 and raised.bandwidth_source == "probe"
+    assert "matmul roof raised to 80.0 GFLOP/s" in str(raised) and "memory roof: the probe's 10.0" in str(raised)
+    same = roofline.best_roofs(probe, _cmp(20e9, 5e8, 0.1))
+    assert (same.flops_per_s, same.bytes_per_s) == (50e9, 10e9)
+
+
+def _held_out(predicted, measured, load=None):
+    return latency.HeldOut(100, 50, measured, 0.3, 0.1, predicted, 0.2, 0.09, load, 2)
+
+
+def test_held_out_verdict_says_whether_the_fit_holds_and_why():
+    assert "the fit holds" in str(_held_out(10.5, 10.0))
+    busy = str(_held_out(5.7, 10.0, load=9.5))
+    assert "does NOT hold" in busy and "-43%" in busy and "load average 9.5 on 2 cores" in busy
+    assert "load average" not in str(_held_out(5.7, 10.0, load=0.5))
+
+
+def test_ab_answer_widens_its_claim_when_the_fit_failed():
+    ab = {"A": dict(ttft_s=2, decode_s=1, total_s=3, prompt_tokens=4000, output_tokens=50, extrapolated=True),
+          "B": dict(ttft_s=0.2, decode_s=99.8, total_s=100, prompt_tokens=400, output_tokens=2000, extrapolated=True),
+          "slower": "B"}
+    lm = latency.LatencyModel((0.05, 1e-3, 1e-7), (0.05, 1e-6), max_prompt=512, max_context=512)
+    robust = latency.explain_ab(ab, lm, _held_out(5.7, 10.0))
+    assert "B stays slower even if each prediction is off by that much" in robust
+    close = dict(ab, A=dict(ab["A"], total_s=80))
+    assert "too close to call" in latency.explain_ab(close, lm, _held_out(5.7, 10.0))
+    assert "off by" not in latency.explain_ab(ab, lm, _held_out(10.1, 10.0))
+
+
+@pytest.mark.parametrize("ratio, words", [(0.65, "bfloat16 decoded faster"), (1.6, "bfloat16 was slower"),
+                                          (1.0, "within 5 %")])
+def test_bf16_advice_follows_the_measured_ratio_and_names_the_hardware(ratio, words):
+    side = profile.DtypeComparison(16, ("float32", "bfloat16"), (0.1, 0.1 * ratio), (0.08, 0.08 * ratio),
+                                   (5.4e8, 2.7e8), True, "cpu", ("amx_bf16", "avx512_bf16"))
+    assert words in side.advice and "this CPU advertises amx_bf16, avx512_bf16" in side.advice
+    none = profile.DtypeComparison(16, ("float32", "bfloat16"), (0.1, 0.16), (0.08, 0.1), (5.4e8, 2.7e8), False,
+                                   "cpu", ())
+    assert "no bfloat16 instructions" in str(none)
+
+
+def test_datacenter_example_is_computed_from_published_specs():
+    dc = datacenter_example("llama-2-7b", "a100")
+    assert dc.weight_bytes == pytest.approx(13.5e9, rel=0.01)
+    assert dc.floor_s * 1e3 == pytest.approx(dc.weight_bytes / 2.039e12 * 1e3)
+    assert 150 < dc.gpu.ridge < 156 and "FlashAttention" in str(dc)
+    with pytest.raises(ValueError, match="unknown accelerator 'tpu'"):
+        datacenter_example(gpu="tpu")
+
+
+def test_paper_speculative_example_lands_in_the_reported_range():
+    from course.lessons.speculative_report import expected_yield, paper_example
+
+    ex = paper_example()
+    assert ex.draft_cost == pytest.approx(7 / 70, rel=0.05)
+    assert expected_yield(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
+    assert 2 <= ex.speedup <= 3 and "inside the 2–3×" in str(ex)
+    assert "outside" in str(paper_example(alpha=0.3))
