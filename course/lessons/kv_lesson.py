@@ -10,6 +10,7 @@ Sources the lesson quotes (named here so every figure has an owner):
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +23,11 @@ HF_KV_POST = ("Hugging Face's post “KV Caching Explained”",
               "https://huggingface.co/blog/not-lain/kv-caching", 5.21)
 VLLM_PAPER = ("Kwon et al., “Efficient Memory Management for Large Language Model Serving with PagedAttention” "
               "(SOSP 2023)", "https://arxiv.org/abs/2309.06180")
+
+
+def wrap(line: str, width: int = 108) -> str:
+    """One printed sentence, wrapped so a notebook's output needs no horizontal scrolling."""
+    return textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def record_all(values: dict) -> dict:
@@ -52,8 +58,8 @@ class SpeedReport:
         trend = "kept growing with length" if all(b > a for a, b in zip(self.speedups, self.speedups[1:])) \
             else "grew overall with length, not at every step (timing noise)" \
             if self.speedups[-1] > self.speedups[0] else "did NOT grow with length here"
-        rows += ["", f"At {self.lengths[-1]} new tokens the cache is {self.speedups[-1]:.2f}× faster here; the "
-                 f"speedup {trend}. {name} measured {quoted}× (GPT-2 on a T4 GPU).",
+        rows += ["", wrap(f"At {self.lengths[-1]} new tokens the cache is {self.speedups[-1]:.2f}× faster here; the "
+                 f"speedup {trend}. {name} measured {quoted}× (GPT-2 on a T4 GPU)."),
                  f"Same greedy tokens with and without the cache: {self.tokens_identical}."]
         return "\n".join(rows)
 
@@ -145,10 +151,10 @@ class Crossover:
             fits = (f"beyond its {r['max_context']:,}-token context window, so at batch 1 the weights always "
                     "dominate" if r["crossover_b1"] > r["max_context"] else f"within its {r['max_context']:,}-"
                     "token context window")
-            lines.append(f"{r['model']}: {r['weights_bytes'] / 1e9:.2f} GB of FP16 weights, "
-                         f"{r['kv_bytes_per_token'] / 1e6:.3f} MB of cache per token → the cache is the larger "
-                         f"past {r['crossover_b1']:,} tokens at batch 1 ({fits}); at batch 8 past "
-                         f"{r['crossover_b8']:,}.")
+            lines.append(wrap(f"{r['model']}: {r['weights_bytes'] / 1e9:.2f} GB of FP16 weights, "
+                              f"{r['kv_bytes_per_token'] / 1e6:.3f} MB of cache per token → the cache is the larger "
+                              f"past {r['crossover_b1']:,} tokens at batch 1 ({fits}); at batch 8 past "
+                              f"{r['crossover_b8']:,}."))
         return "\n".join(lines)
 
 
@@ -202,7 +208,7 @@ class Int8Report:
         else:
             lines.append(f"free-running, the INT8 generation first differed at token {self.free_run_same_prefix + 1}"
                          f" of {self.n_tokens}, and followed its own path from there")
-        return "\n".join(lines)
+        return "\n".join(wrap(line) for line in lines)
 
 
 def int8_report(model, prompt_ids, n_tokens: int = 64) -> Int8Report:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from course.engine.config import ModelConfig
+from course.lessons.kv_lesson import wrap
 from course.measure.costs import weights_bytes
 
 PAPER_SPEEDUPS = ("Leviathan et al. (2023)", "Chen et al. (2023)", 2.0, 3.0)
@@ -45,7 +46,7 @@ class PaperExample:
     def __str__(self) -> str:
         lo, hi = PAPER_SPEEDUPS[2:]
         where = "inside" if lo <= self.speedup <= hi else "outside"
-        return (f"{self.draft} drafting for {self.target}: a draft step reads {self.draft_cost:.3f} of the target's "
+        return wrap(f"{self.draft} drafting for {self.target}: a draft step reads {self.draft_cost:.3f} of the target's "
                 f"weight bytes ({1 / self.draft_cost:.0f}× cheaper). With α = {self.alpha:.0%}, k = {self.k} and "
                 f"v_k ≈ {self.verify_ratio:g}: {expected_yield(self.alpha, self.k):.2f} tokens per pass ÷ "
                 f"({self.k}·{self.draft_cost:.3f} + {self.verify_ratio:g}) = {self.speedup:.2f}×, {where} the "
@@ -84,7 +85,7 @@ class SweepSummary:
 
     def __str__(self) -> str:
         l4, s2, b, o4 = self.lookup4, self.shallow2, self.best, self.open_lookup4
-        return "\n".join([
+        return "\n".join(wrap(line) for line in [
             f"Copy task: prompt lookup at k=4 kept {l4['acceptance_rate']:.0%} of its drafts, "
             f"{l4['tokens_per_pass']:.2f} tokens per target pass, {l4['speedup']:.2f}× the plain decode speed "
             f"(best: {b['draft']}, k={b['k']}, {b['speedup']:.2f}×).",
@@ -130,11 +131,11 @@ class PrefixSummary:
         per_token = e.entry_bytes / e.prefix_tokens
         lines += ["", f"store: {s.hits} hits, {s.misses} miss(es), {s.bytes / 2**20:.1f} MiB held; copying stored rows "
                   f"took {s.seconds_copying * 1e3:.0f} ms in total",
-                  f"On the hits, {share:.1%} of each prompt's tokens came from the store and time to first token fell "
+                  wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and time to first token fell "
                   f"by {saved:.0%}: the time saved {'trails' if saved < share else 'matches or beats'} the token share. "
-                  f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)",
-                  f"The price is memory: {e.entry_bytes / 2**20:.1f} MiB for {e.prefix_tokens} tokens "
+                  f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)"),
+                  wrap(f"The price is memory: {e.entry_bytes / 2**20:.1f} MiB for {e.prefix_tokens} tokens "
                   f"({per_token / 1024:.0f} KiB per token in float32, 2·L·H_kv·D_h·4 bytes), so the "
                   f"{e.store.max_bytes / 2**20:.0f} MiB store holds {e.store.max_bytes // e.entry_bytes} such prefixes "
-                  "before the least recently used one is evicted."]
+                  "before the least recently used one is evicted.")]
         return "\n".join(lines)

@@ -5,6 +5,7 @@ measurements with. Each figure names where it comes from, so a sentence that quo
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 
 from course.measure.costs import weights_bytes
@@ -69,7 +70,7 @@ class DatacenterExample:
                 f"  on-chip SRAM: {g.sram_bytes_per_s / 1e12:.0f} TB/s, {g.sram_bytes_per_s / g.hbm_bytes_per_s:.0f}× "
                 f"HBM ({g.sram_source}). FlashAttention computes attention in SRAM-sized tiles so the T×T "
                 "scores never travel to HBM and back.")
-        return "\n".join(lines)
+        return "\n".join(textwrap.fill(line, 108, subsequent_indent="    ", break_on_hyphens=False) for line in lines)
 
 
 def datacenter_example(model: str = "llama-2-7b", gpu: str = "a100") -> DatacenterExample:
