@@ -151,7 +151,7 @@ def test_fast_model_generates_the_eager_tokens(compiled_tiny, one_thread):
     assert got == generate(model, prompt, 40).tokens
 
 
-def test_compiled_batch_matches_each_sequence_alone(compiled_tiny, one_thread):
+def test_compiled_batch_matches_each_sequence_alone_and_serves_every_batch_size(compiled_tiny, one_thread):
     model, step = compiled_tiny
     prompts = [[5, 9, 2], list(range(7, 20)), [200] * 8, [1]]
     solo = _solo_caches(model, prompts)
@@ -168,6 +168,9 @@ def test_compiled_batch_matches_each_sequence_alone(compiled_tiny, one_thread):
             torch.testing.assert_close(got[b:b + 1], want, atol=1e-4, rtol=1e-4)
         tokens = got.argmax(-1, keepdim=True)
     assert _graphs() == graphs
+    three = _stack(model, [c for _, c in _solo_caches(model, prompts[:3])])  # another batch size, same graph
+    got = step(tokens[:3], positions[:3] + 6, three)
+    assert _graphs() == graphs and got.shape == (3, model.config.vocab_size)
 
 
 @pytest.mark.slow

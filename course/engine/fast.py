@@ -147,7 +147,9 @@ class DecodeStep:
     """`step(tokens [B, 1], positions [B], cache) → logits [B, V]`: the decode step, compiled once per batch size.
 
     The cache is a contiguous course.engine.kv_cache.KVCache; it is written in place at each sequence's
-    position. Each (batch size, cache length, dtype, device) compiles once, the first time it is seen
+    position. Batch size 1 compiles one graph and every batch of 2 or more shares a second one (its batch
+    dimension symbolic; dynamic_batch=False compiles each size on its own); each cache length, dtype and
+    device compiles once too, the first time it is seen
     (tens of seconds on 2 CPU cores; Inductor keeps the result on disk, so a later process starts in
     seconds); after that the same shapes run without recompiling and, from the second call, without
     evaluating guards. compile=False runs the same function eagerly (the reference the tests compare
@@ -155,14 +157,17 @@ class DecodeStep:
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
-                 skip_guards: bool = True):
+                 skip_guards: bool = True, dynamic_batch: bool = True):
         self.model = model
         self.compiled = compile
         if mode is None:
             mode = "reduce-overhead" if model.device.type == "cuda" else "default"
         self.mode = mode
         self.skip_guards = skip_guards and compile
-        self._fn = torch.compile(decode_step, mode=mode, dynamic=False, fullgraph=True) if compile else decode_step
+        # dynamic=None: shapes start static; only what dynamic_batch marks (the batch dimension) is symbolic, so
+        # B = 1 gets its own graph and every B >= 2 shares one (compiling is what costs: ~a minute per graph)
+        self.dynamic_batch = dynamic_batch
+        self._fn = torch.compile(decode_step, mode=mode, dynamic=None, fullgraph=True) if compile else decode_step
         self._warm: set[tuple] = set()
 
     @property
@@ -220,6 +225,9 @@ class DecodeStep:
                                  "create the cache with a larger max_seq_len")
             if rows is not None and (int(rows.min()) < 0 or int(rows.max()) >= B_cache):
                 raise ValueError(f"cache rows {rows.tolist()} do not exist in a cache of {B_cache} rows")
+            if self.compiled and self.dynamic_batch and B >= 2:  # one graph for every batch of 2 or more
+                for t in (tokens, positions, *ks, *vs, *(() if rows is None else (rows,))):
+                    torch._dynamo.mark_dynamic(t, 0)
             if self.mode == "reduce-overhead":  # CUDA graphs may then write the cache buffers in place
                 for t in ks + vs:
                     torch._dynamo.mark_static_address(t)
