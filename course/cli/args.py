@@ -33,7 +33,7 @@ def int_range(lo: int, hi: int = HUGE, what: str = "a whole number"):
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"{what} is needed, not {text!r}") from None
         if not lo <= value <= hi:
-            bound = f"at least {lo}" if hi >= HUGE else f"from {lo} to {hi}"
+            bound = f"at least {lo}" if hi == HUGE else f"from {lo} to {hi}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 

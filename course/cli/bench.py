@@ -31,6 +31,7 @@ import traceback
 from importlib import metadata, util
 from pathlib import Path
 
+from course.cli.args import check_writable_dir, writable_dir
 from course.measure.bench import (FULL, QUICK, REGISTRY, STATUSES, Context, Target,  # noqa: F401  (re-exported)
                                   bench_item, cell, fmt, summary)
 
@@ -46,7 +47,8 @@ _Context = Context  # the name the tests know
 # --- command line -------------------------------------------------------------------------------------------
 def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="tiny sizes, slow items skipped (seconds; the smoke test)")
-    p.add_argument("--out", default=None, help="folder for the JSON and Markdown results (default: bench-results/)")
+    p.add_argument("--out", type=writable_dir, default=None,  # checked before the suite runs, not after
+                   help="folder for the JSON and Markdown results (default: bench-results/)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; on a busy shared machine 1 is steadier)")
@@ -65,6 +67,9 @@ def run(args) -> int:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.grade_samples < 1:
         raise ValueError(f"--grade-samples must be >= 1, got {args.grade_samples}")
+    from course.paths import PROJECT_ROOT
+
+    check_writable_dir(args.out or PROJECT_ROOT / "bench-results")  # before the suite, never after it
     items = [i for i in (args.only or list(REGISTRY)) if i not in args.skip]
     result = run_suite(items=items, quick=args.quick, device=args.device, threads=args.threads,
                        compile=not args.no_compile, grade_samples=args.grade_samples, model=args.model)

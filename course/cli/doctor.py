@@ -8,7 +8,7 @@ import time
 
 def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="skip loading the model (used by `make setup`)")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
 
 
 def run(args) -> int:
@@ -18,7 +18,7 @@ def run(args) -> int:
 
     from course.engine.device import pick_device
     from course.measure.timing import memory_bandwidth
-    from course.engine.weights import cache_dir, cached_weights_path, default_gguf_path
+    from course.engine.weights import cache_dir, cached_weights_path, check_cache, default_gguf_path
 
     ok = True
     print(f"python      {sys.version.split()[0]} on {platform.machine()} ({platform.system()})")
@@ -35,7 +35,16 @@ def run(args) -> int:
         path = default_gguf_path()
         print(f"model       {path} ({path.stat().st_size / 2**20:.0f} MiB)")
         cached = cached_weights_path(path)
-        print(f"cache       {cached if cached.exists() else str(cache_dir()) + ' (filled on first load)'}")
+        if not cached.exists():
+            print(f"cache       {cache_dir()} (filled on first load)")
+        elif args.quick:
+            print(f"cache       {cached}")
+        else:  # what every load does: read each cached tensor and compare its CRC-32 with the one stored
+            check = check_cache(path)
+            verdict = (f"verified: {check.nbytes / 1e6:.0f} MB checked in {check.seconds:.2f} s "
+                       f"({check.nbytes / check.seconds / 1e9:.1f} GB/s)") if check.ok else \
+                f"{check.problem}: the next load rebuilds it"
+            print(f"cache       {cached} ({verdict})")
     except FileNotFoundError as exc:
         print(f"model       MISSING — {exc}")
         ok = False
