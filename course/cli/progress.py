@@ -1,10 +1,12 @@
 """`kvcourse progress`: print the learner's saved progress per lesson, or clear it (``--reset``, asks first)."""
 from __future__ import annotations
 
+import sys
 import time
+import warnings
 
 from course.cli.review import progress_file
-from course.teach.progress import ENV_VAR, ProgressStore, Summary, default_store
+from course.teach.progress import ENV_VAR, ProgressFileWarning, ProgressStore, Summary, default_store
 from course.teach.questions import load_questions
 from course.teach.review import progress_text
 
@@ -21,12 +23,19 @@ def run(args) -> int:
     if args.reset:
         return _reset(store, assume_yes=args.yes)
     bank = load_questions()
-    print(format_summary(store.summary(bank), progress_text(store, bank)))
+    with warnings.catch_warnings():  # a ProgressFileWarning is printed as the summary's note instead
+        warnings.simplefilter("ignore", ProgressFileWarning)
+        print(format_summary(store.summary(bank), progress_text(store, bank)))
     return 0
 
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
-    counts = store.counts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProgressFileWarning)
+        counts = store.counts()
+    if store.not_saved:  # only a session copy could be cleared: say so instead of pretending
+        print(f"Nothing deleted: {store.not_saved}", file=sys.stderr)
+        return 2
     what = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items() if n and t != "measurements")
     if not assume_yes:
         prompt = (f"Delete all saved progress in {store.path} ({what or 'nothing saved yet'})? "
@@ -47,6 +56,8 @@ def format_summary(summary: Summary, lessons_table: str) -> str:
     """`lessons_table`: the one-screen per-lesson view (course.teach.review.progress_text: questions right/seen,
     cards due, items due for review, the lesson's exercise tests passing, self-assessment)."""
     lines = [f"Progress file: {summary.path}", "", lessons_table, ""]
+    if summary.note:  # e.g. a read-only folder: what was read, and why nothing new can be saved there
+        lines[1:1] = [f"Note: {summary.note}"]
     width = max([len(s.lesson) for s in summary.lessons] + [6])
     if summary.exercises:
         lines.append("Exercises (latest `kvcourse check`):")

@@ -12,8 +12,8 @@ Rows are only ever appended (answers, self-assessments, ...); "latest" is a quer
 
 A corrupt or unreadable file is never a crash and never silently lost: it is renamed to
 ``<name>.corrupt-<timestamp>`` (with its -wal/-shm side files) with a ProgressFileWarning naming both
-paths, and a fresh file is started. If even that is impossible (a read-only folder), progress goes to a
-temporary file for this session, again with a warning.
+paths, and a fresh file is started. In a folder that cannot be written (read-only), the saved progress is
+read as it is, and this session's new progress goes to a temporary copy, with a warning that says so and why.
 
 ``kvcourse progress`` (course/cli/progress.py) prints a per-lesson summary; ``kvcourse progress --reset``
 clears it after asking (``--yes`` skips the question).
@@ -61,6 +61,14 @@ class ProgressFileWarning(UserWarning):
     """The progress file was unusable and was moved aside (or could not be written)."""
 
 
+def _remove_session_copy(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        try:
+            os.unlink(str(path) + suffix)
+        except OSError:
+            pass
+
+
 class _Unusable(Exception):
     """Internal: the file is corrupt, unreadable, or not ours."""
 
@@ -101,6 +109,7 @@ class LessonSummary:
 @dataclass
 class Summary:
     path: Path
+    note: str | None = None  # e.g. why new progress cannot be saved in `path`
     lessons: list[LessonSummary] = field(default_factory=list)
     exercises: list[dict] = field(default_factory=list)
 
@@ -118,6 +127,8 @@ class ProgressStore:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.path = Path(path) if path is not None else default_path()
+        self.saved_path = self.path  # the learner's file (self.path becomes a session copy if it cannot be written)
+        self.not_saved: str | None = None  # why new progress cannot be saved in saved_path, when it cannot
         self.timeout = float(timeout)
         self._ready = False
         self._lock = threading.Lock()
@@ -191,14 +202,42 @@ class ProgressStore:
             try:
                 self._ensure_ready_locked()
             except OSError as exc:  # the folder is not writable: keep going, but say so
-                fallback = Path(tempfile.gettempdir()) / f"kvcourse-progress-{os.getpid()}.sqlite"
-                warnings.warn(
-                    f"Cannot write progress to {self.path} ({exc}); saving to {fallback} for this "
-                    f"session only. Set {ENV_VAR} to a writable file to keep it.",
-                    ProgressFileWarning, stacklevel=4)
-                self.path = fallback
-                self._ensure_ready_locked()
+                self._use_session_copy(exc)
             self._ready = True
+
+    def _use_session_copy(self, exc: OSError) -> None:
+        """The progress file's folder cannot be written (read-only, or not ours): read the saved progress as it is,
+        and keep this session's new progress in a temporary copy, removed at exit. The reason is kept in
+        `not_saved` (kvcourse progress prints it) and given as a ProgressFileWarning."""
+        import atexit
+        import shutil
+
+        fd, name = tempfile.mkstemp(prefix="kvcourse-progress-", suffix=".sqlite")
+        os.close(fd)
+        fallback = Path(name)
+        os.unlink(fallback)  # SQLite creates it; a zero-byte file would do too, but this is plainer
+        atexit.register(_remove_session_copy, fallback)
+        why = f"{self.path.parent} is not writable ({exc.strerror or exc})"
+        copied = False
+        if self.path.is_file():
+            try:  # the file and its write-ahead log, as they are: nothing is written where they lie
+                for suffix in ("", "-wal"):
+                    if Path(str(self.path) + suffix).exists():
+                        shutil.copyfile(str(self.path) + suffix, str(fallback) + suffix)
+                copied = True
+            except OSError as read_exc:
+                why += f", and the file cannot be read either ({read_exc.strerror or read_exc})"
+        self.not_saved = (f"new progress cannot be saved in {self.saved_path}: {why}. "
+                          + ("Your saved progress was read from it; " if copied else "")
+                          + f"this session's new progress is kept for this session only (in {fallback}). "
+                          f"Set {ENV_VAR} to a writable file to keep it.")
+        warnings.warn(self.not_saved[0].upper() + self.not_saved[1:], ProgressFileWarning, stacklevel=5)
+        self.path = fallback
+        try:
+            self._ensure_ready_locked()
+        except _Unusable:
+            fallback.unlink(missing_ok=True)  # the saved copy is unusable too: start empty
+            self._ensure_ready_locked()
 
     def _ensure_ready_locked(self) -> None:
         from filelock import FileLock
@@ -386,7 +425,7 @@ class ProgressStore:
         """Per-lesson summary against a question bank (course.teach.questions.load_questions())."""
         answers = self.answers()
         lesson_ids = list(bank.lessons) + sorted({a["lesson"] for a in answers} - set(bank.lessons))
-        out = Summary(path=self.path)
+        out = Summary(path=self.saved_path, note=self.not_saved)
         for lesson in lesson_ids:
             mine = [a for a in answers if a["lesson"] == lesson]
             first: dict[str, dict] = {}
