@@ -1,0 +1,112 @@
+"""course/measure/bytes_line.py: random models of real shapes, the least-squares line, and a verdict that follows the
+values. Nothing here asserts a speed: the timed run uses tiny shapes, eagerly, and checks only its structure."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from course.engine.config import ModelConfig
+from course.measure import bytes_line as BL
+from course.measure.costs import decode_cost
+
+
+def _line(points_ms: list[tuple[str, float, float]], probe: float, load=(0.5, 0.5)) -> BL.BytesLine:
+    """A BytesLine over (name, bytes, ms) points, fitted as the real run fits them."""
+    points = [BL.Point(n, 0, b, ms) for n, b, ms in points_ms]
+    fit = BL.fit_line([p.bytes_per_step for p in points], [p.ms_per_step for p in points])
+    return BL.BytesLine(points, probe, [probe], fit, "cpu", "float32", 1, True, load, 1.0)
+
+
+def test_fit_recovers_bandwidth_and_fixed_cost_of_an_exact_line():
+    bw, fixed = 12e9, 1.5  # bytes/s, ms
+    xs = [0.5e9, 1.5e9, 4.4e9]
+    fit = BL.fit_line(xs, [x / bw * 1e3 + fixed for x in xs])
+    assert fit.bandwidth_bytes_per_s == pytest.approx(bw, rel=1e-9)
+    assert fit.fixed_ms == pytest.approx(fixed, abs=1e-9)
+    assert fit.r2 == pytest.approx(1.0)
+    assert fit.predict_ms(2e9) == pytest.approx(2e9 / bw * 1e3 + fixed)
+
+
+def test_fit_rejects_too_few_points():
+    with pytest.raises(ValueError, match="at least 2 points"):
+        BL.fit_line([1e9], [10.0])
+    with pytest.raises(ValueError, match="at least 2 points"):
+        BL.fit_line([1e9, 1e9], [10.0, 11.0])
+
+
+def test_verdict_follows_the_values():
+    on = _line([("a", 0.5e9, 0.5e9 / 10e9 * 1e3 + 2), ("b", 1.5e9, 152.0), ("c", 4.4e9, 442.0)], probe=10.5e9)
+    text = on.verdict()
+    fitted = float(re.search(r"bytes ÷ ([\d.]+) GB/s", text).group(1))
+    assert fitted == pytest.approx(on.fit.bandwidth_bytes_per_s / 1e9, abs=0.06)
+    assert f"R² = {on.fit.r2:.3f}" in text and f"{on.bandwidth_ratio:.0%} of the probe" in text
+    assert on.bandwidth_bound and "Decode is bandwidth-bound here" in text
+
+    scattered = _line([("a", 0.5e9, 300.0), ("b", 1.5e9, 100.0), ("c", 4.4e9, 500.0)], probe=10e9, load=(9.0, 11.0))
+    assert not scattered.on_the_line and "not on one line" in scattered.verdict()
+    assert "9.0 → 11.0" in scattered.verdict() and "bandwidth-bound here" not in scattered.verdict()
+
+    slow = _line([("a", 1e9, 200.0), ("b", 2e9, 400.0), ("c", 4e9, 800.0)], probe=10e9)  # 5 GB/s: half the probe
+    assert slow.on_the_line and not slow.at_probe_bandwidth
+    assert "streams slower than the probe" in slow.verdict()
+
+
+def test_which_cost_dominates_comes_from_the_fit():
+    # a GPU-like line: 3 TB/s with a 4 ms fixed cost per step (launches); 0.27 GB (135M in bf16) vs 13.5 GB (7B)
+    line = _line([(n, b, b / 3e12 * 1e3 + 4.0) for n, b in [("small", 0.27e9), ("mid", 2.2e9), ("big", 13.5e9)]],
+                 probe=3e12)
+    small, big = line.points[0], line.points[-1]
+    assert line.dominated_by(small) == "fixed cost" and line.dominated_by(big) == "bytes"
+    assert line.bytes_share(small) == pytest.approx(0.09 / 4.09, rel=1e-3)
+    assert "small: 2% bytes, 98% fixed cost → bound by fixed cost" in line.verdict()
+    assert "big: 53% bytes, 47% fixed cost → bound by bytes" in line.verdict()
+
+
+def test_random_model_has_the_shape_and_ordinary_numbers():
+    config = ModelConfig.from_name("tiny").with_(n_layers=3)
+    model = BL.random_model(config, seed=1)
+    assert sum(p.numel() for p in model.parameters()) == config.n_params
+    tiny = torch.finfo(torch.float32).tiny  # anything smaller than this but not 0 is a denormal
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), name
+        assert not ((p.abs() < tiny) & (p != 0)).any(), name
+        if name.endswith("norm.weight"):
+            assert (p == 1).all()
+        else:
+            assert 0.015 < float(p.detach().std()) < 0.025
+    logits = BL.BlockwiseStep(model, context=8, compile=False)()
+    assert logits.shape == (1, config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_read_bytes_are_the_decode_cost_of_the_context():
+    c = ModelConfig.from_name("tinyllama-1.1b")
+    assert BL.read_bytes(c, 64, torch.float32) == decode_cost(c, 64, 4).bytes
+    assert BL.read_bytes(c, 64, torch.bfloat16) == decode_cost(c, 64, 2).bytes
+
+
+def test_default_shapes_and_the_full_switch(monkeypatch):
+    monkeypatch.delenv("KVCOURSE_FULL", raising=False)
+    assert BL.default_shapes("cpu") == BL.CPU_SHAPES and len(BL.CPU_SHAPES) >= 3
+    monkeypatch.setenv("KVCOURSE_FULL", "1")
+    assert BL.default_shapes("cpu") == BL.CPU_FULL_SHAPES
+    assert "llama-2-7b" in BL.default_shapes("cuda")
+    for name in BL.CPU_FULL_SHAPES + BL.GPU_SHAPES:
+        ModelConfig.from_name(name)  # every shape is a preset with published numbers
+
+
+def test_bytes_line_runs_end_to_end_on_tiny_shapes(one_thread):
+    t = ModelConfig.from_name("tiny")
+    shapes = [t, t.with_(name="tiny-wide", dim=96, n_heads=6, ffn_dim=256, n_layers=3),
+              t.with_(name="tiny-deep", dim=128, n_heads=8, n_kv_heads=4, ffn_dim=384, n_layers=4)]
+    line = BL.bytes_line(shapes, compile=False, budget_s=0.05, probe_bytes=8 << 20, progress=False)
+    assert [p.name for p in line.points] == ["tiny", "tiny-wide", "tiny-deep"]
+    assert [p.bytes_per_step for p in line.points] == [BL.read_bytes(s, BL.CONTEXT, torch.float32) for s in shapes]
+    assert all(p.ms_per_step > 0 and len(p.times_ms) >= 3 for p in line.points)
+    assert len(line.probes) == 4 and not line.compiled
+    text = str(line)
+    assert all(p.name in text for p in line.points) and line.verdict() in text
+    assert line.values()["r2"] == line.fit.r2
+    with pytest.raises(ValueError, match="at least 2 shapes"):
+        BL.bytes_line([t], compile=False, progress=False)
