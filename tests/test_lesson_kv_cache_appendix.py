@@ -1,0 +1,78 @@
+"""Lesson 02's optional appendix (MHA/GQA/MQA, the INT8 cache, beam search) runs headless; its recorded
+numbers are checked here, and its INT8 verdict against the gap between the top two logits."""
+import time
+
+import nbformat
+import pytest
+
+from course.paths import LESSONS
+from learner_text import assert_learner_output_clean, executed, flat, notebook_text, check_run_time
+
+pytestmark = pytest.mark.slow
+NOTEBOOK = LESSONS / "02b_kv_cache_appendix.ipynb"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from notebook_runner import execute_notebook
+
+    tmp = tmp_path_factory.mktemp("kv-appendix")
+    start = time.perf_counter()
+    results = execute_notebook(NOTEBOOK, tmp, timeout=1200, env={"OMP_NUM_THREADS": "1"})
+    return results, executed(tmp, NOTEBOOK.stem), time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def results(run):
+    return run[0]
+
+
+def test_runs_within_its_stated_time_with_a_recap(run):
+    results, nb, elapsed = run
+    assert_learner_output_clean(nb, results, "02b_kv_cache_appendix", min_bullets=3)
+    assert results["recap"]["next"] == "03_sampling.ipynb"
+    check_run_time(NOTEBOOK, elapsed, nb)
+
+
+def test_int8_error_is_judged_against_the_top_two_gap(run):
+    results, nb, _ = run
+    text = flat(notebook_text(nb))
+    gap, err = results["int8_median_top2_gap"], results["int8_max_logit_diff"]
+    assert 0 < results["int8_min_top2_gap"] <= gap
+    assert f"median {gap:.2f}" in text and f"{err / gap:.0%} of the median gap" in text
+    n, same = results["int8_n_tokens"], results["int8_free_run_same_prefix"]
+    assert 0 <= same <= n
+    if same < n:  # the report names the token where the free run first left the float run
+        assert f"first differed at token {same + 1} of {n}" in text
+        # a divergence needs a step where the error could reorder the top two, or a flip seen teacher-forced
+        assert results["int8_at_risk_steps"] or results["int8_greedy_agreement"] < 1
+    else:
+        assert f"matched all {n} tokens" in text
+
+
+def test_head_variants_scale_with_kv_heads(results):
+    for name in ("smollm2-135m", "llama-2-7b"):
+        rows = results[f"head_variants_{name}"]
+        kinds = [r["kind"] for r in rows]
+        assert kinds[0] == "MHA" and kinds[-1] == "MQA"
+        mqa = rows[-1]["total_bytes"]
+        for r in rows:
+            assert r["total_bytes"] == r["n_kv_heads"] * mqa == r["measured_bytes"]
+
+
+def test_int8_cache_half_of_fp16_and_close(results):
+    assert results["int8_bytes_ratio"] <= 0.55
+    assert results["int8_vs_fp32_ratio"] <= 0.28
+    assert results["int8_bytes_measured"] == results["int8_bytes_formula"]
+    assert results["int8_bytes_measured"] <= 0.55 * results["fp16_bytes_measured"]
+    assert 0 < results["int8_max_logit_diff"] < 2.0
+    assert results["int8_greedy_agreement"] >= 0.9
+
+
+def test_beam_cache_is_width_times_single(results):
+    w = results["beam_width"]
+    assert w == 4
+    assert results["beam_cache_bytes"] == w * results["beam_single_cache_bytes"]
+    assert results["beam_cache_ratio"] == w
+
+
