@@ -225,12 +225,19 @@ def next_lesson(lesson: str, lessons_dir: Path = LESSONS) -> tuple[str, str] | N
     return None
 
 
-def recap(lesson: str, values: dict | None = None, lessons_dir: Path = LESSONS) -> Recap:
-    """The recap of `lesson` from `values` (default: what this kernel record()ed), recorded as 'recap'."""
-    if lesson not in BULLETS:
-        raise ValueError(f"no recap for lesson {lesson!r}; lessons with one: {sorted(BULLETS)}")
+def recap(lesson: str, values: dict | None = None, lessons_dir: Path = LESSONS,
+          bullets: list[str] | None = None) -> Recap:
+    """The recap of `lesson` from `values` (default: what this kernel record()ed), recorded as 'recap'.
+
+    A lesson without a builder in BULLETS passes its own `bullets` (f-strings over its values); the links
+    onward still come from COURSE."""
+    if lesson not in {c[0] for c in COURSE}:
+        raise ValueError(f"unknown lesson {lesson!r}; expected one of {[c[0] for c in COURSE]}")
+    if bullets is None and lesson not in BULLETS:
+        raise ValueError(f"no recap bullets for lesson {lesson!r}: pass bullets=[...] (lessons with built-in "
+                         f"ones: {sorted(BULLETS)})")
     v = recorded() if values is None else values
-    bullets = [b for b in BULLETS[lesson](v) if b]
+    bullets = [b for b in (bullets if bullets is not None else BULLETS[lesson](v)) if b]
     exercises = [f"../exercises/{p}" for lid, _, ps in COURSE if lid == lesson for p in ps
                  if (lessons_dir.parent / "exercises" / p).exists()]
     r = Recap(lesson, bullets, next_lesson(lesson, lessons_dir), exercises,
