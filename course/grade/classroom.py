@@ -166,8 +166,10 @@ def collect(assignment: str, course: Path, exchange: Path) -> tuple[list[str], l
     "cheating attempt?" included) are shown, not silenced."""
     _assignment(assignment)
     suspicious = impersonations(assignment, exchange)
-    api = _api(course, exchange, log_level="WARNING", CourseDirectory={"submitted_directory": INBOX})
-    _run(api.collect(assignment, update=True), f"collect {assignment}")
+    api = _api(course, exchange, log_level="WARN", CourseDirectory={"submitted_directory": INBOX})
+    log = _run(api.collect(assignment, update=True), f"collect {assignment}")
+    if "WARN" in log:  # nbgrader's own warnings (its "cheating attempt?" among them), as nbgrader wrote them
+        print(log.strip(), file=sys.stderr)
     return sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious
 
 
