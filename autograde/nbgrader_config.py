@@ -10,8 +10,12 @@
       grades.csv          `nbgrader export`; report.csv says how each submission went
 The source notebooks are the project's solutions/ folder.
 
-`kvcourse grade DIR` loads this file and runs the whole pipeline; plain `nbgrader ...` commands run
-from this folder (or the project root, whose nbgrader_config.py loads this one) use it too.
+`kvcourse grade DIR` loads this file for the course layout, the release and the feedback, but executes
+nothing through nbgrader: each submission runs sealed off in a bubblewrap sandbox and is scored from plain
+data by course/grade/verdicts.py (see course/grade/grader.py). Plain `nbgrader ...` commands run from this
+folder (or the project root, whose nbgrader_config.py loads this one) use it too; their own `autograde`
+(and the formgrader's Autograde button) runs the notebooks unsealed with the preprocessors below, so grade
+a class with `kvcourse grade` / `kvcourse classroom grade`.
 """
 import os
 
