@@ -703,6 +703,7 @@ SAMPLES = {
     "02_kv_cache": KV,
     "03_sampler": SAMPLER,
     "04_checkpoint_quiz": quiz_samples(),
+    "05_paged_cache": {name: Sample(**spec) for name, spec in __import__("samples_05").SAMPLES.items()},
 }
 
 
