@@ -5,10 +5,14 @@ import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Inside the grading sandbox (course/grade/sandbox.py sets KVCOURSE_SEALED) the package names no place where
+# the solutions, the grader's checks or the gradebook live: those folders are not mounted there either.
+SEALED = os.environ.get("KVCOURSE_SEALED") == "1"
+_NOWHERE = Path("/nonexistent")
 LESSONS = PROJECT_ROOT / "lessons"
 EXERCISES = PROJECT_ROOT / "exercises"
-SOLUTIONS = PROJECT_ROOT / "solutions"
-AUTOGRADE = PROJECT_ROOT / "autograde"
+SOLUTIONS = (_NOWHERE if SEALED else PROJECT_ROOT) / "solutions"
+AUTOGRADE = (_NOWHERE if SEALED else PROJECT_ROOT) / "autograde"
 
 
 def state_dir() -> Path:

@@ -190,6 +190,7 @@ def test_inside_the_sandbox_a_submission_sees_only_the_course_package(tmp_path):
     assert not seen["secret"], "files outside the submission's folder are invisible"
     assert not seen["solutions_exist"] and "solutions" not in seen["listing"] and "autograde" not in seen["listing"]
     assert set(seen["listing"]) <= {"course", ".venv"}, seen["listing"]
+    assert seen["solutions"].startswith("/nonexistent"), "course.paths names no place for the solutions"
     assert seen["network"] != "connected", "no network, not even the host's loopback"
     assert not seen["write_outside"], "the course package is read-only"
     assert not (PROJECT_ROOT / "course" / "written-by-a-submission").exists()
@@ -205,6 +206,25 @@ def test_the_sandbox_caps_memory(tmp_path):
                           capture_output=True, text=True, timeout=120,
                           preexec_fn=sandbox._limiter(limits, sandbox._user_tasks() + 64))
     assert "MemoryError" in proc.stderr and "allocated" not in proc.stdout
+
+
+@needs_bwrap
+def test_the_sandbox_caps_processes(tmp_path):
+    box = tmp_path / "box"
+    box.mkdir()
+    (box / "forks.py").write_text(
+        "import os, time\nn = 0\ntry:\n    for _ in range(2000):\n        if os.fork() == 0:\n"
+        "            time.sleep(3)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\nprint(n)\n")
+    limits = sandbox.Limits(extra_processes=64)
+    cgroup = sandbox._pids_cgroup(limits.extra_processes)
+    try:
+        proc = subprocess.run(sandbox.bwrap_command(box, [sys.executable, "/sub/forks.py"], sandbox._sandbox_env(1)),
+                              capture_output=True, text=True, timeout=120,
+                              preexec_fn=sandbox._limiter(limits, sandbox._user_tasks() + 64, cgroup))
+    finally:
+        time.sleep(3.5)
+        sandbox._remove_cgroup(cgroup)
+    assert int(proc.stdout.strip()) < 200, "a fork bomb stops at the process cap"
 
 
 def test_grading_stops_when_the_sandbox_is_missing(tmp_path, monkeypatch):

@@ -223,7 +223,7 @@ def _grade(folder, course, jobs, timeout, memory_mb, force, progress, log, unsan
                             memory_mb=int(cfg.GraderKernelManager.memory_limit_mb))
     run_dir = work / f"run-{os.getpid()}"
     shutil.rmtree(run_dir, ignore_errors=True)
-    for stale in work.glob("run-*"):  # left by a grader that was killed (the lock says none is running)
+    for stale in [*work.glob("run-*"), *work.glob("reference-run-*")]:  # left by a grader that was killed
         shutil.rmtree(stale, ignore_errors=True)
     run_dir.mkdir(parents=True)
     try:
