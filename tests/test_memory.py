@@ -47,16 +47,16 @@ def test_smollm2_bytes_per_token():
 
 
 def test_seed_kv_table_rows():
-    rows = {(r["model"], r["seq_len"], r["batch"]): r for r in M.seed_kv_table()}
+    rows = {(r["model"], r["seq_len"], r["batch"]): r for r in M.quoted_kv_table()}
     assert rows[("llama-2-7b", 4096, 1)]["total_bytes"] == 2 * GiB
     assert rows[("llama-2-7b", 4096, 8)]["GiB"] == 16.0
     assert rows[("gpt2-124m", 1024, 1)]["MiB"] == 36.0
     assert rows[("llama-2-70b", 131_072, 1)]["GiB"] == 40.0
     assert rows[("llama-2-70b", 32_000, 4)]["bytes_per_token"] == 327_680
-    assert len(rows) == len(M.SEED_KV_TABLE)
+    assert len(rows) == len(M.QUOTED_KV_TABLE)
     for r in rows.values():
         assert r["total_bytes"] == r["bytes_per_token"] * r["seq_len"] * r["batch"]
-    assert M.seed_kv_table("int8")[0]["total_bytes"] == GiB
+    assert M.quoted_kv_table("int8")[0]["total_bytes"] == GiB
 
 
 # ------------------------------------------------------------------ kv_cache_bytes and dtype_bytes

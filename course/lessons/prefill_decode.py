@@ -54,7 +54,7 @@ def plot_token_timeline(gen: Generation, tokenizer=None, ax=None):
 
 
 def interview_answers(v: dict) -> str:
-    """The seed's two interview answers, phrased with the values the notebook record()ed (keys as there)."""
+    """The lesson's two interview answers, phrased with the values the notebook record()ed (keys as there)."""
     decode_ms = v["decode_ms_per_token"]
     prompt_per_output = decode_ms[0] / 1e3 * v["prefill_tokens_per_s_max"]
     first = (

@@ -302,7 +302,8 @@ class SweepRow:
 
 
 @dataclass
-class Sweep:
+class DraftSweep:
+    """Speculative decoding at several k for several drafts, on one prompt, against plain greedy decoding."""
     prompt: str
     baseline_decode_seconds: float
     baseline_tokens: list[int]
@@ -316,7 +317,7 @@ class Sweep:
 
 
 def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_new_tokens: int = 32,
-                  repeats: int = 1, costs: Costs | None = None, name: str = "") -> Sweep:
+                  repeats: int = 1, costs: Costs | None = None, name: str = "") -> DraftSweep:
     """Greedy decode the same prompt plainly and with each (draft, k); time the decode phase.
 
     EOS is ignored so every run produces exactly max_new_tokens. With repeats > 1 each timing is
@@ -327,7 +328,7 @@ def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_
         g = generate(model, prompt_ids, max_new_tokens, temperature=0)
         base_times.append(g.total_time - g.time_to_first_token)
         base_tokens = g.tokens
-    sweep = Sweep(prompt=name, baseline_decode_seconds=min(base_times), baseline_tokens=base_tokens)
+    sweep = DraftSweep(prompt=name, baseline_decode_seconds=min(base_times), baseline_tokens=base_tokens)
     jobs = [(d, k) for d, ks in drafts for k in ks]
     for draft, k in tqdm(jobs, desc=f"speculative sweep {name}".strip(), leave=False):
         times = []
@@ -353,7 +354,7 @@ def predicted_from_costs(row: SweepRow, costs: Costs, draft: Draft) -> float:
     return row.tokens_per_pass / (row.k * draft_cost + costs.verify_ratio(k_cost))
 
 
-def plot_sweep(sweeps: list[Sweep]):
+def plot_sweep(sweeps: list[DraftSweep]):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))

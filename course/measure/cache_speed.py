@@ -89,7 +89,7 @@ def measure_cache_speedup(model, prompt_ids, lengths=(16, 64, 128, 256)) -> Spee
                            runs[True].tokens == runs[False].tokens)
 
 
-def plot_cache_speed(result: SpeedComparison, seed_speedup: float = 5.21):
+def plot_cache_speed(result: SpeedComparison, quoted_speedup: float = 5.21):
     """Per-step time (flat vs growing), cumulative time (linear vs quadratic), and the speedup per length."""
     import matplotlib.pyplot as plt
 
@@ -107,11 +107,11 @@ def plot_cache_speed(result: SpeedComparison, seed_speedup: float = 5.21):
     ax.legend()
     ax = axes[2]
     ax.bar([str(n) for n in result.lengths], result.speedups, color="tab:green")
-    ax.axhline(seed_speedup, color="gray", ls="--", label=f"Hugging Face's KV-caching post: {seed_speedup}× (GPT-2, T4 GPU)")
+    ax.axhline(quoted_speedup, color="gray", ls="--", label=f"Hugging Face's KV-caching post: {quoted_speedup}× (GPT-2, T4 GPU)")
     for i, s in enumerate(result.speedups):
         ax.text(i, s, f"{s:.1f}×", ha="center", va="bottom")
     ax.set(xlabel="tokens generated", ylabel="uncached / cached time", title="Speedup from the cache",
-           ylim=(0, 1.3 * max(result.speedups + [seed_speedup])))  # room for the legend
+           ylim=(0, 1.3 * max(result.speedups + [quoted_speedup])))  # room for the legend
     ax.legend(loc="upper left")
     fig.tight_layout()
     return fig

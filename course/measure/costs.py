@@ -113,7 +113,7 @@ def _config(config: ModelConfig | str) -> ModelConfig:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Lesson 02 helpers: the formula spelled out, the seed's table, head-count variants, measured bytes.
+# Lesson 02 helpers: the formula spelled out, the commonly quoted table, head-count variants, measured bytes.
 
 def kv_formula(config: ModelConfig | str, seq_len: int, batch: int = 1, dtype="fp16", beam_width: int = 1) -> str:
     """The formula with the numbers plugged in, e.g. '2 · L=32 · B=1 · T=4,096 · H_kv=32 · D_h=128 · 2 B = ...'."""
@@ -124,9 +124,9 @@ def kv_formula(config: ModelConfig | str, seq_len: int, batch: int = 1, dtype="f
             f"{dtype_bytes(dtype):g} B = {total:,} B ({human_bytes(total)}, {human_bytes(total, binary=False)})")
 
 
-# The KV-cache table of the seed lesson (FP16): model, context T, batch B, and the figure the seed quotes.
-# "128k" is ambiguous: 128,000 tokens give the seed's "~39 GB" (in GiB), 131,072 (=128 Ki) give 40 GiB / 42.9 GB.
-SEED_KV_TABLE = (
+# KV-cache sizes as commonly quoted (FP16): model, context T, batch B, and the figure quoted for it.
+# "128k" is ambiguous: 128,000 tokens give the quoted "~39 GB" (in GiB), 131,072 (=128 Ki) give 40 GiB / 42.9 GB.
+QUOTED_KV_TABLE = (
     ("llama-2-7b", 4096, 1, "2 GB"),
     ("llama-2-7b", 4096, 8, "16 GB"),
     ("gpt2-124m", 1024, 1, "~36 MB"),
@@ -136,13 +136,13 @@ SEED_KV_TABLE = (
 )
 
 
-def seed_kv_table(dtype="fp16") -> list[dict]:
-    """The seed's table recomputed from the presets: bytes per token and total bytes for each row."""
+def quoted_kv_table(dtype="fp16") -> list[dict]:
+    """The quoted table recomputed from the presets: bytes per token and total bytes for each row."""
     rows = []
-    for name, seq_len, batch, seed_says in SEED_KV_TABLE:
+    for name, seq_len, batch, quoted in QUOTED_KV_TABLE:
         total = kv_cache_bytes_for(name, seq_len, batch, dtype)
         rows.append(dict(model=name, seq_len=seq_len, batch=batch, bytes_per_token=kv_bytes_per_token(name, dtype),
-                         total_bytes=total, GiB=total / GiB, GB=total / GB, MiB=total / MiB, seed_says=seed_says))
+                         total_bytes=total, GiB=total / GiB, GB=total / GB, MiB=total / MiB, quoted=quoted))
     return rows
 
 

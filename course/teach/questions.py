@@ -37,6 +37,7 @@ class QuestionDataError(ValueError):
 
 @dataclass(frozen=True)
 class Option:
+    """One lettered choice of a question, and why picking it is right or wrong."""
     key: str
     text: str
     explanation: str
@@ -67,6 +68,7 @@ class Question:
 
 @dataclass(frozen=True)
 class Card:
+    """An interview flip card: the question to answer aloud, and a model answer."""
     id: str
     lesson: str
     prompt: str
@@ -76,6 +78,8 @@ class Card:
 
 @dataclass(frozen=True)
 class Lesson:
+    """A lesson of the bank: its id (the notebook's name, e.g. 02_kv_cache), its title, and the question its
+    self-assessment asks."""
     id: str
     title: str
     self_assessment: str
@@ -95,18 +99,16 @@ class QuestionBank:
         return [c for c in self.cards if lesson_id is None or c.lesson == lesson_id]
 
     def question(self, question_id: str) -> Question:
-        for q in self.questions:
-            if q.id == question_id:
-                return q
-        raise ValueError(f"question_id {question_id!r} is not in {self.path}; known ids: "
-                         f"{', '.join(q.id for q in self.questions)}")
+        return self._by_id(self.questions, "question_id", question_id)
 
     def card(self, card_id: str) -> Card:
-        for c in self.cards:
-            if c.id == card_id:
-                return c
-        raise ValueError(f"card_id {card_id!r} is not in {self.path}; known ids: "
-                         f"{', '.join(c.id for c in self.cards)}")
+        return self._by_id(self.cards, "card_id", card_id)
+
+    def _by_id(self, items, name: str, wanted: str):
+        for item in items:
+            if item.id == wanted:
+                return item
+        raise ValueError(f"{name} {wanted!r} is not in {self.path}; known ids: {', '.join(i.id for i in items)}")
 
     def autograded(self) -> list[Question]:
         return [q for q in self.questions if q.autograded]

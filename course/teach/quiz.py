@@ -34,8 +34,8 @@ explanation and saves it; ``show_answer("interview-1")`` reveals a flip card;
 """
 from __future__ import annotations
 
-import os
 
+from course.measure.display import text_only
 from course.teach.progress import ProgressStore, default_store
 from course.teach.questions import (  # noqa: F401  (the bank's API, re-exported for notebooks and scripts)
     LEVELS, MISSING_TEXT, QUESTIONS_PATH, Card, CheckResult, Lesson, Option, Question, QuestionBank,
@@ -52,11 +52,6 @@ def measured_values(lesson_id: str | None = None, store: ProgressStore | None = 
     except Exception:  # a broken progress location must never stop a quiz
         store = None
     return _measured_values(lesson_id, store)
-
-
-def text_only() -> bool:
-    """True when KVCOURSE_QUIZ=text: print plain text instead of displaying widgets."""
-    return os.environ.get("KVCOURSE_QUIZ", "").strip().lower() == "text"
 
 
 def _show(widget_factory, text_factory):

@@ -9,7 +9,6 @@ Every number comes from course.measure.costs, so the widget, the lesson's formul
 from __future__ import annotations
 
 import base64
-import io
 import time
 
 import ipywidgets as widgets
@@ -17,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from course.engine.config import PRESETS, ModelConfig
+from course.measure.display import figure_png
 from course.measure.costs import (DTYPE_BYTES, GiB, _positive_int, dtype_bytes, human_bytes, kv_bytes_per_token,
                       kv_cache_bytes_for, weights_bytes)
 
@@ -107,12 +107,6 @@ def calculator_view(preset="llama-2-7b", T: int = 4096, B: int = 1, dtype: str =
     numbers = calculator_numbers(preset, T, B, dtype, beam, weights_dtype)
     fig = draw_calculator(fig or Figure(figsize=(6.4, 3.2), dpi=90), numbers)
     return dict(numbers=numbers, text=calculator_text(numbers), figure=fig)
-
-
-def figure_png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
 
 
 def time_redraw(repeats: int = 5, **kwargs) -> float:

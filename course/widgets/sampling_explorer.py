@@ -13,8 +13,6 @@ static view for a headless run is a matplotlib figure (`figure()`, `static_grid(
 from __future__ import annotations
 
 import html
-import io
-import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,6 +23,7 @@ from course.engine.device import torch_threads
 from course.engine.continuations import next_token_logits, sample_continuations  # noqa: F401  (re-exported)
 from course.engine.prompts import PROMPTS, Prompt  # noqa: F401  (re-exported)
 from course.engine.sampling import check_params, entropy_bits, probabilities, transform_logits
+from course.measure.display import figure_png, headless, show_figure  # noqa: F401  (re-exported)
 
 
 TOP_K_CHOICES = [("off", 0)] + [(str(k), k) for k in range(1, 101)]
@@ -53,21 +52,6 @@ class View:
                 f"token{'s' if self.nucleus_size != 1 else ''}, entropy {self.entropy_before_bits:.2f} → "
                 f"{self.entropy_after_bits:.2f} bits, top token {self.labels[0]!r} "
                 f"{self.before[0]:.1%} → {self.after[0]:.1%}")
-
-
-def headless() -> bool:
-    """True when no widget front end is expected: tests (MPLBACKEND=Agg), KVCOURSE_HEADLESS=1, or no kernel."""
-    if os.environ.get("KVCOURSE_HEADLESS", "0") not in ("", "0"):
-        return True
-    if os.environ.get("MPLBACKEND", "").lower() == "agg":
-        return True
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        return True
-    return shell is None or not hasattr(shell, "kernel")
 
 
 def _one_thread():
@@ -317,19 +301,3 @@ def static_grid(explorer: SamplingExplorer, settings: list[tuple[float, int, flo
         ax.axis("off")
     fig.tight_layout()
     return fig
-
-
-def figure_png(fig, dpi: int = 90) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
-def show_figure(fig, dpi: int = 90) -> None:
-    """Display a matplotlib Figure as a PNG: the same in JupyterLab, in a headless run and in a saved notebook."""
-    from IPython.display import Image, display
-
-    display(Image(data=figure_png(fig, dpi)))
