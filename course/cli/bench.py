@@ -40,6 +40,7 @@ SCHEMA = "kvcourse-bench/1"
 # module's course checks. Add yours here (one line) to put your item in `kvcourse bench`.
 ITEM_MODULES: tuple[str, ...] = (
     "course.grade.bench",  # grading time per submission, sealed vs unsealed
+    "course.measure.decode_floor",  # decode ÷ floor at 1 and 2 threads, compiled batches, the bytes line
 )
 _Context = Context  # the name the tests know
 

@@ -1,0 +1,351 @@
+"""Bench items: decode against its floor (1 and 2 threads), the compiled batched step, and the bytes line.
+
+The floor of a decode step is the time it takes just to read what the step must read once:
+(bytes of weights + bytes of the KV cache) ÷ the streaming-read bandwidth of this machine, probed with the
+same number of threads between the rounds (course.measure.timing.memory_bandwidth). Every figure below is
+reported as a multiple of its floor (× floor), measured side by side: the configurations take turns round
+after round, so a burst of load from another program hits all of them alike.
+
+    decode_floor   batch 1, context 64, float32: eager, compiled and torch merely summing every weight
+                   (how close torch itself gets to the floor), at 1 and at 2 threads
+    decode_batch   the compiled step for B = 1 … 64 sequences (per-sequence positions), and the eager model
+                   beside it: where the eager B = 1 → 2 jump comes from
+    bytes_line     ms per step against bytes per step over models of real published shapes (lesson 01)
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from course.measure.bench import Context, Target, bench_item
+
+CONTEXT = 64
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+QUICK_BATCHES = (1, 2, 4)
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def fairness(threads: int, load: float | None = None, cores: int | None = None) -> tuple[bool, str]:
+    """Is the machine quiet enough for a `threads`-thread timing to be fair, and the sentence that says so.
+
+    Fair when the 1-minute load average (which includes this process) leaves a core for every thread:
+    load ≤ cores − threads + 1. Otherwise a thread of the step is often descheduled and the others wait for it.
+    """
+    load = _load() if load is None else load
+    cores = cores or os.cpu_count() or 1
+    fair = load <= cores - threads + 1
+    if fair:
+        return True, f"load average {load:.1f} on {cores} cores: fair for {threads} thread(s)"
+    return False, (f"load average {load:.1f} on {cores} cores: NOT fair for {threads} thread(s) (other programs "
+                   "hold the cores; a step's threads wait on descheduled partners)")
+
+
+def _floor_ms(nbytes: float, read_bytes_per_s: float) -> float:
+    return nbytes / read_bytes_per_s * 1e3
+
+
+def _step_bytes(config, batch: int, context: int, dtype) -> tuple[float, float]:
+    """(weight bytes, KV bytes) one decode step of `batch` sequences at `context` cached tokens reads: every
+    weight once (course.measure.costs.weights_read_bytes) and the K and V of context + 1 positions per sequence."""
+    from course.measure.costs import dtype_bytes, kv_cache_bytes, weights_read_bytes
+
+    size = dtype_bytes(dtype)
+    kv = kv_cache_bytes(config.n_layers, batch, context + 1, config.n_kv_heads, config.head_dim, size)
+    return float(weights_read_bytes(config, size)), float(kv)
+
+
+def floor_ms(config, context: int, dtype, read_bytes_per_s: float, batch: int = 1) -> float:
+    """The decode floor the bench reports: bytes one step reads ÷ the streaming-read bandwidth, in ms.
+
+    read_bytes_per_s: course.measure.timing.memory_bandwidth(...).read_bytes_per_s, probed with the thread count
+    the step runs with. Lesson 01's breakdown uses this function too, so both quote the same floor.
+    """
+    if read_bytes_per_s <= 0:
+        raise ValueError(f"read_bytes_per_s must be positive, got {read_bytes_per_s}")
+    return _floor_ms(sum(_step_bytes(config, batch, context, dtype)), read_bytes_per_s)
+
+
+def _with_threads(n: int):
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def _decode_setup(ctx: Context, engine, batch: int, context: int, compiled: bool):
+    """A cache of `batch` sequences filled to `context` tokens, and a step that rewrites position `context`."""
+    import torch
+
+    from course.engine.generate import decode_one_token, prefill
+    from course.engine.kv_cache import KVCache
+
+    c = engine.config
+    ids = torch.randint(0, c.vocab_size, (batch, context), generator=torch.Generator().manual_seed(batch))
+    ids = ids.to(ctx.device)
+    cache = KVCache(c, batch=batch, max_seq_len=context + 1, dtype=engine.dtype, device=ctx.device)
+    prefill(ctx.model("float32") if compiled else engine, ids, cache)
+    token = ids[:, -1:]  # [B, 1]
+    if compiled:
+        step = ctx.fast("float32").step
+        positions = torch.full((batch,), context, dtype=torch.long, device=ctx.device)
+        return lambda: step(token, positions, cache)
+    return lambda: decode_one_token(engine, token, context, cache)
+
+
+def _time(fn, device, n: int) -> list[float]:
+    from course.measure.timing import Stopwatch
+
+    out = []
+    for _ in range(n):
+        with Stopwatch(device) as sw:
+            fn()
+        out.append(sw.seconds)
+    return out
+
+
+def _target_row(it, **match):
+    for r in it.get("rows", []):
+        if all(r.get(k) == v for k, v in match.items()):
+            return r
+    return None
+
+
+def _floor_target(engine, threads, bound):
+    def measure(it):
+        r = _target_row(it, engine=engine, threads=threads)
+        return (None, "not measured") if r is None else (r["x_floor"], f"load {r['load_average']:.1f}"
+                                                         + ("" if r["fair"] else ", not fair"))
+    return Target(f"{engine}_{threads}t_x_floor", f"decode ctx {CONTEXT}, float32, batch 1, {threads} thread(s), "
+                  f"{engine}: time ÷ streaming-read floor", "<=", bound, measure)
+
+
+def _eager_threads_target(it):
+    one, two = _target_row(it, engine="eager", threads=1), _target_row(it, engine="eager", threads=2)
+    if one is None or two is None:
+        return None, "not measured"
+    return two["ms_per_step"] / one["ms_per_step"], f"load {two['load_average']:.1f}"
+
+
+# --- decode_floor ----------------------------------------------------------------------------------------------
+@bench_item("decode_floor", title="Decode against its floor (batch 1, context 64, float32; 1 and 2 threads)",
+            columns={"threads": "{threads}", "engine": "{engine}", "ms/step": "{ms_per_step:.1f}",
+                     "floor ms": "{floor_ms:.1f}", "× floor": "{x_floor:.2f}",
+                     "read GB/s": lambda r: f"{r['read_bytes_per_s'] / 1e9:.1f}",
+                     "load": lambda r: f"{r['load_average']:.1f}" + ("" if r["fair"] else " (not fair)")},
+            text=lambda it: it.get("summary", ""),
+            targets=[_floor_target("compiled", 1, 1.10), _floor_target("compiled", 2, 1.20),
+                     Target("eager_2t_over_1t", "eager decode with 2 threads ÷ with 1 thread", "<=", 1.0,
+                            _eager_threads_target)])
+def bench_decode_floor(ctx: Context) -> dict:
+    """ms per step ÷ floor for eager, compiled and a plain sum over every weight, at 1 and 2 threads."""
+    import torch
+
+    from course.measure.timing import memory_bandwidth
+
+    model = ctx.model("float32")
+    weight_bytes, kv_bytes = _step_bytes(model.config, 1, CONTEXT, model.dtype)
+    tensors = list({id(p): p for p in model.parameters()}.values())  # the tied head once
+    sum_bytes = sum(t.numel() * t.element_size() for t in tensors)
+
+    def sum_all():
+        with torch.inference_mode():
+            for t in tensors:
+                t.sum()
+
+    engines = {"eager": (_decode_setup(ctx, model, 1, CONTEXT, compiled=False), weight_bytes + kv_bytes)}
+    if ctx.compile and not ctx.quick:
+        engines["compiled"] = (_decode_setup(ctx, model, 1, CONTEXT, compiled=True), weight_bytes + kv_bytes)
+    engines["torch sum of weights"] = (sum_all, float(sum_bytes))
+    thread_counts = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
+    before = torch.get_num_threads()
+    times = {(n, e): [] for n in thread_counts for e in engines}
+    probes = {n: [] for n in thread_counts}
+    loads = {n: [] for n in thread_counts}
+    steps, rounds = ctx.sizes.get("steps_per_round", 4), ctx.sizes.get("rounds", 5)
+    try:
+        for n in thread_counts:  # warm-up (the first compiled call compiles) at each thread count
+            _with_threads(n)
+            for fn, _ in engines.values():
+                fn(), fn()
+        for _ in ctx.progress(range(rounds), "decode floor rounds"):
+            for n in thread_counts:
+                _with_threads(n)
+                loads[n].append(_load())
+                probes[n].append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
+                                 .read_bytes_per_s)
+                for name, (fn, _) in engines.items():
+                    times[(n, name)] += _time(fn, ctx.device, steps)
+    finally:
+        torch.set_num_threads(before)
+    rows = []
+    for n in thread_counts:
+        read = statistics.median(probes[n])
+        load = statistics.median(loads[n])
+        fair, why = fairness(n, load)
+        for name, (_, nbytes) in engines.items():
+            s = statistics.median(times[(n, name)])
+            floor = _floor_ms(nbytes, read)
+            rows.append(dict(threads=n, engine=name, ms_per_step=s * 1e3, best_ms=min(times[(n, name)]) * 1e3,
+                             bytes_per_step=nbytes, read_bytes_per_s=read, floor_ms=floor, x_floor=s * 1e3 / floor,
+                             tokens_per_s=1 / s, load_average=load, fair=fair, fairness=why,
+                             repeats=len(times[(n, name)])))
+    return {"status": "ok", "rows": rows, "context": CONTEXT, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
+            "summary": floor_summary(rows)}
+
+
+def floor_summary(rows: list[dict]) -> str:
+    """The paragraph under the table: each engine against its floor, and what the thread counts did."""
+    by = {(r["threads"], r["engine"]): r for r in rows}
+    parts = []
+    for n in sorted({r["threads"] for r in rows}):
+        engines = [r for r in rows if r["threads"] == n]
+        floor = engines[0]["floor_ms"]
+        parts.append(f"{n} thread(s): floor {floor:.1f} ms ({engines[0]['bytes_per_step'] / 1e6:.0f} MB at "
+                     f"{engines[0]['read_bytes_per_s'] / 1e9:.1f} GB/s); "
+                     + ", ".join(f"{r['engine']} {r['ms_per_step']:.1f} ms ({r['x_floor']:.2f}×)" for r in engines)
+                     + f" — {engines[0]['fairness']}.")
+    if (1, "eager") in by and (2, "eager") in by:
+        one, two = by[(1, "eager")]["ms_per_step"], by[(2, "eager")]["ms_per_step"]
+        verdict = "faster" if two < one else "not faster"
+        parts.append(f"Eager with 2 threads is {verdict} than with 1 ({two:.1f} vs {one:.1f} ms)"
+                     + ("." if two < one else ": each of its many small operations pays the threads' start and "
+                        "join, which on a loaded machine means waiting for a descheduled partner (so the lessons' "
+                        "steady_threads picks 1 thread when the load average leaves no core free); the compiled "
+                        "step runs far fewer, larger kernels."))
+    return " ".join(parts)
+
+
+# --- decode_batch ----------------------------------------------------------------------------------------------
+@bench_item("decode_batch", title="Batched decode, compiled (context 64 per sequence, float32, 1 thread)",
+            columns={"engine": "{engine}", "batch": "{batch}", "ms/step": "{ms_per_step:.1f}",
+                     "× B=1 time": "{x_b1_time:.2f}", "tokens/s": "{tokens_per_s:.0f}",
+                     "× B=1 tokens/s": "{x_b1_tokens:.1f}", "× floor": "{x_floor:.2f}"},
+            text=lambda it: it.get("summary", ""),
+            targets=[Target("batch8_over_batch1_time", "compiled step time at B=8 ÷ at B=1", "<=", 1.4,
+                            lambda it: (_ratio(it, "compiled", 8, "x_b1_time"), "")),
+                     Target("best_batch_tokens_x", "compiled best-batch total tokens/s ÷ B=1", ">=", 10.0,
+                            lambda it: (_best_tokens(it), ""))])
+def bench_decode_batch(ctx: Context) -> dict:
+    """Step time and total tokens/s for B sequences decoded together, compiled and eager, one thread."""
+    import torch
+
+    from course.measure.timing import memory_bandwidth
+
+    model = ctx.model("float32")
+    batches = QUICK_BATCHES if ctx.quick else BATCHES
+    configs = []
+    for B in batches:
+        w, kv = _step_bytes(model.config, B, CONTEXT, model.dtype)
+        if ctx.compile and not ctx.quick:
+            configs.append(dict(engine="compiled", batch=B, bytes=w + kv, times=[],
+                                step=_decode_setup(ctx, model, B, CONTEXT, compiled=True)))
+        if B <= 8:  # the eager model beside it, where its jump happens
+            configs.append(dict(engine="eager", batch=B, bytes=w + kv, times=[],
+                                step=_decode_setup(ctx, model, B, CONTEXT, compiled=False)))
+    before = torch.get_num_threads()
+    probes, loads = [], []
+    try:
+        torch.set_num_threads(1)
+        for cfg in ctx.progress(configs, "batch warm-up"):  # B = 1 and B >= 2 compile one graph each
+            cfg["step"](), cfg["step"]()
+        gemv = _head_products(model)
+        for _ in ctx.progress(range(max(2, ctx.sizes.get("rounds", 5) - 2)), "batch rounds"):
+            loads.append(_load())
+            probes.append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
+                          .read_bytes_per_s)
+            for cfg in configs:
+                cfg["times"] += _time(cfg["step"], ctx.device, 2)
+    finally:
+        torch.set_num_threads(before)
+    read = statistics.median(probes)
+    rows = []
+    for cfg in configs:
+        s = statistics.median(cfg["times"])
+        rows.append(dict(engine=cfg["engine"], batch=cfg["batch"], ms_per_step=s * 1e3,
+                         tokens_per_s=cfg["batch"] / s, bytes_per_step=cfg["bytes"],
+                         floor_ms=_floor_ms(cfg["bytes"], read), x_floor=s * 1e3 / _floor_ms(cfg["bytes"], read),
+                         repeats=len(cfg["times"])))
+    for r in rows:
+        base = next(b for b in rows if b["engine"] == r["engine"] and b["batch"] == 1)
+        r["x_b1_time"] = r["ms_per_step"] / base["ms_per_step"]
+        r["x_b1_tokens"] = r["tokens_per_s"] / base["tokens_per_s"]
+    out = {"status": "ok", "rows": rows, "context": CONTEXT, "read_bytes_per_s": read,
+           "load_average": statistics.median(loads), "head_products": gemv}
+    out["summary"] = batch_summary(out)
+    return out
+
+
+def _head_products(model, repeats: int = 5) -> list[dict]:
+    """The LM head ([V, d], the largest matrix) times M rows through BLAS (F.linear), M = 1, 2, 4, 8."""
+    import torch
+    import torch.nn.functional as F
+
+    w = model.output.weight.detach()
+    out = []
+    for M in (1, 2, 4, 8):
+        x = torch.randn(M, w.shape[1], dtype=w.dtype, device=w.device)
+        with torch.inference_mode():
+            F.linear(x, w)
+            s = statistics.median(_time(lambda: F.linear(x, w), w.device, repeats))
+        out.append(dict(rows=M, ms=s * 1e3, bytes_per_s=w.numel() * w.element_size() / s))
+    return out
+
+
+def _ratio(it, engine, batch, key):
+    r = _target_row(it, engine=engine, batch=batch)
+    return None if r is None else r[key]
+
+
+def _best_tokens(it):
+    xs = [r["x_b1_tokens"] for r in it.get("rows", []) if r["engine"] == "compiled"]
+    return max(xs) if xs else None
+
+
+def batch_summary(it: dict) -> str:
+    rows = it["rows"]
+    parts = []
+    for engine in ("compiled", "eager"):
+        er = [r for r in rows if r["engine"] == engine]
+        if len(er) < 2:
+            continue
+        best = max(er, key=lambda r: r["tokens_per_s"])
+        b1 = er[0]
+        parts.append(f"{engine}: B=1 {b1['ms_per_step']:.1f} ms/step ({b1['x_floor']:.2f}× floor), B=2 "
+                     f"{er[1]['ms_per_step']:.1f} ms (×{er[1]['x_b1_time']:.2f}); best B={best['batch']}: "
+                     f"{best['tokens_per_s']:.0f} tokens/s = {best['x_b1_tokens']:.1f}× B=1.")
+    head = it.get("head_products") or []
+    if len(head) >= 2:
+        h1, h2 = head[0], head[1]
+        jump = "a jump" if h2["ms"] > 1.3 * h1["ms"] else "no jump"
+        parts.append(f"The eager B = 1 → 2 step: BLAS's product of the LM head with 1 row takes {h1['ms']:.1f} ms "
+                     f"({h1['bytes_per_s'] / 1e9:.1f} GB/s, its matrix-vector kernel) and with 2 rows "
+                     f"{h2['ms']:.1f} ms ({h2['bytes_per_s'] / 1e9:.1f} GB/s, a matrix-matrix kernel): {jump} here. "
+                     "The compiled step streams each weight row once and uses it for every sequence while it "
+                     "sits in the L1 cache, so it has no such switch.")
+    parts.append(f"Load average {it['load_average']:.1f} on {os.cpu_count()} cores.")
+    return " ".join(parts)
+
+
+# --- bytes_line ------------------------------------------------------------------------------------------------
+@bench_item("bytes_line", title="Decode time against bytes read per step (random weights, real shapes)", slow=True,
+            columns={"model": "{name}", "MB/step": lambda r: f"{r['bytes_per_step'] / 1e6:.0f}",
+                     "ms/step": "{ms_per_step:.1f}", "GB/s": lambda r: f"{r['achieved_bytes_per_s'] / 1e9:.1f}",
+                     "bound by": "{dominated_by}"},
+            text=lambda it: it.get("verdict", ""),
+            targets=[Target("bytes_line_r2", "bytes line: R² of time = bytes ÷ bandwidth + fixed", ">=", 0.98,
+                            lambda it: (it.get("r2"), f"{len(it.get('rows', []))} shapes")),
+                     Target("bytes_line_bandwidth", "bytes line: |fitted ÷ probed bandwidth − 1|", "<=", 0.25,
+                            lambda it: (abs(it["bandwidth_ratio"] - 1) if "bandwidth_ratio" in it else None,
+                                        f"{it.get('bandwidth_ratio', float('nan')):.0%} of the probe"))])
+def bench_bytes_line(ctx: Context) -> dict:
+    """course.measure.bytes_line over the default shapes (KVCOURSE_FULL=1 for the bigger ones)."""
+    from course.measure.bytes_line import bytes_line
+
+    t0 = time.perf_counter()
+    line = bytes_line(device=ctx.device, compile=ctx.compile, probe_bytes=ctx.sizes["bandwidth_bytes"],
+                      progress=False, log=ctx.log)
+    v = line.values()
+    return {"status": "ok", "rows": v.pop("points"), **v, "verdict": line.verdict(), "wall_s": time.perf_counter() - t0}
