@@ -14,7 +14,7 @@ from course.paths import LESSONS, PROJECT_ROOT
 from course.teach.progress import LEVELS, ProgressStore
 from course.teach.quiz_widget import CheckpointQuiz, FlipCard, QuestionWidget, SelfAssessmentWidget
 
-LESSON_IDS = ["00_start_here", "01_prefill_decode", "02_kv_cache", "03_sampling", "04_speculative_prefix"]
+LESSON_IDS = ["00_start_here", "01_prefill_decode", "02_kv_cache", "03_sampling", "04_speculative_prefix", "05_serving"]
 
 
 @pytest.fixture(scope="module")
