@@ -95,3 +95,16 @@ def test_widget_has_a_static_fallback():
 def test_widget_rejects_bad_start_values():
     with pytest.raises(ValueError, match="^T "):
         kv_calculator("llama-2-7b", T=0)
+
+
+def test_context_slider_is_logarithmic_and_notes_contexts_beyond_the_window():
+    from course.widgets.kv_calculator import T_MAX, T_STEPS, calculator_view, kv_calculator
+
+    assert T_STEPS[0] == 128 and T_STEPS[-1] == T_MAX and 4096 in T_STEPS and 32_768 in T_STEPS
+    ratios = [b / a for a, b in zip(T_STEPS, T_STEPS[1:])]
+    assert max(ratios) <= 2 and min(ratios) >= 1.3  # evenly spread on a log scale
+    w = kv_calculator("llama-2-7b", T=4000, B=1)  # a value off the steps is kept, not rounded away
+    assert w.controls["T"].value == 4000 and w.controls["T"].description == "context T"
+    assert all(c.style.description_width == "initial" for c in w.controls.values())
+    assert "beyond llama-2-7b's 4,096-token context window" in calculator_view("llama-2-7b", T=8192)["text"]
+    assert "context window" not in calculator_view("llama-2-7b", T=4096)["text"]

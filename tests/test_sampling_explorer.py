@@ -190,3 +190,13 @@ def test_real_model_grid(real_model, tokenizer):
             assert 1 <= view.nucleus_size <= tokenizer.vocab_size
     assert int(nucleus_size(explorer.logits("factual"), top_p=0.9)) < int(nucleus_size(explorer.logits("open-ended"),
                                                                                         top_p=0.9))
+
+
+def test_svg_chart_has_a_y_axis_title_and_keeps_the_tallest_bar_inside(explorer):
+    explorer.redraw(0.3, 0, 1.0, "a")  # a sharp distribution: one bar near the top
+    root = ET.fromstring(explorer.svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    assert "probability" in [t.text for t in root.iter(f"{ns}text")]
+    legend_bottom = 8 + 12
+    for rect in root.findall(f"{ns}rect")[:-3]:  # the bars, not the legend swatches
+        assert float(rect.get("y")) > legend_bottom and float(rect.get("height")) >= 0

@@ -22,6 +22,9 @@ from course.measure.costs import (DTYPE_BYTES, GiB, _positive_int, dtype_bytes, 
 
 DTYPES = {"fp32": "fp32", "fp16/bf16": "fp16", "int8": "int8", "fp8": "fp8"}  # label → course.measure.costs name
 T_MAX = 131_072  # the slider's top: 128 Ki tokens
+# The context slider is logarithmic: 1, 1.5, 2, 3 × powers of two from 128 to 128 Ki, so 4k and 128k are both
+# a short drag away (a linear slider spends nearly all its track above 8k).
+T_STEPS = sorted({m * 2 ** e for e in range(7, 18) for m in (1, 1.5)} & set(range(128, T_MAX + 1)))
 B_MAX = 256
 BEAM_MAX = 64
 
@@ -59,7 +62,7 @@ def calculator_numbers(preset="llama-2-7b", T: int = 4096, B: int = 1, dtype: st
                 dtype_bytes=dtype_bytes(cache_dtype), bytes_per_token=per_token, cache_bytes=cache,
                 weights_bytes=weights, total_bytes=cache + weights, crossover_T=crossover,
                 cache_over_weights=cache / weights, n_layers=config.n_layers, n_kv_heads=config.n_kv_heads,
-                head_dim=config.head_dim)
+                head_dim=config.head_dim, max_context=config.max_seq_len)
 
 
 def calculator_text(n: dict) -> str:
@@ -74,7 +77,9 @@ def calculator_text(n: dict) -> str:
         f"weights           {human_bytes(n['weights_bytes'])} ({human_bytes(n['weights_bytes'], binary=False)})",
         f"cache / weights   {n['cache_over_weights']:.2f}×; the cache overtakes the weights at T = "
         f"{n['crossover_T']:,} tokens",
-    ])
+    ] + ([f"note              T = {n['T']:,} is beyond {n['preset']}'s {n['max_context']:,}-token context window: "
+          "the formula still gives the bytes, but the model was not trained to attend that far"]
+         if n["T"] > n["max_context"] else []))
 
 
 def draw_calculator(fig: Figure, n: dict) -> Figure:
@@ -122,12 +127,12 @@ def time_redraw(repeats: int = 5, **kwargs) -> float:
 def kv_calculator(preset: str = "llama-2-7b", T: int = 4096, B: int = 1, dtype: str = "fp16/bf16", beam: int = 1):
     """The interactive calculator (ipywidgets). Display it as a cell's last line."""
     calculator_numbers(preset, T, B, dtype, beam)  # reject bad starting values before building anything
-    style = {"description_width": "90px"}
+    style = {"description_width": "initial"}  # each label as wide as its text: nothing truncated
     controls = dict(
         preset=widgets.Dropdown(options=sorted(PRESETS), value=_preset(preset).name, description="model",
                                 style=style),
-        T=widgets.IntSlider(value=T, min=128, max=T_MAX, step=128, description="context T", style=style,
-                            continuous_update=False, layout={"width": "420px"}),
+        T=widgets.SelectionSlider(options=sorted(set(T_STEPS) | {int(T)}), value=int(T), description="context T",
+                                  style=style, continuous_update=False, layout={"width": "460px"}),
         B=widgets.IntSlider(value=B, min=1, max=B_MAX, description="batch B", style=style, continuous_update=False,
                             layout={"width": "420px"}),
         dtype=widgets.Dropdown(options=list(DTYPES), value=_label(dtype), description="cache dtype", style=style),

@@ -232,10 +232,10 @@ def _escape(text: str) -> str:
 
 def svg_chart(view: View, width: int = 780, height: int = 290) -> str:
     """The live bar chart as an SVG string: grey = before, blue = after (kept), red sliver = dropped."""
-    left, right, top, bottom = 46, 8, 28, 78
+    left, right, top, bottom = 62, 8, 34, 92  # room for the y-axis title, the legend and rotated labels
     plot_w, plot_h = width - left - right, height - top - bottom
     n = len(view.labels)
-    y_max = max(max(view.before), max(view.after)) * 1.08 or 1.0
+    y_max = max(max(view.before), max(view.after), 1e-9) * 1.08  # the tallest bar stays inside the frame
     slot = plot_w / n
     bar = slot * 0.4
 
@@ -243,7 +243,9 @@ def svg_chart(view: View, width: int = 780, height: int = 290) -> str:
         return top + plot_h * (1 - p / y_max)
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'font-family="sans-serif" font-size="11">']
+             f'font-family="sans-serif" font-size="11">',
+             f'<g transform="translate(14,{top + plot_h / 2:.1f}) rotate(-90)"><text text-anchor="middle">'
+             'probability</text></g>']
     for frac in (0.0, 0.25, 0.5, 0.75, 1.0):  # horizontal grid with probability labels
         p = y_max / 1.08 * frac
         parts.append(f'<line x1="{left}" x2="{width - right}" y1="{y(p):.1f}" y2="{y(p):.1f}" '
@@ -295,6 +297,7 @@ def static_grid(explorer: SamplingExplorer, settings: list[tuple[float, int, flo
         ax.set_title(f"{prompt}: T={temperature:g}, top-k={k}, top-p={top_p:g} → nucleus {view.nucleus_size}, "
                      f"H {view.entropy_before_bits:.2f}→{view.entropy_after_bits:.2f} bits", fontsize=8)
         ax.set_ylabel("probability", fontsize=8)
+        ax.set_ylim(0, max(max(view.before), max(view.after), 1e-9) * 1.12)  # no bar cut by the frame
         ax.spines[["top", "right"]].set_visible(False)
     axes.flat[0].legend(fontsize=7, frameon=False)
     for ax in list(axes.flat)[len(settings):]:
