@@ -425,8 +425,8 @@ def prefix_run(model, tokenizer, system: str = SYSTEM_PROMPT, questions: Sequenc
     return PrefixRun(runs[True], runs[False], prefix, block_size)
 
 
-def recap(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: BatchingRun, prefix: PrefixRun) -> list[str]:
-    """The lesson's recap, one bullet per section, from the learner's own numbers."""
+def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: BatchingRun, prefix: PrefixRun) -> list[str]:
+    """The lesson's recap bullets (for course.lessons.recap.recap), one per section, from the learner's own numbers."""
     contexts = sorted(sweep_values, key=int)
     c0 = sweep_values[contexts[0]]
     c = run.continuous
