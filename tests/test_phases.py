@@ -372,26 +372,4 @@ def test_interview_answers_quote_the_recorded_numbers():
 
 # --- the lesson, end to end ---------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_lesson_notebook_measures_prefill_and_decode(run_notebook):
-    r = run_notebook(NOTEBOOK, timeout=1200)
-    # the streamed call: the first token waits for the whole prompt
-    assert r["call_ttft_ms"] > r["call_itl_ms"] > 0
-    # prefill processes tokens faster than decode produces them
-    assert r["prefill_tokens_per_s_256"] > max(r["decode_tokens_per_s"])
-    # a decode step reads the whole cache, so it slows as the context grows
-    assert r["decode_ms_per_token"][-1] > r["decode_ms_per_token"][0]
-    assert r["decode_contexts"] == sorted(r["decode_contexts"])
-    # the roofline predictions are in the right ballpark (overheads explain the rest)
-    for key in ("prefill_predicted_over_measured", "decode_predicted_over_measured"):
-        for ratio in r[key]:
-            assert math.isfinite(ratio) and 0.2 <= ratio <= 5, (key, r[key])
-    assert r["decode_bound"] == "memory"
-    # the fit predicts a run it never saw
-    assert abs(r["heldout_error"]) <= 0.2, (r["heldout_predicted_s"], r["heldout_measured_s"])
-    # the seed's checkpoint: output tokens dominate
-    assert r["ab_slower"] == "B" and r["ab_B_total_s"] > r["ab_A_total_s"]
-    assert r["ab_A_extrapolated"] and r["ab_B_extrapolated"]
-    # the breakdown accounts for the step
-    assert r["breakdown_n_matmuls"] == 7 * 30 + 1 and r["breakdown_n_ops"] > r["breakdown_n_matmuls"]
-    assert r["breakdown_step_ms"] > r["breakdown_floor_ms"] * 0.5
+# The lesson notebook's own run and prose checks live in tests/test_lesson_prefill_decode.py.
