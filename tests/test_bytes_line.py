@@ -2,7 +2,9 @@
 values. Nothing here asserts a speed: the timed run uses tiny shapes, eagerly, and checks only its structure."""
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -110,3 +112,57 @@ def test_bytes_line_runs_end_to_end_on_tiny_shapes(one_thread):
     assert line.values()["r2"] == line.fit.r2
     with pytest.raises(ValueError, match="at least 2 shapes"):
         BL.bytes_line([t], compile=False, progress=False)
+
+
+# --- lesson 01's section -----------------------------------------------------------------------------------------
+NOTEBOOK = Path(__file__).resolve().parent.parent / "lessons" / "01_prefill_decode.ipynb"
+
+
+def _section_code() -> list[str]:
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    return [src for src in code if "line = bytes_line(" in src or src.strip() == "line.plot();"]
+
+
+def check_printed(text: str, line: BL.BytesLine) -> None:
+    """Every number and verdict the section prints is the one its values give."""
+    m = re.search(r"time = bytes ÷ ([\d.]+) GB/s \+ (-?[\d.]+) ms \(R² = ([\d.-]+)\); the streaming-read probe gave "
+                  r"([\d.]+) GB/s, so the slope's bandwidth is (\d+)% of the probe's", text)
+    assert m, text
+    assert float(m.group(1)) == pytest.approx(line.fit.bandwidth_bytes_per_s / 1e9, abs=0.051)
+    assert float(m.group(2)) == pytest.approx(line.fit.fixed_ms, abs=0.0051)
+    assert float(m.group(3)) == pytest.approx(line.fit.r2, abs=0.00051)
+    assert float(m.group(4)) == pytest.approx(line.probe_bytes_per_s / 1e9, abs=0.051)
+    assert int(m.group(5)) == round(line.bandwidth_ratio * 100)
+    assert ("Decode is bandwidth-bound here" in text) == line.bandwidth_bound
+    assert ("not on one line" in text) == (not line.on_the_line)
+    for p in line.points:
+        assert f"{p.name}: {line.bytes_share(p):.0%} bytes" in text and f"bound by {line.dominated_by(p)}" in text
+        assert f"{p.ms_per_step:.2f}" in text  # its row of the table
+
+
+def test_the_check_catches_a_verdict_that_disagrees():
+    line = _line([("a", 1e9, 100.0), ("b", 2e9, 200.0), ("c", 4e9, 400.0)], probe=10e9)
+    check_printed(str(line), line)
+    with pytest.raises(AssertionError):
+        check_printed(str(line).replace("bandwidth-bound here", "compute-bound here"), line)
+    with pytest.raises(AssertionError):
+        check_printed(str(line).replace(f"R² = {line.fit.r2:.3f}", "R² = 0.500"), line)
+
+
+def test_lesson_01_has_the_section_and_prints_the_line():
+    code = _section_code()
+    assert len(code) == 2 and "bytes_line()" in code[0] and "print(line)" in code[0] and "line.plot()" in code[1]
+
+
+@pytest.mark.slow
+def test_lesson_01_section_prints_the_verdict_of_its_own_values(capsys):
+    """The section's cell, run as the lesson runs it (the three default shapes), prints what its values say."""
+    from course.lessons import prefill_decode
+
+    namespace = {"prefill_decode": prefill_decode}
+    exec(_section_code()[0], namespace)
+    line = namespace["line"]
+    check_printed(capsys.readouterr().out, line)
+    assert [p.name for p in line.points] == list(BL.default_shapes("cpu"))
+    assert len(line.points) >= 3 and line.wall_s < 600

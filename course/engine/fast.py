@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -167,8 +168,14 @@ class DecodeStep:
         # dynamic=None: shapes start static; only what dynamic_batch marks (the batch dimension) is symbolic, so
         # B = 1 gets its own graph and every B >= 2 shares one (compiling is what costs: ~a minute per graph)
         self.dynamic_batch = dynamic_batch
-        self._fn = torch.compile(decode_step, mode=mode, dynamic=None, fullgraph=True) if compile else decode_step
+        # Inductor's per-call checks of every input's size and stride (hundreds per step) are off: the guards
+        # and this class's own checks already pin the shapes. reduce-overhead = CUDA graphs.
+        options = {"size_asserts": False, **({"triton.cudagraphs": True} if mode == "reduce-overhead" else {})}
+        how = dict(options=options) if mode in ("default", "reduce-overhead") else dict(mode=mode)
+        self._fn = torch.compile(decode_step, dynamic=None, fullgraph=True, **how) if compile else decode_step
         self._warm: set[tuple] = set()
+        self._checked = weakref.WeakSet()  # caches whose every buffer was checked once
+        self._dtype, self._device = model.dtype, model.device  # read once: properties cost per call
 
     @property
     def config(self):
@@ -176,23 +183,26 @@ class DecodeStep:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        return self._dtype
 
     def buffers(self, cache: KVCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The cache's K and V buffers, checked to be the plain contiguous kind this step writes."""
+        """The cache's K and V buffers, checked (once per cache) to be the plain kind this step writes."""
         try:
             ks, vs = [layer.k for layer in cache.layers], [layer.v for layer in cache.layers]
         except AttributeError:
             raise TypeError(f"DecodeStep writes a contiguous KVCache; got {type(cache).__name__}") from None
+        if cache in self._checked and ks[0].dtype == self._dtype:
+            return ks, vs
         if len(ks) != self.config.n_layers or any(type(layer) is not type(cache.layers[0]) for layer in cache.layers):
             raise TypeError(f"the cache has {len(ks)} layers of mixed or wrong kind; the model has {self.config.n_layers}")
         if any(k.dtype != self.dtype or k.device != self.device for k in ks + vs):
             raise TypeError(f"the cache must hold {self.dtype} on {self.device}, like the model; "
                             f"got {ks[0].dtype} on {ks[0].device}")
+        self._checked.add(cache)
         return ks, vs
 
     @torch.inference_mode()
