@@ -87,6 +87,25 @@ def test_step_function_decodes_a_subset_of_cache_rows(one_thread):
     assert all(torch.equal(l.k[1], k) for l, k in zip(batch.layers, before))
 
 
+def test_fast_model_takes_the_serving_engines_batch_positions(one_thread):
+    from course.engine.kv_cache import BatchPositions
+
+    model = tiny_model(seed=2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
+    solo = _solo_caches(model, prompts)
+    fast = FastModel(model, compile=False)
+    batch = _stack(model, [c for _, c in solo])
+    reference = _stack(model, [c for _, c in solo])
+    tokens = torch.tensor([[7], [8]])
+    at = BatchPositions([len(prompts[0]), len(prompts[2])], 1, rows=[0, 2])
+    got = decode_one_token(fast, tokens, at, batch)  # the step, on cache rows 0 and 2
+    want = decode_one_token(model, tokens, at, reference)  # the eager model's own batched path
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got = decode_one_token(fast, torch.tensor([[1], [2], [3]]), [4, 6, 3], batch)  # a plain list of positions
+    want = decode_one_token(model, torch.tensor([[1], [2], [3]]), [4, 6, 3], reference)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_step_rejects_bad_input_with_a_clear_message(one_thread):
     model = tiny_model()
     step = DecodeStep(model, compile=False)
@@ -99,6 +118,8 @@ def test_step_rejects_bad_input_with_a_clear_message(one_thread):
         step(torch.zeros(2, 1, dtype=torch.long), 8, cache)
     with pytest.raises(ValueError, match="overflow"):
         step(torch.zeros(2, 1, dtype=torch.long), torch.tensor([0, 8]), cache)
+    with pytest.raises(ValueError, match="overflow"):
+        step(torch.zeros(2, 1, dtype=torch.long), [0, 9], cache)
     with pytest.raises(TypeError, match="must hold torch.float32"):
         step(torch.zeros(2, 1, dtype=torch.long), 0, KVCache(model.config, 2, 8, dtype=torch.bfloat16))
 

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course.engine.kv_cache import KVCache
+from course.engine.kv_cache import BatchPositions, KVCache
 from course.engine.model import Transformer, apply_rope
 
 
@@ -219,6 +219,9 @@ class DecodeStep:
                 raise ValueError(f"KV cache overflow: position {positions} does not fit in a cache of {S} tokens; "
                                  "create the cache with a larger max_seq_len")
             positions = [positions] * B
+        elif isinstance(positions, (list, tuple)) and positions and not 0 <= min(positions) <= max(positions) < S:
+            raise ValueError(f"KV cache overflow: positions {min(positions)}..{max(positions)} do not fit in a "
+                             f"cache of {S} tokens; create the cache with a larger max_seq_len")
         # Fresh [B] and [B, 1] tensors made here, in inference mode: the graph's guards see the same kind of
         # tensor on every call, whether the caller's came from inside or outside inference mode.
         positions = torch.as_tensor(positions, device=self.device).to(torch.long, copy=True)
@@ -274,7 +277,10 @@ class DecodeStep:
 class FastModel:
     """Wraps a course Transformer with the model's call signature: decode steps run the compiled DecodeStep.
 
-    Prefill (more than one token) and calls without a cache go to the eager model unchanged.
+    A decode step is one token per sequence against a contiguous KVCache, at one position for all (an int) or
+    one per sequence (a list, a [B] tensor or a kv_cache.BatchPositions, whose rows pick the cache rows), so
+    `generate`, `decode_one_token` and the serving scheduler's batched step run compiled unchanged. Prefill
+    (more than one token), calls without a cache and other caches (paged, INT8) go to the eager model.
     """
 
     def __init__(self, model: nn.Module, compile: bool = True, mode: str | None = None):
@@ -299,7 +305,10 @@ class FastModel:
         return self.model.dtype
 
     def _step_call(self, tokens, start_pos=0, cache=None, last_only=False):
-        logits = self.step(tokens, start_pos, cache)  # [B, V]
+        rows = None
+        if isinstance(start_pos, BatchPositions):  # the serving engine's per-sequence positions and cache rows
+            start_pos, rows = start_pos.start, start_pos.rows
+        logits = self.step(tokens, start_pos, cache, rows=rows)  # [B, V]
         return logits if last_only else logits[:, None]  # [B, 1, V] like the model's full output
 
     def __call__(self, tokens: torch.Tensor, start_pos: int = 0, cache=None, last_only: bool = False):
