@@ -220,3 +220,42 @@ def test_real_model_paged_logits_equal_contiguous(real):
     _, paged = run_paged(model, cache, "a", prompt, 8)
     diff = (paged - run_contiguous(model, prompt, 8)).abs().max().item()
     assert diff <= 1e-5, f"paged vs contiguous logits differ by {diff:.2e}"
+
+
+# ------------------------------------------------------------------------------------------- prefix store
+def test_block_table_prefix_store_is_a_drop_in_for_generate(tiny, one_thread):
+    import gc
+
+    from course.engine.paged_prefix import PagedPrefixCache
+
+    prefix = ids_of(50, seed=11)
+    store = PagedPrefixCache(tiny, max_bytes=1 << 22, block_size=16)
+    rows = []
+    for seed in (12, 13, 14):
+        prompt = prefix + ids_of(8, seed=seed)
+        got = generate(tiny, prompt, 10, prefix_cache=store, prefix_len=len(prefix))
+        assert got.tokens == generate(tiny, prompt, 10).tokens
+        rows.append((got.reused_tokens, got.computed_tokens))
+    assert rows == [(0, 58), (48, 10), (48, 10)]  # 3 full blocks of the 50-token prefix are shared
+    gc.collect()  # the requests' caches are gone: only the pinned prefix holds blocks
+    assert store.pool.blocks_held == 3 and len(store) == 1 and store.nbytes == 3 * store.pool.block_bytes
+    s = store.stats
+    assert (s.hits, s.misses, s.tokens_reused, s.seconds_copying) == (2, 1, 96, 0.0)
+    assert store.entry_bytes(50) == 4 * store.pool.block_bytes
+
+
+def test_prefix_store_unpins_the_oldest_when_the_pool_is_full(tiny, one_thread):
+    from course.engine.paged_prefix import PagedPrefixCache
+
+    store = PagedPrefixCache(tiny, max_bytes=6 * block_bytes(tiny.config, 4), block_size=4)
+    a, b = ids_of(8, seed=20), ids_of(8, seed=21)
+    store.add(a)
+    store.add(b)  # 4 of 6 blocks pinned
+    result = store.prefill(ids_of(9, seed=22))  # needs 3 blocks: a, the oldest, is unpinned
+    assert a not in store and b in store and store.stats.evictions == 1
+    store.release(result.cache)
+    assert store.pool.blocks_held == 2
+    with pytest.raises(ValueError, match="max_bytes"):
+        store.add(ids_of(40, seed=23))
+    with pytest.raises(ValueError, match="max_bytes"):
+        PagedPrefixCache(tiny, max_bytes=0)

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import torch
 
@@ -138,6 +138,9 @@ class PagedKVCache:
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.sequences: dict[Hashable, SequenceState] = {}
         self.peak_blocks = 0  # most blocks held at once since creation (or reset_peak)
+        # called with the number of blocks missing when the pool runs short; returns True if it freed some
+        # (a prefix store unpins its least recently used prefix), False to give up and raise PoolExhausted
+        self.make_room: Callable[[int], bool] | None = None
 
     # ------------------------------------------------------------------ sizes
     @classmethod
@@ -205,12 +208,14 @@ class PagedKVCache:
         return max(0, -(-(length + n_new) // self.block_size) - have)
 
     # ------------------------------------------------------------------ sequences
-    def add_sequence(self, seq_id: Hashable, prompt_ids: Sequence[int] | None = None, share: bool = True) -> int:
+    def add_sequence(self, seq_id: Hashable, prompt_ids: Sequence[int] | None = None, share: bool = True,
+                     leave_last: bool = True) -> int:
         """Start a sequence; with its prompt ids, point its table at cached full blocks of the same prefix.
 
-        Returns how many prompt tokens are already cached (a multiple of block_size, and always less than
-        the prompt so that at least its last token is computed and gives next-token logits). The caller
-        appends and prefills prompt_ids[cached:].
+        Returns how many prompt tokens are already cached (a multiple of block_size, and with leave_last
+        less than the prompt, so that at least its last token is computed and gives next-token logits). The
+        caller appends and prefills prompt_ids[cached:]. leave_last=False shares a final full block too
+        (pinning a prefix that is already computed).
         """
         if seq_id in self.sequences:
             raise ValueError(f"sequence {seq_id!r} is already in the cache; free it first or use another id")
@@ -218,7 +223,7 @@ class PagedKVCache:
         state = SequenceState(table=[], length=0, tokens=[] if tokens is not None else None)
         if tokens and share:
             bs = self.block_size
-            for end in range(bs, len(tokens), bs):  # full blocks strictly before the last token
+            for end in range(bs, len(tokens) + (0 if leave_last else 1), bs):  # full blocks (before the last token)
                 block = self.allocator.lookup(tuple(tokens[:end]))
                 if block is None:
                     break
@@ -305,6 +310,9 @@ class PagedKVCache:
             grow = max(0, last + 1 - len(s.table))
             plan.append((s, cow, grow))
             need += len(cow) + grow
+        while need > self.allocator.num_free and self.make_room is not None \
+                and self.make_room(need - self.allocator.num_free):
+            pass
         if need > self.allocator.num_free:
             raise PoolExhausted(
                 f"the KV block pool is full: this step needs {need} new blocks of {bs} tokens and "
