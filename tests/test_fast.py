@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from course.engine.fast import DecodeStep, FastModel, decode_step, streamed_linear
+from course.engine.fast import DecodeStep, FastModel, decode_step, stream_product, streamed_linear
 from course.engine.generate import decode_one_token, generate, prefill
 from course.engine.kv_cache import KVCache
 from course.engine.model import tiny_model
@@ -49,10 +49,11 @@ def compiled_tiny():
     return model, DecodeStep(model)
 
 
-def test_streamed_linear_is_a_matrix_product():
+def test_streamed_products_are_matrix_products():
     w = torch.randn(40, 24)
     for B in (1, 3):
         x = torch.randn(B, 24)
+        torch.testing.assert_close(stream_product(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(streamed_linear(x, w), x @ w.t(), atol=1e-5, rtol=1e-5)
 
 

@@ -61,6 +61,14 @@ def use_gemv_linears(model: nn.Module) -> nn.Module:
 
 # --- the step, as one function of tensors --------------------------------------------------------------------
 def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, d] · weightᵀ ([N, d]) → [B, N]: inside torch.compile the streamed form below, eagerly F.linear
+    (run eagerly, the streamed form would materialise a [N, B, d] product: 7 GB for the head at B = 64)."""
+    if torch.compiler.is_compiling():
+        return stream_product(x, weight)
+    return F.linear(x, weight)
+
+
+def stream_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, d] · weightᵀ ([N, d]) → [B, N], written so that Inductor reads each weight row once.
 
     B = 1: the row-vector product as a reduction over d. B > 1: the output is laid out [N, B] (weight row
