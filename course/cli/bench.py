@@ -41,6 +41,7 @@ SCHEMA = "kvcourse-bench/1"
 ITEM_MODULES: tuple[str, ...] = (
     "course.grade.bench",  # grading time per submission, sealed vs unsealed
     "course.measure.decode_floor",  # decode ÷ floor at 1 and 2 threads, compiled batches, the bytes line
+    "course.cli.bench_serving",  # batched decode ÷ B = 1, continuous ÷ static batching, paged ÷ preallocated bytes
 )
 _Context = Context  # the name the tests know
 
