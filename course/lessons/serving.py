@@ -252,6 +252,18 @@ def sweep_sentences(sweep: BatchSweep) -> list[str]:
                    f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}. "
                    f"The step first cost twice B = 1's at B = {sweep.knee(c)} "
                    f"(the prediction says B = {sweep.predicted_knee(c)}).")
+        ratios = [(p.seconds / p.predicted_s, p.batch) for p in rows]
+        (lo, b_lo), (hi, b_hi) = min(ratios), max(ratios)
+        out.append(f"C = {c}: measured ÷ predicted ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} (B = {b_hi}); "
+                   + ("the bytes-and-FLOPs prediction is a floor here, the rest is per-operation overhead."
+                      if lo >= 1 else "at some batches the step beat the prediction (the probes undershoot "
+                                      "what the model's own kernels reach)."))
+    if len(sweep.contexts) > 1:
+        short, long_ = sweep.contexts[0], sweep.contexts[-1]
+        a, b = sweep.speedup(short), sweep.speedup(long_)
+        out.append(f"The longer context paid {'less' if b < a else 'more'} for batching: {b:.1f}× at C = {long_} "
+                   f"against {a:.1f}× at C = {short}" + (" — each sequence's own cache is read at every step."
+                                                          if b < a else "."))
     return out
 
 
