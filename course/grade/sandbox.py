@@ -6,8 +6,9 @@ host's loopback), `--die-with-parent` and `--new-session`, and a filesystem made
 system (/usr, /etc), the Python interpreter and the venv, and the installed `course` package -- nothing else
 of the course folder: no other submission, no gradebook, no solutions/ or source/, no ledger. /tmp is a
 private tmpfs, and the one writable folder is this submission's own copy (/sub). Caps (setrlimit before
-bwrap execs, inherited by everything inside): address space (memory), CPU seconds, file size, processes;
-plus a wall-clock timeout, after which the whole sandbox is killed. bwrap needs no root: as a normal user it
+bwrap execs, inherited by everything inside): address space (memory), CPU seconds, file size, processes
+(RLIMIT_NPROC, which Linux does not apply to root: as root each run also gets its own `pids` cgroup with
+pids.max); plus a wall-clock timeout, after which the whole sandbox is killed. bwrap needs no root: as a normal user it
 uses unprivileged user namespaces (where a distribution disables them, bwrap says so and `kvcourse grade`
 stops, naming what is missing).
 
@@ -97,8 +98,10 @@ def sandbox_problem() -> str:
     probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvcourse-bwrap-probe-{os.getpid()}"
     probe.mkdir(exist_ok=True)
     try:
-        out = subprocess.run(bwrap_command(probe, [sys.executable, "-c", "import course"], _sandbox_env(1)),
-                             capture_output=True, text=True, timeout=120)
+        package = str(Path(course.__file__).resolve().parent)
+        check = "import os, sys; sys.exit(0 if os.path.isfile(sys.argv[1]) else 3)"
+        out = subprocess.run(bwrap_command(probe, [sys.executable, "-c", check, f"{package}/__init__.py"],
+                                           _sandbox_env(1)), capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap could not start a sandbox: {exc}"
     finally:
@@ -137,7 +140,38 @@ def _user_tasks() -> int:
     return n
 
 
-def _limiter(limits: Limits, nproc: int):
+def _pids_cgroup(limit: int) -> Path | None:
+    """A fresh cgroup whose pids.max caps processes + threads (root only; None where it cannot be made)."""
+    if os.getuid() != 0:
+        return None  # RLIMIT_NPROC already holds for everyone else
+    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):  # cgroup v1's controller, or v2
+        if not (root / "cgroup.procs").exists():
+            continue
+        path = root / f"kvcourse-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            (path / "pids.max").write_text(str(limit))
+            return path
+        except OSError:
+            path.rmdir()
+    return None
+
+
+def _remove_cgroup(path: Path | None) -> None:
+    for _ in range(50):
+        if path is None or not path.exists():
+            return
+        try:
+            path.rmdir()
+            return
+        except OSError:  # processes still leaving
+            time.sleep(0.1)
+
+
+def _limiter(limits: Limits, nproc: int, cgroup: Path | None = None):
     libc = ctypes.CDLL(None, use_errno=True)
     memory = limits.memory_mb * 2 ** 20
     cpu = int(limits.wall_s * 2) + 10
@@ -145,6 +179,9 @@ def _limiter(limits: Limits, nproc: int):
 
     def preexec():  # runs in the child between fork and exec: the limits hold for everything inside
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the sandbox dies with the grader, even on kill -9
+        if cgroup is not None:
+            with open(cgroup / "cgroup.procs", "w") as fh:
+                fh.write(str(os.getpid()))
         if limits.memory_mb > 0:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
@@ -186,9 +223,10 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
         cmd, cwd = argv, str(workdir)
         run_env = dict(env, HOME=str(workdir), TMPDIR=str(workdir), MPLCONFIGDIR=str(workdir / ".mpl"),
                        IPYTHONDIR=str(workdir / ".ipython"))
+    cgroup = _pids_cgroup(limits.extra_processes)
     proc = subprocess.Popen(cmd, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=open(workdir / "harness.log", "ab"),
-                            preexec_fn=_limiter(limits, _user_tasks() + limits.extra_processes))
+                            preexec_fn=_limiter(limits, _user_tasks() + limits.extra_processes, cgroup))
     if on_start:
         on_start(proc)
     ended = None
@@ -203,6 +241,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
             except ProcessLookupError:
                 pass
             proc.wait()
+        _remove_cgroup(cgroup)
     events = _events(workdir / "events.jsonl")
     code = proc.returncode
     if any(e["ev"] == "done" for e in events):
