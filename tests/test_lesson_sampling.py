@@ -20,13 +20,35 @@ def test_notebook_is_committed_without_outputs():
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def run(tmp_path_factory):
+    import time
+
+    from learner_text import executed
     from notebook_runner import execute_notebook
 
     # One torch thread: on a shared CPU, two threads per process spin-wait on each other and the run
     # takes many times longer; the lesson's numbers do not depend on it (across_threads sets its own).
-    return execute_notebook(NOTEBOOK, tmp_path_factory.mktemp("lesson03"), timeout=900,
-                            env={"OMP_NUM_THREADS": "1"})
+    tmp = tmp_path_factory.mktemp("lesson03")
+    start = time.perf_counter()
+    results = execute_notebook(NOTEBOOK, tmp, timeout=900, env={"OMP_NUM_THREADS": "1"})
+    return results, executed(tmp, NOTEBOOK.stem), time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def recorded(run):
+    return run[0]
+
+
+@pytest.mark.slow
+def test_runs_within_its_stated_time_with_a_recap_and_no_source_lesson_talk(run):
+    import nbformat
+
+    from learner_text import assert_learner_output_clean, check_run_time
+
+    results, nb, elapsed = run
+    assert_learner_output_clean(nb, results, "03_sampling")
+    assert results["recap"]["next"] == "04_speculative_prefix.ipynb"
+    check_run_time(NOTEBOOK, elapsed, nb)
 
 
 @pytest.mark.slow
