@@ -125,7 +125,7 @@ def test_real_model_batched_equals_solo(real):
     texts = ["The capital of France is", "Write a haiku about the sea:", "1, 2, 3, 4,",
              "Once upon a time, in a small village near the mountains, there lived"]
     prompts = [tok.encode(t) for t in texts]
-    n = 10
+    n = 8
     solo = [solo_run(model, p, n) for p in prompts]
     tokens, logits = batched_run(model, prompts, n, forced=[s[0] for s in solo])
     for b in range(len(prompts)):

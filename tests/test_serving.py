@@ -115,6 +115,11 @@ def test_trace_is_seeded_and_ordered():
     assert arrivals == sorted(arrivals) and arrivals[0] == 0 and arrivals[-1] > 0
     assert all(8 <= len(r.prompt_ids) <= 48 and 4 <= r.max_new_tokens <= 48 for r in a)
     assert {r.arrival for r in make_trace(5, mean_gap=0)} == {0.0}
+    bimodal = make_trace(200, seed=1, new_tokens=(2, 6), long_share=0.25, long_new_tokens=(40, 60))
+    long = [r for r in bimodal if r.max_new_tokens >= 40]
+    assert all(r.max_new_tokens <= 6 for r in bimodal if r not in long) and 30 <= len(long) <= 70
+    with pytest.raises(ValueError, match="long_new_tokens"):
+        make_trace(3, long_share=0.5)
 
 
 def test_memory_on_the_mix(tiny):
@@ -158,7 +163,7 @@ def test_percentile_matches_linear_interpolation():
 def test_real_model_serving_equals_solo(real):
     model, tok = real
     system = tok.encode("You are a helpful assistant. Answer in one short sentence.")
-    trace = make_trace(5, seed=0, prompt_len=(3, 12), new_tokens=(3, 10), mean_gap=0.05, shared_prefix=system,
+    trace = make_trace(4, seed=0, prompt_len=(3, 10), new_tokens=(2, 6), mean_gap=0.05, shared_prefix=system,
                        vocab_size=model.config.vocab_size, low_token=1000)
     solo = solo_outputs(model, trace, progress=False)
     for policy in ("continuous", "static"):

@@ -17,11 +17,13 @@ from course.measure.bench import Target, bench_item
 
 # sizes: full run, --quick (tiny model sizes are used when the suite runs on the tiny model)
 FULL = dict(batch_contexts=[64], batches=[1, 2, 4, 8, 16, 32, 64], batch_rounds=3,
-            trace_requests=24, trace_prompt=(8, 32), trace_new=(4, 64), trace_gap=0.0, serve_batch=8,
+            trace_requests=24, trace_prompt=(8, 24), trace_new=(2, 8), trace_long_share=0.25,
+            trace_long_new=(32, 64), trace_gap=0.0, serve_batch=8,
             serve_rounds=2, mix_requests=200, mix_prompt=(16, 512), mix_new=(16, 512), mix_max_seq_len=2048,
             block_size=16)
 QUICK = dict(batch_contexts=[16], batches=[1, 2, 4], batch_rounds=1,
-             trace_requests=6, trace_prompt=(3, 8), trace_new=(2, 8), trace_gap=0.0, serve_batch=3,
+             trace_requests=6, trace_prompt=(3, 8), trace_new=(2, 4), trace_long_share=0.3,
+             trace_long_new=(8, 12), trace_gap=0.0, serve_batch=3,
              serve_rounds=1, mix_requests=40, mix_prompt=(4, 64), mix_new=(4, 64), mix_max_seq_len=128,
              block_size=16)
 
@@ -78,7 +80,8 @@ def bench_batching(ctx) -> dict:
     "TTFT p95 s": "{ttft_p95:.2f}", "latency p50 s": "{latency_p50:.2f}", "latency p95 s": "{latency_p95:.2f}",
     "slot occupancy": "{slot_occupancy:.0%}", "iterations": "{iterations}",
     "KV reserved ÷ used (peak)": "{reserved_over_used:.3f}"},
-    text=lambda it: (f"{it['requests']} requests, at most {it['max_batch']} at a time: continuous batching gave "
+    text=lambda it: (f"{it['requests']} requests waiting at the start, most answers short and a quarter long, at most "
+                     f"{it['max_batch']} at a time: continuous batching gave "
                      f"{it['throughput_ratio']:.2f}× static batching's throughput (median of the rounds), p95 latency "
                      f"{it['continuous_latency_p95']:.2f} s vs {it['static_latency_p95']:.2f} s. Every request's tokens "
                      f"{'were identical' if it['outputs_identical'] else 'DIFFERED'} under both policies."),
@@ -94,7 +97,8 @@ def bench_serving(ctx) -> dict:
     model = ctx.model("float32")
     low = 1000 if ctx.real else 0  # past the special and byte tokens of the real vocabulary
     trace = make_trace(s["trace_requests"], seed=0, prompt_len=s["trace_prompt"], new_tokens=s["trace_new"],
-                       mean_gap=s["trace_gap"], vocab_size=model.config.vocab_size, low_token=low)
+                       mean_gap=s["trace_gap"], vocab_size=model.config.vocab_size, low_token=low,
+                       long_share=s["trace_long_share"], long_new_tokens=s["trace_long_new"])
     rows, outputs, results = [], {}, {"continuous": [], "static": []}
     serve(model, trace[:2], "continuous", 2, block_size=s["block_size"], progress=False)  # warm-up
     for r in ctx.progress(range(s["serve_rounds"]), "serving rounds"):

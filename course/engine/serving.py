@@ -197,13 +197,23 @@ def percentile(values: Sequence[float], q: float) -> float:
 # ---------------------------------------------------------------------------------------------- traces
 def make_trace(n_requests: int = 16, seed: int = 0, prompt_len: tuple[int, int] = (8, 48),
                new_tokens: tuple[int, int] = (4, 48), mean_gap: float = 0.0, vocab_size: int = 256,
-               shared_prefix: Sequence[int] | None = None, low_token: int = 0) -> list[Request]:
+               shared_prefix: Sequence[int] | None = None, low_token: int = 0, long_share: float = 0.0,
+               long_new_tokens: tuple[int, int] | None = None) -> list[Request]:
     """A seeded trace: prompt and answer lengths uniform in the given ranges (inclusive), arrivals a Poisson
     process with `mean_gap` between requests (0: all at once). Prompt tokens are random ids in
-    [low_token, vocab_size); `shared_prefix` (e.g. a system prompt's ids) opens every prompt."""
+    [low_token, vocab_size); `shared_prefix` (e.g. a system prompt's ids) opens every prompt.
+
+    long_share > 0 makes answer lengths bimodal, chat traffic's shape: that share of the requests draws from
+    long_new_tokens, the rest from new_tokens (the case where a static batch waits for its longest member)."""
     if n_requests < 1:
         raise ValueError(f"n_requests must be >= 1, got {n_requests}")
-    for name, (lo, hi) in (("prompt_len", prompt_len), ("new_tokens", new_tokens)):
+    ranges = [("prompt_len", prompt_len), ("new_tokens", new_tokens)]
+    if long_share:
+        if not 0 < long_share <= 1 or long_new_tokens is None:
+            raise ValueError(f"long_share must be in [0, 1] and needs long_new_tokens, got {long_share}, "
+                             f"{long_new_tokens}")
+        ranges.append(("long_new_tokens", long_new_tokens))
+    for name, (lo, hi) in ranges:
         if not 1 <= lo <= hi:
             raise ValueError(f"{name} must be a range (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
     if mean_gap < 0:
@@ -213,7 +223,8 @@ def make_trace(n_requests: int = 16, seed: int = 0, prompt_len: tuple[int, int] 
     requests, t = [], 0.0
     for i in range(n_requests):
         body = [rng.randrange(low_token, vocab_size) for _ in range(rng.randint(*prompt_len))]
-        requests.append(Request(i, tuple(prefix + body), rng.randint(*new_tokens), round(t, 6)))
+        answer = long_new_tokens if long_share and rng.random() < long_share else new_tokens
+        requests.append(Request(i, tuple(prefix + body), rng.randint(*answer), round(t, 6)))
         if mean_gap:
             t += rng.expovariate(1.0 / mean_gap)
     return requests
