@@ -4,7 +4,7 @@ import nbformat
 import pytest
 
 from course.paths import LESSONS
-from learner_text import assert_learner_output_clean, executed, stated_run_minutes
+from learner_text import assert_learner_output_clean, executed, check_run_time
 
 pytestmark = pytest.mark.slow
 NOTEBOOK = LESSONS / "00_start_here.ipynb"
@@ -23,4 +23,4 @@ def test_start_here_streams_an_answer_with_timings(run_notebook, tmp_path):
     assert_learner_output_clean(nb, results, "00_start_here")
     recap = "\n".join(results["recap"]["bullets"])
     assert f"{results['start_ttft_ms']:.0f} ms" in recap and f"{results['start_cold_ttft_ms']:.0f} ms" in recap
-    assert elapsed <= 60 * stated_run_minutes(nbformat.read(NOTEBOOK, as_version=4)), elapsed
+    check_run_time(NOTEBOOK, elapsed, nb)
