@@ -14,6 +14,8 @@ reading the weights, are what runs batched.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -150,8 +152,11 @@ class Transformer(nn.Module):
         BatchPositions: KVCache or a paged batch).
         """
         B, T = tokens.shape
-        if not isinstance(start_pos, int):  # <-- batched: one position per sequence
-            return self._forward_batched(tokens, start_pos, cache, last_only)
+        if not isinstance(start_pos, int):
+            if isinstance(start_pos, (BatchPositions, list, tuple)) or \
+                    (isinstance(start_pos, torch.Tensor) and start_pos.dim() == 1):  # <-- batched: one per sequence
+                return self._forward_batched(tokens, start_pos, cache, last_only)
+            start_pos = operator.index(start_pos)  # a numpy or 0-dim tensor integer: the one-position path
         if cache is None and start_pos != 0:
             raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
         if start_pos + T > self.config.max_seq_len:
