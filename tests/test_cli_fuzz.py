@@ -1,0 +1,243 @@
+"""Every `kvcourse` subcommand refuses bad input the same way: exit status 2, one line on stderr, no traceback.
+
+The cases are generated from the parser itself, so a subcommand added to course.cli.COMMANDS later is covered
+without touching this file: every option with a type gets that type's bad values (negative, zero, huge, wrong
+type, a missing path, a folder, an unreadable or a non-model file, a folder that cannot be written; see
+course/cli/args.py), and every path positional gets a missing path. These run in-process (fast); a few of the
+cases the issue reported run as real `python -m course.cli` processes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import course.cli as cli
+from course.cli import COMMANDS, build_parser
+from course.paths import PROJECT_ROOT
+
+
+def _subcommands(parser, prefix=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + (name,), sub
+                yield from _subcommands(sub, prefix + (name,))
+
+
+PARSER, AVAILABLE = build_parser()
+SUBCOMMANDS = dict(_subcommands(PARSER))
+
+
+def _leaves():
+    """Subcommands that take arguments themselves (not only a further subcommand)."""
+    for prefix, sub in SUBCOMMANDS.items():
+        if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+            yield prefix, sub
+
+
+def _positionals(sub):
+    return [a for a in sub._actions if not a.option_strings and not isinstance(a, argparse._SubParsersAction)]
+
+
+def _bad_values(action) -> list[str]:
+    t = action.type
+    if t is None or action.nargs == 0:
+        return []
+    if hasattr(t, "bad_values"):
+        return list(t.bad_values)
+    if t is Path and not action.option_strings:
+        return ["{missing}"]  # an input path given on the command line must exist
+    return []
+
+
+def _cases():
+    for prefix, sub in _leaves():
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            for value in _bad_values(action):
+                yield pytest.param(prefix, action.dest, value, id=f"{' '.join(prefix)} {action.dest}={value or '<empty>'}")
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """What the path placeholders stand for. Chosen so that they stay bad even for root."""
+    (tmp_path / "a-folder").mkdir()
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"\x00\x01 not a notebook, a model or a database")
+    unreadable = tmp_path / "unreadable.gguf"
+    unreadable.write_bytes(b"\x00 junk")
+    unreadable.chmod(0)  # root can still read it, and finds junk
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file where a folder should be")
+    return {"{missing}": str(tmp_path / "missing" / "nothing.ipynb"), "{dir}": str(tmp_path / "a-folder"),
+            "{file}": str(junk), "{unreadable}": str(unreadable), "{unwritable}": str(blocker / "out")}
+
+
+def _argv(prefix, sub, dest, value) -> list[str]:
+    """The subcommand with `value` for `dest` and a harmless filler for every other positional."""
+    action = next(a for a in sub._actions if a.dest == dest)
+    args = list(prefix)
+    if action.option_strings:
+        args += [action.option_strings[0], value]
+    for pos in _positionals(sub):
+        if pos is action:
+            args.append(value)
+        elif pos.nargs not in ("?", "*"):
+            args.append(pos.choices and next(iter(pos.choices)) or "filler")
+    return args
+
+
+@pytest.fixture(autouse=True)
+def _never_exec(monkeypatch):
+    """In-process runs must never become JupyterLab (`kvcourse lab` execs it)."""
+    def refuse(*args):
+        raise AssertionError(f"kvcourse lab would have started JupyterLab: {args[1]}")
+
+    monkeypatch.setattr(os, "execvpe", refuse)
+
+
+def _run_main(argv, capsys) -> tuple[int, str, str]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_one_line_error(code, out, err, argv):
+    assert code == 2, f"kvcourse {' '.join(argv)} exited {code}, not 2\nstdout: {out[-500:]}\nstderr: {err[-1500:]}"
+    assert "Traceback" not in err + out, f"kvcourse {' '.join(argv)} printed a traceback:\n{err[-1500:]}"
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, f"kvcourse {' '.join(argv)}: the message is not one line:\n{err}"
+    assert "error" in lines[0], lines[0]
+
+
+def test_every_command_is_reached_and_every_typed_option_has_bad_values():
+    missing = set(COMMANDS) - {p[0] for p in SUBCOMMANDS}
+    importable = {n for n in missing if __import__("importlib").util.find_spec(COMMANDS[n][0]) is not None}
+    assert not importable, f"commands in COMMANDS that the parser lost: {importable}"
+    untested = [f"{' '.join(p)} {a.option_strings or a.dest} (type {getattr(a.type, '__name__', a.type)})"
+                for p, sub in _leaves() for a in sub._actions
+                if a.type not in (None, str, Path) and not hasattr(a.type, "bad_values")]
+    assert not untested, ("options whose type says nothing about bad input: use a type from course/cli/args.py "
+                          f"(or give yours a .bad_values list): {untested}")
+    assert len(list(_cases())) > 40  # the generator really produced the cases below
+
+
+@pytest.mark.parametrize("prefix, dest, value", list(_cases()))
+def test_bad_argument_is_one_line_exit_2(prefix, dest, value, paths, capsys, monkeypatch):
+    """Parsing alone must refuse the value: a command that started running on it fails this test."""
+    sub = SUBCOMMANDS[prefix]
+    action = next(a for a in sub._actions if a.dest == dest)
+    value = paths.get(value, value)
+    argv = _argv(prefix, sub, dest, value)
+    parse_time = action.option_strings or hasattr(action.type, "bad_values")
+    if parse_time:
+        parser, available = build_parser()
+
+        def refuse(args):
+            raise AssertionError(f"kvcourse {' '.join(argv)} was accepted and started running")
+
+        monkeypatch.setattr(cli, "build_parser", lambda: (parser, {name: refuse for name in available}))
+    code, out, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, out, err, argv)
+    if action.option_strings:
+        assert action.option_strings[0] in err, f"the message does not name {action.option_strings[0]}: {err}"
+
+
+@pytest.mark.parametrize("prefix", [p for p, sub in _leaves()
+                                    if any(a.required and a.nargs not in ("*", "?") for a in _positionals(sub))],
+                         ids=lambda p: " ".join(p))
+def test_missing_required_argument_is_one_line_exit_2(prefix, capsys):
+    code, out, err = _run_main(list(prefix), capsys)
+    _assert_one_line_error(code, out, err, list(prefix))
+
+
+def test_unknown_command_and_option(capsys):
+    for argv in (["no-such-command"], ["doctor", "--no-such-option"], ["generate", "hi", "--max-new-tokens"]):
+        code, out, err = _run_main(argv, capsys)
+        _assert_one_line_error(code, out, err, argv)
+
+
+# --------------------------------------------------------------------------- the reported cases, end to end
+def _kvcourse(*args, env=None, prefix=(), timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, sys.executable, "-m", "course.cli", *args], cwd=PROJECT_ROOT, timeout=timeout,
+                          capture_output=True, text=True, env=dict(os.environ, **(env or {})))
+
+
+def _one_line_error(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-1500:])
+    assert "Traceback" not in r.stderr + r.stdout, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_generate_with_a_folder_as_model(tmp_path):
+    line = _one_line_error(_kvcourse("generate", "--model", str(tmp_path), "hi"))
+    assert "is a folder" in line and "--model" in line
+
+
+def test_bench_checks_its_output_folder_before_running(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = _kvcourse("bench", "--quick", "--out", str(blocker / "results"))
+    line = _one_line_error(r)
+    assert "cannot write into" in line and "[bench]" not in r.stdout + r.stderr  # the suite never started
+
+
+@pytest.mark.slow
+def test_generate_zero_new_tokens_is_an_empty_answer():
+    r = _kvcourse("generate", "--max-new-tokens", "0", "--device", "cpu", "hi")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "0 new tokens" in r.stdout and "TTFT" not in r.stdout and "no time to first token" in r.stdout
+
+
+def _read_only(folder: Path) -> tuple[str, ...]:
+    """A command prefix under which `folder` cannot be written: chmod for a normal user; for root (whom chmod does
+    not stop) a read-only bind mount in a private mount namespace, gone when the command ends."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return ()
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("running as root without mount namespaces: no way to make a read-only folder here")
+    return ("unshare", "-m", "sh", "-c", 'mount --bind "$0" "$0" && mount -o remount,ro,bind "$0" && exec "$@"',
+            str(folder))
+
+
+def test_progress_in_a_read_only_folder_reads_what_is_saved(tmp_path):
+    from course.teach.progress import ProgressStore
+    from course.teach.questions import load_questions
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    question = load_questions().for_lesson("00_start_here")[0]
+    saved = ProgressStore(folder / "progress.sqlite")
+    saved.record_answer("00_start_here", question.id, "A", True)
+    saved.record_exercise_check("01_memory_formula", 3, 5)
+    for leftover in folder.glob("progress.sqlite.lock"):
+        leftover.unlink()
+    before = sorted(p.name for p in folder.iterdir())
+    prefix = _read_only(folder)
+    env = {"KVCOURSE_PROGRESS": str(folder / "progress.sqlite")}
+    r = _kvcourse("progress", env=env, prefix=prefix)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "Nothing saved yet" not in r.stdout, r.stdout
+    assert "3/5 tests passed" in r.stdout  # the saved exercise check was read
+    assert f"Progress file: {folder / 'progress.sqlite'}" in r.stdout
+    assert "new progress cannot be saved" in r.stdout and "not writable" in r.stdout
+    reset = _kvcourse("progress", "--reset", "--yes", env=env, prefix=prefix)
+    assert reset.returncode == 2 and "Nothing deleted" in reset.stderr
+    if os.geteuid() != 0:
+        folder.chmod(0o755)
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written where the file lies
+    assert ProgressStore(folder / "progress.sqlite").counts()["exercise_checks"] == 1
