@@ -471,3 +471,27 @@ def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
         out.update(shared_blocks=shared, all_free=cache.pool.num_free == blocks)
         print("every block back in the pool after freeing all three:", out["all_free"])
     return out
+
+
+def plot_batch_mask(lengths: Sequence[int] = (5, 9, 3, 7)):
+    """One decode step for sequences of different lengths, drawn from the real BatchPositions mask: row b is
+    sequence b's one new query, columns are cache positions; it sees its own keys (blue) and its new token
+    (red), while the positions past its own end (grey: left from longer rows, or never written) are masked."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    at = BatchPositions(list(lengths), 1)
+    mask = at.mask[:, 0, 0]  # [B, kv_len]: True where the query may attend
+    fig, ax = plt.subplots(figsize=(0.42 * at.kv_len + 2.2, 0.42 * at.batch + 1.2))
+    for b, n in enumerate(lengths):
+        for t in range(at.kv_len):
+            color = "tab:red" if t == n else ("#9ecae1" if bool(mask[b, t]) else "#e0e0e0")
+            ax.add_patch(Rectangle((t, -b), 0.9, 0.9, facecolor=color, edgecolor="black", lw=0.4))
+        ax.text(-0.3, -b + 0.45, f"seq {b}: {n} cached", ha="right", va="center", fontsize=8)
+    ax.set(xlim=(-3.2, at.kv_len), ylim=(-at.batch + 0.8, 1.4), aspect="equal")
+    ax.set_title("one batched decode step: each row's new token (red) attends to its own cached keys (blue);\n"
+                 "positions past its own end (grey) are masked", fontsize=9)
+    ax.text(0, 1.05, "cache position →", fontsize=8)
+    ax.axis("off")
+    fig.tight_layout()
+    return fig
