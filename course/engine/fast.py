@@ -238,7 +238,10 @@ class DecodeStep:
             raise ValueError(f"positions must be [B] = [{B}], one per sequence; got shape {list(positions.shape)}")
         if rows is not None:
             rows = torch.as_tensor(rows, device=self.device).to(torch.long, copy=True)
-        key = (B, B_cache, S, rows is None, self.dtype, self.device.type, ks[0].is_inference())
+        # torch.compile guards on the thread count too (Inductor's CPU kernels are built for it): a new count
+        # is a new graph, compiled (and warmed) like a new shape
+        key = (B, B_cache, S, rows is None, self.dtype, self.device.type, ks[0].is_inference(),
+               torch.get_num_threads())
         if key not in self._warm:  # first call of these shapes: check the values once, then compile
             last = int(positions.max())
             if int(positions.min()) < 0 or last >= S:
