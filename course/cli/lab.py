@@ -80,6 +80,9 @@ def default_workspace() -> dict:
         "data": {
             "layout-restorer:data": {
                 "main": {"dock": {"type": "tab-area", "currentIndex": 0, "widgets": [widget]}, "current": widget},
+                # the left sidebar open on the file browser (a layout without it starts collapsed)
+                "left": {"collapsed": False, "visible": True, "current": "filebrowser",
+                         "widgets": ["filebrowser", "running-sessions", "table-of-contents", "extensionmanager.main-view"]},
             },
             widget: {"data": {"path": START_NOTEBOOK, "factory": "Notebook"}},
             "file-browser-filebrowser:cwd": {"path": ""},

@@ -334,3 +334,90 @@ def test_review_answers_one_due_card(lab):
     lab.shot(widget, "review-next")
     ratings = store.card_ratings()
     assert len(ratings) == before + 1 and (ratings[-1]["card_id"], ratings[-1]["knew"]) == (card.id, True)
+
+
+# ------------------------------------------------------------------------------ self-paced `kvcourse lab`
+@pytest.mark.slow
+def test_self_paced_lab_has_no_news_popup_no_instructor_tools_and_opens_clean(browser_context, tmp_path):
+    """`kvcourse lab` as `make start` runs it (its own settings, not the suite's server): no news pop-up, no nbgrader
+    instructor menus or exchange errors, Validate kept, the start notebook unmodified after its kernel started,
+    and the file browser at the course folder. A SIGTERM then stops the server."""
+    import os
+    import secrets
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from course.cli.lab import SELF_PACED_DISABLED_PLUGINS, START_NOTEBOOK
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    env = dict(os.environ, KVCOURSE_STATE=str(tmp_path / "state"), KVCOURSE_PROGRESS=str(tmp_path / "p.sqlite"),
+               OMP_NUM_THREADS="1", KVCOURSE_THREADS="1")
+    for var in ("MPLBACKEND", "KVCOURSE_HEADLESS", "KVCOURSE_RESULTS", "JUPYTER_TOKEN"):
+        env.pop(var, None)
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "course.cli", "lab", "--no-browser", "--port", str(port), "--",
+                             f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1",
+                             "--LabApp.expose_app_in_browser=True"],
+                            cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    import urllib.request
+
+    deadline = time.monotonic() + 240
+    while True:  # JupyterLab takes a while to come up on a busy machine
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=5).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                log.close()
+                pytest.fail("`kvcourse lab` did not come up:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(1)
+    page = browser_context.new_page()
+    try:
+        page.goto(f"http://127.0.0.1:{port}/lab?token={token}", wait_until="domcontentloaded", timeout=240_000)
+        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started", timeout=240_000)
+        page.locator(".jp-NotebookPanel .jp-Notebook").first.wait_for(state="visible", timeout=180_000)
+        state_js = """() => { const w = window.jupyterapp.shell.currentWidget;
+            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+            return w && w.context ? {path: w.context.path, dirty: w.context.model.dirty,
+                                     kernel: k ? k.status : 'none'} : null; }"""
+        page.wait_for_function(f"() => {{ const s = ({state_js})(); return s && s.kernel === 'idle'; }}",
+                               timeout=240_000, polling=500)
+        page.wait_for_timeout(5000)  # the news question used to appear a moment after start-up
+        state = page.evaluate(state_js)
+        assert state["path"] == START_NOTEBOOK
+        assert state["dirty"] is False, "the start notebook shows unsaved changes right after it opened"
+        plugins = page.evaluate("(ids) => ids.map(id => window.jupyterapp.hasPlugin(id))",
+                                list(SELF_PACED_DISABLED_PLUGINS) + ["@jupyter/nbgrader:validate-assignment"])
+        assert not any(plugins[:-1]), dict(zip(SELF_PACED_DISABLED_PLUGINS, plugins))
+        assert plugins[-1], "nbgrader's Validate (the self-paced way to check an exercise) should stay"
+        text = page.locator("body").inner_text()
+        for absent in ("official Jupyter news", "Error fetching courses", "exchange directory does not exist",
+                       "Formgrader", "Course List", "Assignment List", "Create Assignment"):
+            assert absent not in text, f"{absent!r} is shown in self-paced mode"
+        menus = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
+        assert "Nbgrader" not in menus, menus
+        ARTIFACTS = PROJECT_ROOT / "test-artifacts" / "e2e"
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "self_paced_lab.png"))
+        listing = page.locator(".jp-DirListing-itemName").all_inner_texts()
+        assert "exercises" in listing and "lessons" in listing, f"file browser is not at the course folder: {listing}"
+    finally:
+        page.close()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail("`kvcourse lab` did not stop on SIGTERM:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+        finally:
+            log.close()
+    with socket.socket() as s:  # nothing serves the port any more
+        assert s.connect_ex(("127.0.0.1", port)) != 0
