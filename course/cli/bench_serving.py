@@ -17,8 +17,8 @@ from course.measure.bench import Target, bench_item
 
 # sizes: full run, --quick (tiny model sizes are used when the suite runs on the tiny model)
 FULL = dict(batch_contexts=[64], batches=[1, 2, 4, 8, 16, 32, 64], batch_rounds=3,
-            trace_requests=24, trace_prompt=(8, 24), trace_new=(2, 8), trace_long_share=0.25,
-            trace_long_new=(32, 64), trace_gap=0.0, serve_batch=8,
+            trace_requests=32, trace_prompt=(8, 24), trace_new=(2, 8), trace_long_share=0.25,
+            trace_long_new=(48, 96), trace_gap=0.0, serve_batch=8,
             serve_rounds=2, mix_requests=200, mix_prompt=(16, 512), mix_new=(16, 512), mix_max_seq_len=2048,
             block_size=16)
 QUICK = dict(batch_contexts=[16], batches=[1, 2, 4], batch_rounds=1,
