@@ -24,17 +24,14 @@ unpinned; its blocks stay on the free list, still findable, until the pool hands
 from __future__ import annotations
 
 import itertools
-import time
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from course.engine.device import synchronize
 from course.engine.paged import PagedKVCache, PagedSequence
-from course.engine.prefix_cache import PrefillResult, PrefixCacheStats
+from course.engine.prefix_cache import PrefillResult, PrefixStore
 
 
 @dataclass
@@ -50,24 +47,17 @@ class PagedPrefixEntry:
         return len(self.tokens)
 
 
-class PagedPrefixCache:
+class PagedPrefixCache(PrefixStore):
     """A prefix store whose entries are shared blocks of one paged pool of `max_bytes`."""
 
+    budget_of = "K/V blocks"
+
     def __init__(self, model: nn.Module, max_bytes: int, block_size: int = 16):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive integer (bytes of K/V blocks), got {max_bytes!r}")
-        self.model, self.max_bytes, self.block_size = model, max_bytes, block_size
+        super().__init__(model, max_bytes)  # checks max_bytes; entries (oldest first) and stats
+        self.block_size = block_size
         self.pool = PagedKVCache.for_budget(model.config, max_bytes, block_size, model.dtype, model.device)
         self.pool.make_room = self._unpin_oldest
-        self.entries: OrderedDict[tuple[int, ...], PagedPrefixEntry] = OrderedDict()  # oldest first
-        self.stats = PrefixCacheStats()
         self._ids = itertools.count()
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def __contains__(self, prefix_ids) -> bool:
-        return tuple(int(t) for t in prefix_ids) in self.entries
 
     @property
     def nbytes(self) -> int:
@@ -103,16 +93,9 @@ class PagedPrefixCache:
 
     def add(self, prefix_ids) -> PagedPrefixEntry:
         """Prefill the prefix into the pool (sharing what is cached already) and pin its blocks."""
-        tokens = tuple(int(t) for t in torch.as_tensor(prefix_ids).flatten().tolist())
-        if not tokens:
-            raise ValueError("the prefix is empty: give at least one token")
-        if tokens in self.entries:
-            self.entries.move_to_end(tokens)
-            return self.entries[tokens]
-        need = self.entry_bytes(len(tokens))
-        if need > self.max_bytes:
-            raise ValueError(f"a {len(tokens)}-token prefix needs {need:,} bytes of blocks but max_bytes is "
-                             f"{self.max_bytes:,}; raise max_bytes or cache a shorter prefix")
+        tokens, stored = self._to_add(prefix_ids)
+        if stored is not None:
+            return stored
         seq_id = ("prefix", next(self._ids))
         _, logits = self._compute(seq_id, list(tokens))
         return self._register(tokens, seq_id, logits[0].clone())
@@ -130,35 +113,12 @@ class PagedPrefixCache:
         self.stats.bytes = self.nbytes
         return entry
 
-    def match(self, ids) -> PagedPrefixEntry | None:
-        """The longest pinned prefix that ids start with (marked most recently used), or None."""
-        ids = [int(t) for t in ids]
-        best = None
-        for tokens, entry in self.entries.items():
-            if len(tokens) <= len(ids) and (best is None or len(tokens) > best.n_tokens) \
-                    and ids[:len(tokens)] == list(tokens):
-                best = entry
-        if best is not None:
-            self.entries.move_to_end(best.tokens)
-        return best
-
     def prefill(self, prompt_ids, max_seq_len: int | None = None, prefix_len: int | None = None) -> PrefillResult:
         """Prefill a prompt on top of the shared blocks of its longest cached prefix; a drop-in for
         PrefixCache.prefill. The returned cache is a PagedSequence of the pool (it grows block by block, so
         max_seq_len is only checked); its blocks are released when it is garbage collected."""
-        model = self.model
-        ids = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
+        ids, max_seq_len, t0, entry = self._start(prompt_ids, max_seq_len, prefix_len)
         T = len(ids)
-        if T == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if prefix_len is not None and not 1 <= prefix_len <= T:
-            raise ValueError(f"prefix_len must be in [1, {T}] (the prompt's length), got {prefix_len}")
-        max_seq_len = max_seq_len or T
-        if max_seq_len < T:
-            raise ValueError(f"max_seq_len ({max_seq_len}) must be at least the prompt length ({T})")
-        synchronize(model.device)
-        t0 = time.perf_counter()
-        entry = self.match(ids)
         seq_id = ("request", next(self._ids))
         cached, logits = self._compute(seq_id, ids)  # shares every cached full block of the prompt's prefix
         hit = cached > 0  # a pinned prefix, or blocks an earlier request left cached
@@ -170,15 +130,9 @@ class PagedPrefixCache:
             self.stats.misses += 1
             if prefix_len is not None and ids[:prefix_len] not in self:
                 self._pin(ids[:prefix_len], logits if prefix_len == T else None)  # later requests hit
-        computed = T - cached
-        reused = cached
-        self.stats.tokens_reused += reused
-        self.stats.tokens_computed += computed
         cache = self.pool.sequence(seq_id)
         weakref.finalize(cache, _release, self.pool, seq_id)
-        synchronize(model.device)
-        return PrefillResult(logits=logits, cache=cache, reused_tokens=reused, computed_tokens=computed,
-                             seconds=time.perf_counter() - t0)
+        return self._finish(logits, cache, reused=cached, computed=T - cached, t0=t0)
 
     def release(self, cache: PagedSequence) -> None:
         """Give a request's blocks back now instead of when its cache is garbage collected."""

@@ -75,15 +75,19 @@ class PrefillResult:
     seconds: float = 0.0
 
 
-class PrefixCache:
-    """A bounded store of prefix K/V for one model. `max_bytes` caps the stored tensors' total size."""
+class PrefixStore:
+    """What every prefix store shares: a model, a byte budget, its entries (token tuple → entry with .tokens and
+    .n_tokens, oldest first), its stats, and the lookups. Subclasses say how an entry is held (PrefixCache: copied
+    rows; course.engine.paged_prefix.PagedPrefixCache: shared blocks) and give entry_bytes, add and prefill."""
+
+    budget_of = "stored K/V"  # what max_bytes counts, for the error message
 
     def __init__(self, model: nn.Module, max_bytes: int):
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive integer (bytes of stored K/V), got {max_bytes!r}")
+            raise ValueError(f"max_bytes must be a positive integer (bytes of {self.budget_of}), got {max_bytes!r}")
         self.model = model
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()  # oldest first
+        self.entries: OrderedDict = OrderedDict()  # oldest first
         self.stats = PrefixCacheStats()
 
     def __len__(self) -> int:
@@ -91,6 +95,52 @@ class PrefixCache:
 
     def __contains__(self, prefix_ids) -> bool:
         return tuple(int(t) for t in prefix_ids) in self.entries
+
+    def match(self, ids):
+        """The longest stored prefix that ids start with (marked most recently used), or None."""
+        ids = [int(t) for t in ids]
+        best = None
+        for tokens, entry in self.entries.items():
+            if len(tokens) <= len(ids) and (best is None or len(tokens) > best.n_tokens) \
+                    and ids[:len(tokens)] == list(tokens):
+                best = entry
+        if best is not None:
+            self.entries.move_to_end(best.tokens)
+        return best
+
+    def _to_add(self, prefix_ids) -> tuple:
+        """For add(): the prefix as a token tuple, checked (not empty, its entry fits max_bytes), and the entry
+        already stored for it (marked most recently used) or None."""
+        tokens = tuple(int(t) for t in torch.as_tensor(prefix_ids).flatten().tolist())
+        if not tokens:
+            raise ValueError("the prefix is empty: give at least one token")
+        if tokens in self.entries:
+            self.entries.move_to_end(tokens)
+            return tokens, self.entries[tokens]
+        need = self.entry_bytes(len(tokens))
+        if need > self.max_bytes:
+            raise ValueError(f"a {len(tokens)}-token prefix needs {need:,} bytes of {self.budget_of} but max_bytes "
+                             f"is {self.max_bytes:,}; raise max_bytes or cache a shorter prefix")
+        return tokens, None
+
+    def _start(self, prompt_ids, max_seq_len: int | None, prefix_len: int | None) -> tuple:
+        """prefill()'s opening: the checked prompt ids and cache size, the clock (started after a device sync),
+        and the longest stored prefix of the prompt (or None)."""
+        ids, max_seq_len = check_prompt(prompt_ids, max_seq_len, prefix_len)
+        synchronize(self.model.device)
+        return ids, max_seq_len, time.perf_counter(), self.match(ids)
+
+    def _finish(self, logits, cache, reused: int, computed: int, t0: float) -> PrefillResult:
+        """prefill()'s close: count the tokens reused and computed, sync, and time the whole prefill."""
+        self.stats.tokens_reused += reused
+        self.stats.tokens_computed += computed
+        synchronize(self.model.device)
+        return PrefillResult(logits=logits, cache=cache, reused_tokens=reused, computed_tokens=computed,
+                             seconds=time.perf_counter() - t0)
+
+
+class PrefixCache(PrefixStore):
+    """A bounded store of prefix K/V for one model. `max_bytes` caps the stored tensors' total size."""
 
     @property
     def nbytes(self) -> int:
@@ -106,16 +156,9 @@ class PrefixCache:
     @torch.inference_mode()
     def add(self, prefix_ids) -> PrefixEntry:
         """Prefill the prefix once and store its K/V (most recently used). Returns the entry."""
-        tokens = tuple(int(t) for t in torch.as_tensor(prefix_ids).flatten().tolist())
-        if not tokens:
-            raise ValueError("the prefix is empty: give at least one token")
-        if tokens in self.entries:
-            self.entries.move_to_end(tokens)
-            return self.entries[tokens]
-        need = self.entry_bytes(len(tokens))
-        if need > self.max_bytes:
-            raise ValueError(f"a {len(tokens)}-token prefix needs {need:,} bytes but max_bytes is {self.max_bytes:,}; "
-                             "raise max_bytes or cache a shorter prefix")
+        tokens, stored = self._to_add(prefix_ids)
+        if stored is not None:
+            return stored
         model, P = self.model, len(tokens)
         cache = KVCache(model.config, batch=1, max_seq_len=P, dtype=model.dtype, device=model.device)
         ids = torch.tensor([tokens], dtype=torch.long, device=model.device)
@@ -133,18 +176,6 @@ class PrefixCache:
             self.stats.evictions += 1
             self.stats.bytes -= old.nbytes
 
-    def match(self, ids) -> PrefixEntry | None:
-        """The longest stored prefix that ids start with (marked most recently used), or None."""
-        ids = [int(t) for t in ids]
-        best = None
-        for tokens, entry in self.entries.items():
-            if len(tokens) <= len(ids) and (best is None or len(tokens) > best.n_tokens) \
-                    and ids[:len(tokens)] == list(tokens):
-                best = entry
-        if best is not None:
-            self.entries.move_to_end(best.tokens)
-        return best
-
     @torch.inference_mode()
     def prefill(self, prompt_ids, max_seq_len: int | None = None, prefix_len: int | None = None) -> PrefillResult:
         """Prefill a prompt, reusing the longest stored prefix; a drop-in for generate.prefill (and what
@@ -154,18 +185,8 @@ class PrefixCache:
         prompt) so later requests hit. max_seq_len: size of the returned cache (default: the prompt).
         """
         model = self.model
-        ids = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
+        ids, max_seq_len, t0, entry = self._start(prompt_ids, max_seq_len, prefix_len)
         T = len(ids)
-        if T == 0:
-            raise ValueError("the prompt is empty: give at least one token")
-        if prefix_len is not None and not 1 <= prefix_len <= T:
-            raise ValueError(f"prefix_len must be in [1, {T}] (the prompt's length), got {prefix_len}")
-        max_seq_len = max_seq_len or T
-        if max_seq_len < T:
-            raise ValueError(f"max_seq_len ({max_seq_len}) must be at least the prompt length ({T})")
-        synchronize(model.device)
-        t0 = time.perf_counter()
-        entry = self.match(ids)
         hit = entry is not None
         computed = 0
         if hit:
@@ -191,9 +212,18 @@ class PrefixCache:
         else:
             logits = entry.last_logits.clone().view(1, -1)
         computed += T - P
-        reused = P if hit else 0
-        self.stats.tokens_reused += reused
-        self.stats.tokens_computed += computed
-        synchronize(model.device)
-        return PrefillResult(logits=logits, cache=cache, reused_tokens=reused, computed_tokens=computed,
-                             seconds=time.perf_counter() - t0)
+        return self._finish(logits, cache, reused=P if hit else 0, computed=computed, t0=t0)
+
+
+def check_prompt(prompt_ids, max_seq_len: int | None, prefix_len: int | None) -> tuple[list[int], int]:
+    """A prefix store's prefill arguments, checked: the prompt as ids, and the size of the cache to return."""
+    ids = [int(t) for t in torch.as_tensor(prompt_ids).flatten().tolist()]
+    T = len(ids)
+    if T == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if prefix_len is not None and not 1 <= prefix_len <= T:
+        raise ValueError(f"prefix_len must be in [1, {T}] (the prompt's length), got {prefix_len}")
+    max_seq_len = max_seq_len or T
+    if max_seq_len < T:
+        raise ValueError(f"max_seq_len ({max_seq_len}) must be at least the prompt length ({T})")
+    return ids, max_seq_len
