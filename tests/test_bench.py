@@ -120,9 +120,10 @@ def test_not_available_items_carry_no_number(monkeypatch):
         assert not any(isinstance(v, float) for v in item.values())
 
 
-def test_bad_arguments_are_rejected(tmp_path):
-    with pytest.raises(ValueError, match="threads"):
+def test_bad_arguments_are_rejected(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:  # refused while parsing: one line, exit 2 (tests/test_cli_fuzz.py)
         main(["bench", "--quick", "--threads", "0", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "--threads" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "--skip", "everything"])
     with pytest.raises(ValueError, match="model"):
