@@ -176,14 +176,20 @@ class PagedKVCache:
     def blocks_held(self) -> int:
         return self.allocator.num_used
 
+    def _filled(self) -> tuple[dict[int, int], dict[int, list]]:
+        """Positions written in each held block (a shared block: its fullest holder), and each block's holders."""
+        filled: dict[int, int] = {}
+        holders: dict[int, list] = {}
+        for seq_id, s in self.sequences.items():
+            for i, block in enumerate(s.table):
+                filled[block] = max(filled.get(block, 0), min(self.block_size, s.length - i * self.block_size))
+                holders.setdefault(block, []).append(seq_id)
+        return filled, holders
+
     @property
     def bytes_used(self) -> int:
         """Bytes of positions actually written and held (a shared block counted once)."""
-        filled: dict[int, int] = {}
-        for s in self.sequences.values():
-            for i, block in enumerate(s.table):
-                filled[block] = max(filled.get(block, 0), min(self.block_size, s.length - i * self.block_size))
-        return sum(filled.values()) * self.bytes_per_token
+        return sum(self._filled()[0].values()) * self.bytes_per_token
 
     @property
     def bytes_logical(self) -> int:
@@ -367,12 +373,7 @@ class PagedKVCache:
 
     def pool_picture(self) -> list[dict]:
         """Each block's state, for drawing the pool: holders (sequence ids), ref count, tokens filled."""
-        holders: dict[int, list] = {}
-        filled: dict[int, int] = {}
-        for seq_id, s in self.sequences.items():
-            for i, block in enumerate(s.table):
-                holders.setdefault(block, []).append(seq_id)
-                filled[block] = max(filled.get(block, 0), min(self.block_size, s.length - i * self.block_size))
+        filled, holders = self._filled()
         return [{"block": b, "ref_count": self.allocator.ref_count[b], "holders": holders.get(b, []),
                  "filled": filled.get(b, 0), "cached": self.allocator.key_of[b] is not None}
                 for b in range(self.allocator.num_blocks)]

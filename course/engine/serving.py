@@ -352,8 +352,7 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
                 _emit(r, sync_now(t0), eos_id)
         decoding = [r for r in running if r not in admitted and not r.completion.stop_reason]
         if decoding:
-            decoding = _decode_step(model, decoding, paged, rows if paged is None else None, device,
-                                    waiting, completions, free_slots, running)
+            decoding = _decode_step(model, decoding, paged, rows if paged is None else None, device, waiting, release)
             for r in decoding:
                 phase[r.slot] = (r.completion.request.id, "decode")
             t_tok = sync_now(t0)
@@ -392,7 +391,7 @@ def _emit(r: _Running, t: float, eos_id: int | None) -> None:
 
 
 def _decode_step(model, decoding: list[_Running], paged: PagedKVCache | None, rows: KVCache | None, device,
-                 waiting: deque, completions, free_slots: list, running: list) -> list[_Running]:
+                 waiting: deque, release) -> list[_Running]:
     """One batched decode step for every sequence in `decoding` (preempting the newest if the pool is full)."""
     while True:
         tokens = torch.tensor([[r.last] for r in decoding], dtype=torch.long, device=device)  # [B, 1]
@@ -409,13 +408,10 @@ def _decode_step(model, decoding: list[_Running], paged: PagedKVCache | None, ro
                 raise
             victim = max(decoding, key=lambda r: (r.completion.admitted, r.completion.request.id))
             decoding.remove(victim)
-            paged.free_sequence(victim.completion.request.id)  # recompute preemption: start again later
+            release(victim)  # recompute preemption: its blocks and slot go back; it starts again later
             c = victim.completion
             c.tokens.clear()
             c.first_token, c.preemptions = math.nan, c.preemptions + 1
-            running.remove(victim)
-            free_slots.append(victim.slot)
-            free_slots.sort()
             waiting.appendleft(c.request)
     logits = decode_one_token(model, tokens, at, kv)  # [B, V]: the engine's one step, B sequences at once
     for r, token in zip(decoding, logits.argmax(-1).tolist()):
