@@ -455,7 +455,8 @@ def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
     print(f"contiguous cache : {tok.decode(reference)!r}  ({contiguous_s:.2f} s)")
     print(f"your paged cache : {tok.decode(mine)!r}  ({paged_s:.2f} s)")
     print("identical tokens" if mine == reference else "the tokens differ: check update() and the gather order")
-    print(f"{len(ids) + n_tokens} tokens in {held} blocks of {block_size}: {held * block_size * per_token / 2**20:.2f} MiB "
+    print(f"{cache.lengths[0]} positions cached in {held} block(s) of {block_size}: "
+          f"{held * block_size * per_token / 2**20:.2f} MiB "
           f"reserved; a cache preallocated for the model's {model.config.max_seq_len:,}-token context reserves "
           f"{model.config.max_seq_len * per_token / 2**20:.0f} MiB per request")
     out = {"identical": mine == reference, "blocks": held, "contiguous_s": contiguous_s, "paged_s": paged_s}
@@ -464,8 +465,10 @@ def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
         fork_fn(cache, 0, 1)
         fork_fn(cache, 0, 2)
         shared = sum(1 for b in cache.tables[1] if b in cache.tables[0])
-        print(f"fork into two more continuations: {shared} block(s) shared three ways, "
-              f"{free_before - cache.pool.num_free} new block(s) taken (a copy of the partly filled last block each)")
+        taken = free_before - cache.pool.num_free
+        print(f"fork into two more continuations: {shared} block(s) shared three ways, {taken} new block(s) taken"
+              + (" (a copy of the partly filled last block each)" if taken else
+                 " (the last block was full, so nothing needed copying)"))
         for seq in (0, 1, 2):
             cache.free(seq)
         out.update(shared_blocks=shared, all_free=cache.pool.num_free == blocks)
