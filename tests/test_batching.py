@@ -139,3 +139,26 @@ def test_real_model_batched_equals_solo(real):
                 assert margin <= 2 * diff
     free, _ = batched_run(model, prompts, n)
     assert free == [generate(model, p, n).tokens for p in prompts]
+
+
+@torch.inference_mode()
+def test_packed_prompts_and_decode_tokens_in_one_pass(tiny, one_thread):
+    """A prompt, a prompt's second half and a decode token of three sequences in one [1, N] row (selective
+    batching) give each sequence the logits of its solo run."""
+    from course.engine.kv_cache import PackedPositions
+
+    c = tiny.config
+    prompts = prompts_of([5, 9, 3], c.vocab_size, seed=4)
+    cache = KVCache(c, 4, 32)
+    tiny(torch.tensor([prompts[0][:2]]), BatchPositions([0], 2, rows=[3]), cache)  # seq 0: 2 tokens already in
+    tiny(torch.tensor([prompts[2][:2]]), BatchPositions([0], 2, rows=[1]), cache)  # seq 2: all but its last
+    at = PackedPositions([2, 0, 2], [3, 9, 1], rows=[3, 0, 1])
+    assert at.positions.tolist() == [2, 3, 4] + list(range(9)) + [2] and at.last_index.tolist() == [2, 11, 12]
+    tokens = torch.tensor([prompts[0][2:] + prompts[1] + prompts[2][2:]])  # [1, 13]
+    out = tiny(tokens, at, cache, last_only=True)  # [3, V]
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(out[b], solo_run(tiny, p, 1)[1][0], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="one start and one n_new"):
+        PackedPositions([0, 1], [2])
+    with pytest.raises(ValueError, match="13 tokens"):
+        tiny(tokens[:, :5], at, cache)

@@ -259,3 +259,18 @@ def test_prefix_store_unpins_the_oldest_when_the_pool_is_full(tiny, one_thread):
         store.add(ids_of(40, seed=23))
     with pytest.raises(ValueError, match="max_bytes"):
         PagedPrefixCache(tiny, max_bytes=0)
+
+
+@torch.inference_mode()
+def test_packed_batch_of_different_lengths(tiny, one_thread):
+    """A new prompt next to a decode step in one paged call: the packed batch writes and gathers each sequence."""
+    cache = PagedKVCache(tiny.config, num_blocks=16, block_size=4)
+    a, b = ids_of(6, seed=30), ids_of(10, seed=31)
+    _, logits_a = run_paged(tiny, cache, "a", a, 1)
+    cache.add_sequence("b", b)
+    tok = int(logits_a[0].argmax())
+    batch = cache.append(["a", "b"], [[tok], b])
+    assert batch.packed and batch.write_slots.numel() == 11
+    out = tiny(torch.tensor([[tok] + b]), batch.positions, batch, last_only=True)  # [2, V]
+    torch.testing.assert_close(out[0], run_contiguous(tiny, a, 2)[1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(out[1], run_contiguous(tiny, b, 1)[0], atol=1e-5, rtol=0)

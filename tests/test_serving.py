@@ -97,6 +97,11 @@ def test_shared_system_prompt_is_computed_once(tiny, one_thread):
     assert shared.peak_bytes_shared > 0 and alone.peak_bytes_shared == 0
     prefilled = lambda r: sum(s.prefill_tokens for s in r.timeline)  # noqa: E731
     assert prefilled(alone) - prefilled(shared) == 12 * 5
+    # all at once: the first request's blocks are written and shared inside the same packed pass
+    at_once = [Request(r.id, r.prompt_ids, r.max_new_tokens, 0.0) for r in trace]
+    together = run(tiny, at_once, "continuous", max_batch=6)
+    assert together.outputs() == solo
+    assert [c.cached_tokens for c in together.completions] == cached
 
 
 def test_eos_ends_a_request_early(tiny, trace, solo, one_thread):

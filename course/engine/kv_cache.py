@@ -79,6 +79,72 @@ class BatchPositions:
         return max(self.start) + self.n_new
 
 
+@dataclass
+class PackedPositions:
+    """B sequences with DIFFERENT numbers of new tokens in one call, packed in one row: tokens [1, N].
+
+    Sequence b contributes n_new[b] tokens at positions start[b]..start[b] + n_new[b] - 1; N = Σ n_new. This is
+    how a continuous-batching step runs a new request's prompt and the running requests' next tokens through
+    the weights together (Orca's selective batching): every matmul sees N rows; only attention must keep the
+    sequences apart. Attention reads all B sequences' keys laid side by side, [1, H_kv, B · kv_len, D_h], under a
+    block-diagonal causal mask — plain SDPA computes the masked scores too (cheap for a few sequences; fused
+    variable-length kernels such as FlashAttention's skip them).
+    """
+    start: list[int]
+    n_new: list[int]
+    device: torch.device | str = "cpu"
+    rows: list[int] | None = None
+    positions: torch.Tensor = field(init=False, repr=False)  # [N] absolute position of every new token
+    sequence: torch.Tensor = field(init=False, repr=False)  # [N] which sequence (0..B-1) each token belongs to
+    last_index: torch.Tensor = field(init=False, repr=False)  # [B] index in N of each sequence's last token
+    mask: torch.Tensor = field(init=False, repr=False)  # [1, 1, N, B · kv_len]
+
+    def __post_init__(self):
+        self.start, self.n_new = [int(p) for p in self.start], [int(n) for n in self.n_new]
+        if not self.start or len(self.start) != len(self.n_new):
+            raise ValueError(f"give one start and one n_new per sequence, got {self.start} and {self.n_new}")
+        if min(self.start) < 0 or min(self.n_new) <= 0:
+            raise ValueError(f"positions must be >= 0 and n_new > 0, got start={self.start}, n_new={self.n_new}")
+        if self.rows is not None:
+            self.rows = [int(r) for r in self.rows]
+            if len(self.rows) != len(self.start):
+                raise ValueError(f"{len(self.rows)} cache rows for {len(self.start)} sequences; give one row each")
+        dev, B, L = self.device, len(self.start), self.kv_len
+        counts = torch.tensor(self.n_new, device=dev)
+        self.sequence = torch.repeat_interleave(torch.arange(B, device=dev), counts)  # [N]
+        first = torch.cumsum(counts, 0) - counts  # [B] where each sequence's tokens begin
+        offset = torch.arange(int(sum(self.n_new)), device=dev) - first[self.sequence]  # [N] 0..n_new[b]-1
+        self.positions = torch.tensor(self.start, device=dev)[self.sequence] + offset  # [N]
+        self.last_index = first + counts - 1
+        key_seq = torch.arange(B, device=dev).repeat_interleave(L)  # [B·L] the sequence of each key slot
+        key_pos = torch.arange(L, device=dev).repeat(B)  # [B·L] its position
+        self.mask = ((key_seq[None, :] == self.sequence[:, None])
+                     & (key_pos[None, :] <= self.positions[:, None]))[None, None]  # [1, 1, N, B·L]
+
+    @property
+    def batch(self) -> int:
+        return len(self.start)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(self.n_new)
+
+    @property
+    def end(self) -> list[int]:
+        return [p + n for p, n in zip(self.start, self.n_new)]
+
+    @property
+    def kv_len(self) -> int:
+        """Key positions read per sequence: the longest sequence's end."""
+        return max(self.end)
+
+
+def side_by_side(keys: torch.Tensor) -> torch.Tensor:
+    """[B, H_kv, L, D_h] → [1, H_kv, B·L, D_h]: every sequence's keys in one row, for a PackedPositions call."""
+    B, H, L, D = keys.shape
+    return keys.transpose(0, 1).reshape(1, H, B * L, D)
+
+
 class LayerKVCache:
     """K and V for one layer: two preallocated [B, H_kv, T_max, D_h] tensors."""
 
@@ -94,7 +160,7 @@ class LayerKVCache:
 
     def check_fits(self, start_pos: int, n_new: int) -> int:
         """The end position of a write of n_new tokens at start_pos; ValueError if it overflows."""
-        if isinstance(start_pos, BatchPositions):
+        if isinstance(start_pos, (BatchPositions, PackedPositions)):
             raise TypeError(f"{type(self).__name__} writes every row at one start_pos; use course.engine.kv_cache."
                             "KVCache (or course.engine.paged.PagedKVCache) for per-sequence positions")
         end = start_pos + n_new
@@ -116,7 +182,7 @@ class LayerKVCache:
         Writing at an earlier start_pos overwrites what was there (how speculative decoding
         throws away rejected draft tokens).
         """
-        if isinstance(start_pos, BatchPositions):
+        if isinstance(start_pos, (BatchPositions, PackedPositions)):
             return self.update_rows(start_pos, k, v)
         end = self.check_fits(start_pos, k.shape[2])
         self.k[:, :, start_pos:end] = k
@@ -129,6 +195,8 @@ class LayerKVCache:
         Returns [B, H_kv, kv_len, D_h]: the rows of this batch, every position up to the longest end
         (a view when the rows are consecutive, a gathered copy otherwise).
         """
+        if isinstance(at, PackedPositions):
+            return self._update_packed(at, k, v)
         B, T = k.shape[0], k.shape[2]
         rows = list(range(B)) if at.rows is None else at.rows
         if at.batch != B or at.n_new != T:
@@ -147,6 +215,23 @@ class LayerKVCache:
             return self.k[first:first + B, :, :at.kv_len], self.v[first:first + B, :, :at.kv_len]
         index = row_index[:, 0]
         return self.k[index, :, :at.kv_len], self.v[index, :, :at.kv_len]  # [B, H_kv, kv_len, D_h]
+
+    def _update_packed(self, at: PackedPositions, k: torch.Tensor, v: torch.Tensor):
+        """k, v: [1, H_kv, N, D_h] of packed sequences → their keys side by side, [1, H_kv, B·kv_len, D_h]."""
+        rows = list(range(at.batch)) if at.rows is None else at.rows
+        if k.shape[0] != 1 or k.shape[2] != at.n_tokens:
+            raise ValueError(f"packed positions for {at.n_tokens} tokens in one row, but k is {list(k.shape)}")
+        if max(rows) >= self.k.shape[0] or min(rows) < 0:
+            raise ValueError(f"cache rows {rows} do not exist in a cache of {self.k.shape[0]} rows")
+        if at.kv_len > self.max_seq_len:
+            raise ValueError(f"KV cache overflow: a sequence reaches position {at.kv_len - 1} in a cache of "
+                             f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len")
+        rows_t = torch.tensor(rows, dtype=torch.long, device=self.k.device)  # [B]
+        token_row = rows_t[at.sequence.to(self.k.device)]  # [N]
+        pos = at.positions.to(self.k.device)  # [N]
+        self.k[token_row, :, pos] = k[0].transpose(0, 1)  # [N, H_kv, D_h]
+        self.v[token_row, :, pos] = v[0].transpose(0, 1)
+        return side_by_side(self.k[rows_t, :, :at.kv_len]), side_by_side(self.v[rows_t, :, :at.kv_len])
 
 
 class KVCache:

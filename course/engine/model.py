@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from course.engine.config import ModelConfig
-from course.engine.kv_cache import BatchPositions, KVCache, LayerKVCache
+from course.engine.kv_cache import BatchPositions, KVCache, LayerKVCache, PackedPositions
 
 
 class RMSNorm(nn.Module):
@@ -77,8 +77,8 @@ class Attention(nn.Module):
             k, v = cache.update(start_pos, k, v)  # [B, H_kv, start_pos + T, D_h]
 
         T_k = k.shape[2]
-        if isinstance(start_pos, BatchPositions):  # <-- batched: each sequence sees keys up to its own position
-            mask, causal = start_pos.mask, False  # [B, 1, T, T_k]
+        if isinstance(start_pos, (BatchPositions, PackedPositions)):  # <-- batched: own keys, own positions
+            mask, causal = start_pos.mask, False  # [B, 1, T, T_k] (packed: [1, 1, N, B·kv_len])
         elif T == 1:
             mask, causal = None, False  # one new query may see every key so far
         elif T_k == T:
@@ -153,6 +153,8 @@ class Transformer(nn.Module):
         """
         B, T = tokens.shape
         if not isinstance(start_pos, int):
+            if isinstance(start_pos, PackedPositions):
+                return self._forward_packed(tokens, start_pos, cache, last_only)
             if isinstance(start_pos, (BatchPositions, list, tuple)) or \
                     (isinstance(start_pos, torch.Tensor) and start_pos.dim() == 1):  # <-- batched: one per sequence
                 return self._forward_batched(tokens, start_pos, cache, last_only)
@@ -191,6 +193,25 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, at, cache[i])
         if last_only:
             x = x[:, -1]  # [B, d]
+        return self.output(self.norm(x)).float()
+
+    def _forward_packed(self, tokens: torch.Tensor, at: PackedPositions, cache, last_only: bool) -> torch.Tensor:
+        """tokens [1, N] of B packed sequences → logits [1, N, V], or [B, V] at each sequence's last token."""
+        if cache is None:
+            raise ValueError("packed sequences need a KV cache holding each sequence's earlier tokens")
+        if tokens.shape != (1, at.n_tokens):
+            raise ValueError(f"packed positions describe {at.n_tokens} tokens in one row; tokens are "
+                             f"{list(tokens.shape)}")
+        if at.kv_len > self.config.max_seq_len:
+            raise ValueError(f"{at.kv_len} tokens exceed the model's context of {self.config.max_seq_len}; "
+                             "shorten the prompt or ask for fewer new tokens")
+        cos = self.rope_cos[at.positions].to(self.dtype)  # [N, D_h]: each token its own angle
+        sin = self.rope_sin[at.positions].to(self.dtype)
+        x = self.tok_embeddings(tokens)  # [1, N, d]
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, at, cache[i])
+        if last_only:
+            x = x[0, at.last_index]  # [B, d]
         return self.output(self.norm(x)).float()
 
 

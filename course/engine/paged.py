@@ -40,7 +40,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from course.engine.config import ModelConfig
-from course.engine.kv_cache import BatchPositions
+from course.engine.kv_cache import BatchPositions, PackedPositions, side_by_side
 
 
 class PoolExhausted(RuntimeError):
@@ -281,35 +281,37 @@ class PagedKVCache:
         return PagedBatch(self, seq_ids, start, n_new)
 
     def reserve(self, seq_ids: Sequence[Hashable], token_ids: Sequence[Sequence[int]] | None = None,
-                n_new: int | None = None) -> tuple[list, list[int], int]:
+                n_new: int | None = None) -> tuple[list, list[int], int | list[int]]:
         """append() without building the model's view: the block bookkeeping alone (sequence ids, the start
-        positions reserved, n_new). For sizing: how many blocks a mix of requests takes."""
+        positions reserved, n_new: one int, or one per sequence when they differ). For sizing too."""
         seq_ids = list(seq_ids)
         if token_ids is not None:
             token_ids = [[int(t) for t in ids] for ids in token_ids]
-            counts = {len(ids) for ids in token_ids}
-            if len(token_ids) != len(seq_ids) or len(counts) != 1:
-                raise ValueError("give one list of token ids per sequence, all of the same length (one batch step)")
-            n_new = counts.pop()
-        if not n_new or n_new <= 0:
-            raise ValueError(f"append needs n_new > 0 new positions per sequence, got {n_new}")
+            if len(token_ids) != len(seq_ids):
+                raise ValueError(f"give one list of token ids per sequence: {len(token_ids)} lists for "
+                                 f"{len(seq_ids)} sequences")
+            counts = [len(ids) for ids in token_ids]
+        else:
+            counts = [n_new] * len(seq_ids)
+        if not counts or any(not n or n <= 0 for n in counts):
+            raise ValueError(f"append needs n_new > 0 new positions per sequence, got {counts}")
         states = [self._get(s) for s in seq_ids]
         start = [s.length for s in states]
-        self._reserve(seq_ids, start, n_new)
+        self._reserve(seq_ids, start, counts)
         for i, s in enumerate(states):
-            s.length += n_new
+            s.length += counts[i]
             if s.tokens is not None and token_ids is not None:
                 s.tokens.extend(token_ids[i])
                 self._register_full_blocks(s, start[i])
             else:
                 s.tokens = None  # positions of unknown tokens: this sequence can no longer share its blocks
         self._note_peak()
-        return seq_ids, start, n_new
+        return seq_ids, start, counts[0] if len(set(counts)) == 1 else counts
 
-    def _reserve(self, seq_ids, start: list[int], n_new: int) -> None:
-        """Make sure positions start[b]..start[b]+n_new-1 have private blocks (all or nothing)."""
+    def _reserve(self, seq_ids, start: list[int], counts: list[int]) -> None:
+        """Make sure positions start[b]..start[b]+counts[b]-1 have private blocks (all or nothing)."""
         bs, plan, need = self.block_size, [], 0
-        for seq_id, p0 in zip(seq_ids, start):
+        for seq_id, p0, n_new in zip(seq_ids, start, counts):
             s = self.sequences[seq_id]
             first, last = p0 // bs, (p0 + n_new - 1) // bs
             cow = [i for i in range(first, min(last + 1, len(s.table))) if self.allocator.ref_count[s.table[i]] > 1]
@@ -395,16 +397,20 @@ class PagedBatch:
 
     Built by PagedKVCache.append; pass it as the model's cache with start_pos=batch.positions. The slot
     indices (where to write) and the padded block table (what to gather) are computed once and shared by
-    every layer.
+    every layer. When the sequences write different numbers of tokens (a prompt next to decode steps),
+    positions is a PackedPositions and the tokens go in one row [1, N].
     """
 
-    def __init__(self, cache: PagedKVCache, seq_ids: list, start: list[int], n_new: int):
+    def __init__(self, cache: PagedKVCache, seq_ids: list, start: list[int], n_new: int | list[int]):
         self.cache, self.seq_ids, self.n_new = cache, seq_ids, n_new
         device = cache.k[0].device
-        self.positions = BatchPositions(start, n_new, device)
+        counts = n_new if isinstance(n_new, list) else [n_new] * len(seq_ids)
+        self.packed = isinstance(n_new, list)
+        self.positions = (PackedPositions(start, n_new, device) if self.packed
+                          else BatchPositions(start, n_new, device))
         bs = cache.block_size
-        write = [cache.slots(s, range(p, p + n_new)) for s, p in zip(seq_ids, start)]
-        self.write_slots = torch.tensor(write, dtype=torch.long, device=device).flatten()  # [B·T]
+        write = [slot for s, p, n in zip(seq_ids, start, counts) for slot in cache.slots(s, range(p, p + n))]
+        self.write_slots = torch.tensor(write, dtype=torch.long, device=device)  # [B·T] or [N]
         kv_len = self.positions.kv_len
         n_blocks = -(-kv_len // bs)
         tables = [cache.sequences[s].table[:n_blocks] for s in seq_ids]
@@ -429,8 +435,11 @@ class PagedLayerView:
         """k, v: [B, H_kv, T, D_h] → every position of each sequence so far, [B, H_kv, kv_len, D_h]."""
         b = self.batch
         expected = b.positions.start
-        given = start_pos.start if isinstance(start_pos, BatchPositions) else [int(start_pos)] * len(expected)
-        if given != expected or k.shape[2] != b.n_new:
+        given = start_pos.start if isinstance(start_pos, (BatchPositions, PackedPositions)) \
+            else [int(start_pos)] * len(expected)
+        n_given = k.shape[2]  # packed: the N tokens of one row
+        n_expected = b.positions.n_tokens if b.packed else b.n_new
+        if given != expected or n_given != n_expected:
             raise ValueError(f"this paged batch reserved positions {expected} × {b.n_new} tokens, the model wrote "
                              f"{given} × {k.shape[2]}; pass start_pos=batch.positions")
         B, H_kv, T, D_h = k.shape
@@ -440,6 +449,8 @@ class PagedLayerView:
         # gather: each sequence's blocks in table order → [B, n_blocks·bs, H_kv, D_h] → its first kv_len positions
         k_all = k_pool[b.block_table].flatten(1, 2)[:, :b.kv_len].transpose(1, 2)  # [B, H_kv, kv_len, D_h]
         v_all = v_pool[b.block_table].flatten(1, 2)[:, :b.kv_len].transpose(1, 2)
+        if b.packed:  # every sequence's keys in one row, for the packed queries' block-diagonal mask
+            return side_by_side(k_all), side_by_side(v_all)
         return k_all, v_all
 
 

@@ -34,8 +34,8 @@ from tqdm.auto import tqdm
 
 from course.engine.device import synchronize
 from course.engine.generate import decode_one_token, generate
-from course.engine.kv_cache import BatchPositions, KVCache
-from course.engine.paged import PagedKVCache, PoolExhausted
+from course.engine.kv_cache import BatchPositions, KVCache, PackedPositions
+from course.engine.paged import PagedBatch, PagedKVCache, PoolExhausted
 
 POLICIES = ("continuous", "static")
 
@@ -232,10 +232,12 @@ def make_trace(n_requests: int = 16, seed: int = 0, prompt_len: tuple[int, int] 
 
 # ---------------------------------------------------------------------------------------------- the server
 class _Running:
-    __slots__ = ("completion", "slot", "last")
+    __slots__ = ("completion", "slot", "last", "feed", "start")
 
     def __init__(self, completion: Completion, slot: int):
         self.completion, self.slot, self.last = completion, slot, None
+        self.feed: list[int] = []  # the tokens this iteration runs for it (its prompt, or its last token)
+        self.start = 0  # the position of feed[0]
 
 
 @torch.inference_mode()
@@ -302,22 +304,22 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
         free_slots.sort()
         running.remove(r)
 
-    def prefill(r: _Running) -> int:
-        """Prefill one admitted request in its slot; returns prompt tokens computed."""
-        req = r.completion.request
+    def admit(req: Request) -> _Running | None:
+        """Give a waiting request the first free slot and reserve its prompt's positions (None: no room)."""
         prompt = list(req.prompt_ids)
+        cached = 0
         if paged is not None:
-            cached = paged.add_sequence(req.id, prompt, share=share_prefix)
-            batch = paged.append([req.id], [prompt[cached:]])
-            at, kv = batch.positions, batch
-        else:
-            cached = 0
-            at, kv = BatchPositions([0], len(prompt), device, rows=[r.slot]), rows
-        r.completion.cached_tokens = cached
-        ids = torch.tensor([prompt[cached:]], dtype=torch.long, device=device)  # [1, T - cached]
-        logits = model(ids, start_pos=at, cache=kv, last_only=True)  # [1, V]
-        r.last = int(logits[0].argmax())
-        return len(prompt) - cached
+            cached = paged.add_sequence(req.id, prompt, share=share_prefix)  # shared full blocks of its prefix
+            try:
+                paged.reserve([req.id], [prompt[cached:]])
+            except PoolExhausted:
+                paged.free_sequence(req.id)
+                return None
+        r = _Running(completions[req.id], free_slots.pop(0))
+        r.completion.admitted, r.completion.cached_tokens = now, cached
+        r.feed, r.start = prompt[cached:], cached
+        running.append(r)
+        return r
 
     def can_admit(req: Request) -> bool:
         if not free_slots:
@@ -337,26 +339,23 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
         t0 = time.perf_counter()
         phase: dict[int, tuple[int, str]] = {}
         admitted: list[_Running] = []
-        prefill_tokens = 0
         if policy == "continuous" or not running:
-            # admit one at a time, prefilling each before the next is considered: its blocks are then
-            # counted, and a request sharing its prefix finds them already in the pool
             while waiting and can_admit(waiting[0]):
-                req = waiting.popleft()
-                r = _Running(completions[req.id], free_slots.pop(0))
-                r.completion.admitted = now
-                running.append(r)
+                r = admit(waiting[0])
+                if r is None:
+                    break
+                waiting.popleft()
                 admitted.append(r)
-                prefill_tokens += prefill(r)
-                phase[r.slot] = (req.id, "prefill")
-                _emit(r, sync_now(t0), eos_id)
+                phase[r.slot] = (r.completion.request.id, "prefill")
         decoding = [r for r in running if r not in admitted and not r.completion.stop_reason]
-        if decoding:
-            decoding = _decode_step(model, decoding, paged, rows if paged is None else None, device, waiting, release)
-            for r in decoding:
-                phase[r.slot] = (r.completion.request.id, "decode")
+        decoding = _reserve_decoders(decoding, paged, waiting, release)
+        for r in decoding:
+            phase[r.slot] = (r.completion.request.id, "decode")
+        step = admitted + decoding
+        if step:
+            _step(model, step, paged, rows if paged is None else None, device)
             t_tok = sync_now(t0)
-            for r in decoding:
+            for r in step:
                 _emit(r, t_tok, eos_id)
         elapsed = 1.0 if clock == "steps" else sync_now(t0) - now
         for r in list(running):
@@ -370,6 +369,7 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
             used = sum(len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1 for r in running)
             per_token = rows.nbytes // (max_batch * longest)
             mem = (rows.nbytes, used * per_token, used * per_token)
+        prefill_tokens = sum(len(r.completion.request.prompt_ids) - r.completion.cached_tokens for r in admitted)
         timeline.append(StepRecord(now, elapsed, slots, len(decoding), prefill_tokens, *mem))
         now += elapsed
     bar.close()
@@ -390,18 +390,15 @@ def _emit(r: _Running, t: float, eos_id: int | None) -> None:
         c.finished = t
 
 
-def _decode_step(model, decoding: list[_Running], paged: PagedKVCache | None, rows: KVCache | None, device,
-                 waiting: deque, release) -> list[_Running]:
-    """One batched decode step for every sequence in `decoding` (preempting the newest if the pool is full)."""
-    while True:
-        tokens = torch.tensor([[r.last] for r in decoding], dtype=torch.long, device=device)  # [B, 1]
-        if paged is None:
-            start = [len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1 for r in decoding]
-            at, kv = BatchPositions(start, 1, device, rows=[r.slot for r in decoding]), rows
-            break
+def _reserve_decoders(decoding: list[_Running], paged: PagedKVCache | None, waiting: deque,
+                      release) -> list[_Running]:
+    """Each running request's next position (its last token goes there); preempts the newest if the pool is full."""
+    for r in decoding:
+        r.feed = [r.last]
+        r.start = len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1
+    while paged is not None and decoding:
         try:
-            kv = paged.append([r.completion.request.id for r in decoding], [[r.last] for r in decoding])
-            at = kv.positions
+            paged.reserve([r.completion.request.id for r in decoding], [r.feed for r in decoding])
             break
         except PoolExhausted:
             if len(decoding) == 1:
@@ -413,10 +410,33 @@ def _decode_step(model, decoding: list[_Running], paged: PagedKVCache | None, ro
             c.tokens.clear()
             c.first_token, c.preemptions = math.nan, c.preemptions + 1
             waiting.appendleft(c.request)
-    logits = decode_one_token(model, tokens, at, kv)  # [B, V]: the engine's one step, B sequences at once
-    for r, token in zip(decoding, logits.argmax(-1).tolist()):
-        r.last = int(token)
     return decoding
+
+
+def _step(model, step: list[_Running], paged: PagedKVCache | None, rows: KVCache | None, device) -> None:
+    """ONE forward pass for every request in the iteration: new prompts and running requests' next tokens.
+
+    All feeding one token (a pure decode step): a [B, 1] batch. Otherwise the feeds are packed in one row
+    [1, N] (kv_cache.PackedPositions): the weights are read once for the prompts and the decode tokens together
+    (Orca's selective batching), attention keeps the sequences apart.
+    """
+    counts = [len(r.feed) for r in step]
+    uniform = len(set(counts)) == 1
+    n_new = counts[0] if uniform else counts
+    starts = [r.start for r in step]
+    if paged is not None:
+        kv = PagedBatch(paged, [r.completion.request.id for r in step], starts, n_new)
+        at = kv.positions
+    else:
+        slots = [r.slot for r in step]
+        at = (BatchPositions(starts, n_new, device, rows=slots) if uniform
+              else PackedPositions(starts, n_new, device, rows=slots))
+        kv = rows
+    feeds = [r.feed for r in step] if uniform else [[t for r in step for t in r.feed]]
+    tokens = torch.tensor(feeds, dtype=torch.long, device=device)  # [B, T] or packed [1, N]
+    logits = decode_one_token(model, tokens, at, kv)  # [B, V]: the engine's one step, B sequences at once
+    for r, token in zip(step, logits.argmax(-1).tolist()):
+        r.last = int(token)
 
 
 # ---------------------------------------------------------------------------------------------- checks
