@@ -5,10 +5,10 @@ A server holds at most `max_batch` running requests (its slots). Every iteration
     1. admits waiting requests that have arrived into free slots            (continuous: every iteration;
                                                                               static: only when the whole
                                                                               batch has finished)
-    2. prefills each admitted request on its own (ragged prompts, one matrix-matrix pass each)
-    3. decodes every running request in ONE batched step                    (decode_one_token with one
-                                                                              position per sequence)
-    4. retires requests that reached their token limit or EOS, freeing their slot and cache blocks
+    2. runs ONE forward pass for the admitted requests' prompts and every   (decode_one_token; prompts of
+       running request's next token: the weights are read once for all       different lengths are packed
+       of them (Orca's "selective batching")                                 in one row, kv_cache.PackedPositions)
+    3. retires requests that reached their token limit or EOS, freeing their slot and cache blocks
 
 Static batching is what a plain `generate` over a padded batch does: slots of requests that finished early
 stay empty until the longest request ends. Continuous batching (Yu et al., "Orca", OSDI 2022) refills them
