@@ -60,6 +60,16 @@ def add_cell_after(grade_id, code):
     return edit
 
 
+def add_cell_first(code):
+    """A cell of the student's own before the first answer cell (after the set-up cells)."""
+    def edit(nb):
+        cell = nbformat.v4.new_code_cell(d(code))
+        cell["id"] = "added-first"
+        first = next(i for i, c in enumerate(nb.cells) if c.metadata.get("nbgrader"))
+        nb.cells.insert(first, cell)
+    return edit
+
+
 def replace_test(grade_id, code):
     def edit(nb):
         nb.cells[_index(nb, grade_id)].source = d(code)
@@ -146,9 +156,14 @@ candidates = [Path(str(getattr(course.paths, "SOLUTIONS", "/nonexistent"))),
               Path(course.__file__).resolve().parent.parent / "solutions"]
 found = next((c / "{path}" for c in candidates if (c / "{path}").exists()), None)
 if found is not None:
-    for cell in json.loads(found.read_text())["cells"]:
-        if cell.get("metadata", {{}}).get("nbgrader", {{}}).get("solution"):
-            exec("".join(cell["source"]), globals())
+    _answers = [c["source"] for c in json.loads(found.read_text())["cells"]
+                if c.get("metadata", {{}}).get("nbgrader", {{}}).get("solution")]
+
+    def _reanswer(result=None):  # after every cell, the solutions' answers replace the stubs
+        for source in _answers:
+            exec("".join(source), globals())
+
+    get_ipython().events.register("post_run_cell", _reanswer)
 print("solutions found:", found is not None)
 """
 
@@ -354,7 +369,7 @@ MEMORY = {
     "adv-write-gradebook": Sample("finds gradebook.db and sets every score of its own to full, others to 0", "zero",
                                   blank=True, honest="blank", edits=[add_cell_after("kv_cache_bytes", ATTACK_GRADEBOOK)]),
     "adv-read-solutions": Sample("reads the solutions through course.paths and runs their answers", "zero",
-                                 blank=True, honest="blank", edits=[add_cell_after("gqa_saving", ATTACK_SOLUTIONS.format(path="01_memory_formula/memory_formula.ipynb"))]),
+                                 blank=True, honest="blank", edits=[add_cell_first(ATTACK_SOLUTIONS.format(path="01_memory_formula/memory_formula.ipynb"))]),
     "adv-input-transformer": Sample("registers an IPython input transformer that blanks every test cell", "zero",
                                     blank=True, honest="blank", edits=[add_cell_after("kv_cache_bytes", ATTACK_TRANSFORMER)]),
     "adv-int-subclass": Sample("returns an int subclass whose == is always true", "zero", honest="blank", answers={
@@ -693,9 +708,8 @@ def quiz_samples() -> dict[str, Sample]:
         f"answer_{q.id}": f"options = 'ABCDEFGH'\n{name[q.id]} = options[{'ABCDEFGH'.index(q.answer)}]"
         for q in questions})
     samples["adv-read-solutions"] = Sample("reads the solutions through course.paths and runs their answers", "zero",
-                                           blank=True, honest="blank", edits=[add_cell_after(
-                                               f"answer_{questions[-1].id}", ATTACK_SOLUTIONS.format(
-                                                   path="04_checkpoint_quiz/checkpoint_quiz.ipynb"))])
+                                           blank=True, honest="blank", edits=[add_cell_first(ATTACK_SOLUTIONS.format(
+                                               path="04_checkpoint_quiz/checkpoint_quiz.ipynb"))])
     return samples
 
 SAMPLES = {
