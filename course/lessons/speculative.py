@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from course.engine.generate import generate
-from course.engine.prefix_cache import PrefixCache
+from course.engine.paged_prefix import PagedPrefixCache
 from course.engine.sampling import probabilities
 from course.engine.speculative import (Draft, empirical_distribution, expected_tokens_per_pass, shallow_copy,
                           speculative_first_token, speculative_generate, total_variation)
@@ -421,7 +421,7 @@ class PrefixExperiment:
     prefix_tokens: int
     entry_bytes: int
     rows: list[PrefixRow]
-    store: PrefixCache
+    store: PagedPrefixCache
 
     @property
     def hits(self) -> list[PrefixRow]:
@@ -446,7 +446,7 @@ def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=Q
     The first request through the store is a miss (it computes and stores the prefix); the rest hit.
     """
     prefix = chat_prefix_ids(tokenizer, system)
-    store = PrefixCache(model, max_bytes=max_bytes)
+    store = PagedPrefixCache(model, max_bytes=max_bytes)  # shared blocks, nothing copied
     rows = []
     for question in tqdm(questions, desc="requests", leave=False):
         ids = tokenizer.chat_ids(question, system=system)

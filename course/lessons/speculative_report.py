@@ -129,8 +129,9 @@ class PrefixSummary:
                  f"{r.ttft_plain * 1e3:5.0f} → {r.ttft_cached * 1e3:5.0f} ms, same answer: {r.identical}"
                  for r in e.rows]
         per_token = e.entry_bytes / e.prefix_tokens
-        lines += ["", f"store: {s.hits} hits, {s.misses} miss(es), {s.bytes / 2**20:.1f} MiB held; copying stored rows "
-                  f"took {s.seconds_copying * 1e3:.0f} ms in total",
+        copied = (f"copying stored rows took {s.seconds_copying * 1e3:.0f} ms in total" if s.seconds_copying else
+                  "nothing was copied: each hit's block table points at the stored blocks")
+        lines += ["", f"store: {s.hits} hits, {s.misses} miss(es), {s.bytes / 2**20:.1f} MiB held; {copied}",
                   wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and time to first token fell "
                   f"by {saved:.0%}: the time saved {'trails' if saved < share else 'matches or beats'} the token share. "
                   f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)"),
