@@ -178,6 +178,8 @@ def test_batch_sweep_on_the_tiny_model():
     assert len(text) == 5 and "measured ÷ predicted ran from" in text[1] and "The longer context paid" in text[-1]
     with pytest.raises(ValueError, match="starting at 1"):
         batch_sweep(model, machine, batches=(2, 4))
+    with pytest.raises(ValueError, match="max_cache_bytes"):
+        batch_sweep(model, machine, contexts=(64,), batches=(1, 4096), max_cache_bytes=1 << 20)
 
 
 def test_pool_example_and_bytes_on_a_mix():

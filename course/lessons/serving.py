@@ -198,7 +198,8 @@ def _check_batches(batches: Sequence[int]) -> list[int]:
 
 @torch.inference_mode()
 def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
-                batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), rounds: int = 3, progress: bool = True) -> BatchSweep:
+                batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), rounds: int = 3, progress: bool = True,
+                max_cache_bytes: int = 4 * GiB) -> BatchSweep:
     """Time one decode step of B sequences, each with C tokens cached, for every (C, B).
 
     One cache of max(B) rows per context, filled with random keys and values (a step's time does not depend on
@@ -213,6 +214,10 @@ def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     config, dev = model.config, model.device
     dtype_bytes = torch.empty((), dtype=model.dtype).element_size()
+    biggest = batches[-1] * (max(contexts) + 1) * kv_bytes_per_token(config, dtype_bytes)
+    if biggest > max_cache_bytes:
+        raise ValueError(f"B = {batches[-1]} at C = {max(contexts)} needs a {biggest / GiB:.1f} GiB cache, over "
+                         f"max_cache_bytes = {max_cache_bytes / GiB:.1f} GiB; use smaller batches or contexts")
     sweep = BatchSweep(machine)
     for C in contexts:
         cache = KVCache(config, batch=batches[-1], max_seq_len=C + 1, dtype=model.dtype, device=dev)
