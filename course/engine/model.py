@@ -8,9 +8,11 @@ recomputes attention over every token it is given, which is how we measure what 
 Batches of different lengths: pass `start_pos` as one position per sequence (a list, a [B] tensor or a
 kv_cache.BatchPositions) instead of one int. RoPE then rotates each sequence by its own positions and
 attention masks each sequence's keys past its own end — the marked lines in Attention.forward and
-Transformer.forward are the whole difference. Prompts of different lengths are prefilled one at a time
-(a prefill is already a matrix-matrix product, so batching it buys little); their decode steps, bound by
-reading the weights, are what runs batched.
+Transformer.forward are the whole difference. Sequences that bring different numbers of new tokens (a new
+prompt next to running requests' decode tokens) go packed in one row [1, N] with a kv_cache.PackedPositions:
+no padding, every matmul reads the weights once for all N rows, and a block-diagonal mask keeps each
+sequence's attention to its own keys. Decode steps, bound by reading the weights, are where batching pays;
+a prompt is already a matrix-matrix product, so packing it with others buys less.
 """
 from __future__ import annotations
 
