@@ -13,13 +13,12 @@ sequence has not reached, SwiGLU, the final norm and the LM head. Every shape in
 buffer's length, not the context), and the positions are a tensor, so decoding further into the same
 cache never recompiles. Nothing of a step runs in Python between the layers.
 
-Why it is faster than the eager model. Decode multiplies one row vector by every weight matrix: a
-matrix-vector product (GEMV) that should run at memory speed. The BLAS call behind `F.linear` reaches
-only a fraction of the memory bandwidth for a single row, while the same product written as a
+Why it can be faster than the eager model. Decode multiplies one row vector by every weight matrix: a
+matrix-vector product (GEMV) that should run at memory speed. Where the BLAS call behind `F.linear`
+reaches only a fraction of the memory bandwidth for a single row, the same product written as a
 reduction, `(x * W).sum(-1)`, becomes one vectorised Inductor loop that streams each weight row once.
-For a batch the reduction is written weight-row-outermost, so each row is read once and used for all
-B sequences while it sits in the L1 cache (BLAS instead switches from its GEMV kernel to a GEMM one at
-B = 2, which is slower per byte on this CPU than either — the bench shows the numbers). The per-call
+For a batch (B >= 2) the step calls BLAS's matrix-matrix product from inside the graph: each weight
+matrix is still read once per step and serves every sequence. The per-call
 work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
 skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
 safe here because every call is shaped the same as its warm-up. On CUDA the step is captured as a CUDA
@@ -61,9 +60,12 @@ def use_gemv_linears(model: nn.Module) -> nn.Module:
 
 # --- the step, as one function of tensors --------------------------------------------------------------------
 def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [B, d] · weightᵀ ([N, d]) → [B, N]: inside torch.compile the streamed form below, eagerly F.linear
-    (run eagerly, the streamed form would materialise a [N, B, d] product: 7 GB for the head at B = 64)."""
-    if torch.compiler.is_compiling():
+    """x [B, d] · weightᵀ ([N, d]) → [B, N]. One row (B = 1) inside torch.compile: the streamed reduction below,
+    fused with its neighbours. A batch: BLAS's matrix-matrix product (F.linear), called from inside the graph;
+    Inductor's code for the streamed form with a symbolic batch size measured many times slower in the whole
+    step (`kvcourse bench`, decode_batch). Run eagerly, always F.linear (the streamed form would materialise a
+    [N, B, d] product)."""
+    if torch.compiler.is_compiling() and x.shape[0] == 1:
         return stream_product(x, weight)
     return F.linear(x, weight)
 
