@@ -106,7 +106,10 @@ def test_bytes_line_runs_end_to_end_on_tiny_shapes(one_thread):
     assert [p.name for p in line.points] == ["tiny", "tiny-wide", "tiny-deep"]
     assert [p.bytes_per_step for p in line.points] == [BL.read_bytes(s, BL.CONTEXT, torch.float32) for s in shapes]
     assert all(p.ms_per_step > 0 and len(p.times_ms) >= 3 for p in line.points)
-    assert len(line.probes) == 4 and not line.compiled
+    assert len(line.probes) == 4 and not line.compiled  # the models took 4 rounds of turns
+    apart = BL.bytes_line(shapes[:2], compile=False, budget_s=0.05, probe_bytes=8 << 20, progress=False,
+                          resident_bytes=0)  # too big to hold together: built, timed and freed in turn
+    assert len(apart.probes) == 3 and [p.name for p in apart.points] == ["tiny", "tiny-wide"]
     text = str(line)
     assert all(p.name in text for p in line.points) and line.verdict() in text
     assert line.values()["r2"] == line.fit.r2

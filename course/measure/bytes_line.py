@@ -110,8 +110,9 @@ class BlockwiseStep:
         self.block, self.head = decode_block, _head
         if compile:
             if not BlockwiseStep._compiled:
-                BlockwiseStep._compiled = {"block": torch.compile(decode_block, dynamic=True),
-                                           "head": torch.compile(_head, dynamic=True)}
+                options = {"size_asserts": False}  # no per-call size/stride checks of every input
+                BlockwiseStep._compiled = {"block": torch.compile(decode_block, dynamic=True, options=options),
+                                           "head": torch.compile(_head, dynamic=True, options=options)}
             self.block, self.head = BlockwiseStep._compiled["block"], BlockwiseStep._compiled["head"]
         self.bytes_per_step = read_bytes(c, context, model.dtype)
 
@@ -285,11 +286,14 @@ class BytesLine:
 
 def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch.dtype | str | None = None,
                context: int = CONTEXT, compile: bool = True, budget_s: float = 3.0, min_repeats: int = 3,
-               probe_bytes: int = 1 << 30, progress: bool = True, log=None) -> BytesLine:
-    """Time one decode step for each shape (built, timed and freed one at a time) and fit the line.
+               probe_bytes: int = 1 << 30, progress: bool = True, log=None, rounds: int = 4,
+               resident_bytes: float = 8e9) -> BytesLine:
+    """Time one decode step for each shape and fit the line.
 
-    budget_s: about how long each shape's timed steps take (at least min_repeats steps). The bandwidth is
-    probed before each shape and after the last, with the current number of torch threads.
+    When all the models fit in `resident_bytes` together, they are built first and then take turns, round
+    after round (a probe of the streaming-read bandwidth before each round), so a burst of load from another
+    program hits every point alike; otherwise each is built, timed and freed in turn. budget_s: about how long
+    each shape's timed steps take in all (at least min_repeats steps). Every model is freed at the end.
     """
     from course.engine.device import pick_dtype
 
@@ -302,41 +306,77 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
     if len(configs) < 2:
         raise ValueError(f"a line needs at least 2 shapes, got {list(shapes)}")
     t_start, load_before = time.perf_counter(), os.getloadavg()[0]
-    points, probes, compiled = [], [], compile
-    iterator = configs
+    state = {"compile": compile}
+    together = sum(c.n_params for c in configs) * _dtype_bytes(dtype) <= resident_bytes
+    bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        iterator = tqdm(configs, desc="bytes line", unit="model")
-    for config in iterator:
-        probes.append(memory_bandwidth(device, nbytes=probe_bytes, repeats=3).read_bytes_per_s)
+        bar = tqdm(total=len(configs) * (2 if together else 1), desc="bytes line", unit="step")
+
+    def prepare(config):
+        """Build the model and its step, and run it once (the first call compiles, for every shape at once)."""
         model = random_model(config, dtype, device, context=context)
-        step = BlockwiseStep(model, context, compile=compile)
+        step = BlockwiseStep(model, context, compile=state["compile"])
         try:
             with torch.fx.experimental._config.patch(use_duck_shape=False):  # sizes equal by chance stay apart
-                step()  # the first call compiles (once for every shape: dynamic shapes)
+                step()
         except Exception as exc:  # no C++ compiler: the same functions, eagerly
-            if not compile:
+            if not state["compile"]:
                 raise
             if log:
                 log(f"[bytes line] compiling failed ({type(exc).__name__}); timing the eager block instead")
-            compile = compiled = False
+            state["compile"] = False
             step = BlockwiseStep(model, context, compile=False)
-        with Stopwatch(device) as sw:
-            step()
-        repeats = max(min_repeats, min(50, int(budget_s / max(sw.seconds, 1e-4))))
-        times = []
-        for _ in range(repeats):
-            with Stopwatch(device) as sw:
-                step()
-            times.append(sw.seconds * 1e3)
-        points.append(Point(config.name, config.n_params, step.bytes_per_step, statistics.median(times), times))
-        del step, model  # free this model's weights before the next is built
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    probes.append(memory_bandwidth(device, nbytes=probe_bytes, repeats=3).read_bytes_per_s)
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=state["compile"]), Stopwatch(device) as sw:
+            step()  # warm now: the guards need not be evaluated again on the timed calls (they cost per call)
+        n = max(min_repeats, min(50, int(budget_s / max(sw.seconds, 1e-4))))
+        if bar:
+            bar.update()
+        return step, n
+
+    def timed(step, n) -> list[float]:
+        out = []
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=state["compile"]):
+            for _ in range(n):
+                with Stopwatch(device) as sw:
+                    step()
+                out.append(sw.seconds * 1e3)
+        return out
+
+    def probe():
+        return memory_bandwidth(device, nbytes=probe_bytes, repeats=3).read_bytes_per_s
+
+    times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
+    probes, steps_bytes = [], {}
+    if together:
+        prepared = [prepare(c) for c in configs]
+        for i, (step, _) in enumerate(prepared):
+            steps_bytes[i] = step.bytes_per_step
+        for _ in range(rounds):
+            probes.append(probe())
+            for i, (step, n) in enumerate(prepared):
+                times[i] += timed(step, max(1, -(-n // rounds)))
+        if bar:
+            bar.update(len(configs))
+        del prepared, step
+    else:
+        for i, config in enumerate(configs):
+            probes.append(probe())
+            step, n = prepare(config)
+            steps_bytes[i] = step.bytes_per_step
+            times[i] = timed(step, n)
+            del step  # free this model's weights before the next is built
+            gc.collect()
+        probes.append(probe())
+    if bar:
+        bar.close()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    points = [Point(c.name, c.n_params, steps_bytes[i], statistics.median(times[i]), times[i])
+              for i, c in enumerate(configs)]
     fit = fit_line([p.bytes_per_step for p in points], [p.ms_per_step for p in points])
     return BytesLine(points, statistics.median(probes), probes, fit, device.type, str(dtype).replace("torch.", ""),
-                     torch.get_num_threads(), compiled, (load_before, os.getloadavg()[0]),
+                     torch.get_num_threads(), state["compile"], (load_before, os.getloadavg()[0]),
                      time.perf_counter() - t_start)
