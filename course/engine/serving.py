@@ -248,7 +248,8 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
     """Run every request through the model with one scheduling policy; greedy decoding.
 
     cache: "paged" (a PagedKVCache of num_blocks, default enough for every request at its longest),
-    "contiguous" (a preallocated KVCache: max_batch rows × the longest request), or a PagedKVCache.
+    "contiguous" (a preallocated KVCache: max_batch rows × the longest request), or a PagedKVCache (it keeps
+    the full blocks it has cached between calls: a second run over it starts with a warm prefix cache).
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
