@@ -121,6 +121,8 @@ def test_step_rejects_bad_input_with_a_clear_message(one_thread):
         step(torch.zeros(2, 1, dtype=torch.long), torch.tensor([0, 8]), cache)
     with pytest.raises(ValueError, match="overflow"):
         step(torch.zeros(2, 1, dtype=torch.long), [0, 9], cache)
+    with pytest.raises(ValueError, match="product must be"):
+        DecodeStep(model, product="gemm")
     with pytest.raises(TypeError, match="must hold torch.float32"):
         step(torch.zeros(2, 1, dtype=torch.long), 0, KVCache(model.config, 2, 8, dtype=torch.bfloat16))
 

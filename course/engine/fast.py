@@ -59,6 +59,11 @@ def use_gemv_linears(model: nn.Module) -> nn.Module:
 
 
 # --- the step, as one function of tensors --------------------------------------------------------------------
+def blas_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, d] · weightᵀ → [B, N] through BLAS (F.linear) at every batch size, compiled or not."""
+    return F.linear(x, weight)
+
+
 def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, d] · weightᵀ ([N, d]) → [B, N]. One row (B = 1) inside torch.compile: the streamed reduction below,
     fused with its neighbours. A batch: BLAS's matrix-matrix product (F.linear), called from inside the graph;
@@ -168,7 +173,11 @@ class DecodeStep:
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
-                 skip_guards: bool = True, dynamic_batch: bool = True):
+                 skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream"):
+        if product not in ("stream", "blas"):
+            raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
+        self.product = product
+        self._linear = streamed_linear if product == "stream" else blas_linear
         self.model = model
         self.compiled = compile
         if mode is None:
@@ -263,7 +272,7 @@ class DecodeStep:
         if self.skip_guards:
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                    out = self._fn(self.model, tokens, positions, ks, vs, rows)
+                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
                 return out.clone() if self.mode == "reduce-overhead" else out  # CUDA graphs reuse the output
             except RuntimeError as exc:  # these inputs differ from every warm-up in a way the key missed:
                 if "skip_guard_eval_unsafe" not in str(exc):  # check the guards from now on
@@ -274,13 +283,13 @@ class DecodeStep:
 
     def _run(self, tokens, positions, ks, vs, rows):
         try:
-            out = self._fn(self.model, tokens, positions, ks, vs, rows)
+            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
         except Exception as exc:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
             if self._fn is decode_step:
                 raise
             warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
             self._fn, self.compiled, self.skip_guards = decode_step, False, False
-            out = decode_step(self.model, tokens, positions, ks, vs, rows)
+            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear)
         return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
 
     def __repr__(self) -> str:
