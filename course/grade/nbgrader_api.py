@@ -102,7 +102,8 @@ def generate_exercises(dest: Path = EXERCISES, workdir: Path | None = None) -> l
 
 # ----------------------------------------------------------------------------- the gradebook file
 
-NBGRADER_TABLES = {"assignment", "notebook", "student", "submitted_assignment", "grade", "grade_cell"}
+NBGRADER_TABLES = {"assignment", "notebook", "student", "submitted_assignment", "submitted_notebook", "grade",
+                   "grade_cells", "base_cell"}
 
 
 def gradebook_problem(path: Path) -> str:
