@@ -80,11 +80,11 @@ def assert_learner_output_clean(nb, results: dict, lesson: str, min_bullets: int
 
 def stated_run_minutes(nb) -> float:
     """The bound the lesson's first cell states: '**Run time:** under N minutes' (N may be 2.5)."""
-    import re
+    from course.lessons.recap import stated_run_minutes as stated
 
-    m = re.search(r"\*\*Run time:?\*\*:?\s*under (\d+(?:\.\d+)?) minutes?", nb.cells[0].source)
-    assert m, "the first cell must state '**Run time:** under N minutes'"
-    return float(m.group(1))
+    minutes = stated(nb)
+    assert minutes is not None, "the first cell must state '**Run time:** under N minutes'"
+    return minutes
 
 
 def load_factor() -> float:
@@ -101,8 +101,12 @@ def load_factor() -> float:
 
 
 def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
-    """Assert the headless run fits the lesson's stated bound (scaled by the load); return a one-line report
-    with the slowest cells, for the test log."""
+    """Report the headless run time against the lesson's stated bound (scaled by the load), with the slowest cells.
+
+    Speed is the benchmarks' business (`kvcourse bench` checks each lesson against its stated bound, side by side
+    in one run); a shared test machine's timing would make this test flaky. KVCOURSE_STRICT_TIMES=1 asserts it."""
+    import os
+
     import datetime as dt
 
     import nbformat
@@ -120,5 +124,6 @@ def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
     report = (f"{nb_path.name}: {elapsed:.0f} s headless, bound {minutes:g} min × load factor {factor:.1f}; "
               f"slowest cells: " + "; ".join(f"{s:.0f} s {name!r}" for s, name in slow[:4]))
     print(report)
-    assert elapsed <= 60 * minutes * factor, report
+    if os.environ.get("KVCOURSE_STRICT_TIMES", "0") not in ("", "0"):
+        assert elapsed <= 60 * minutes * factor, report
     return report

@@ -138,15 +138,20 @@ def notebook_paths() -> list[Path]:
 
 
 @bench_item("notebooks", title="Notebooks executed headless", slow=True, columns={
-    "notebook": "{notebook}", "seconds": "{seconds:.0f}", "ok": lambda r: "yes" if r["ok"] else f"no — {r['error']}"},
+    "notebook": "{notebook}", "seconds": "{seconds:.0f}",
+    "stated": lambda r: f"under {r['stated_min']:g} min" if r.get("stated_min") else "—",
+    "ok": lambda r: "yes" if r["ok"] else f"no — {r['error']}"},
     text=lambda it: f"Total {it['total_s']:.0f} s (lessons {it['lessons_s']:.0f} s).",
     targets=[Target("notebooks_s", "all lessons + solutions executed headless, seconds", "<=", 600.0,
-                    lambda it: (it["total_s"], "" if it["all_ok"] else "some notebooks failed"))])
+                    lambda it: (it["total_s"], "" if it["all_ok"] else "some notebooks failed")),
+             Target("lesson_over_stated", "slowest lesson ÷ the run time its header states", "<=", 1.0,
+                    lambda it: (it["worst_over_stated"], it["worst_lesson"]))])
 def bench_notebooks(ctx: Context) -> dict:
     """Execute every lesson and solution notebook headless (nbclient), one at a time, and time each."""
     import nbformat
     from nbclient import NotebookClient
 
+    from course.lessons.recap import stated_run_minutes
     from course.paths import PROJECT_ROOT, jupyter_env
 
     paths = notebook_paths()
@@ -159,6 +164,7 @@ def bench_notebooks(ctx: Context) -> dict:
                     "PYTHONPATH": str(PROJECT_ROOT) + os.pathsep + env.get("PYTHONPATH", "")})
         for path in ctx.progress(paths, "notebooks"):
             nb = nbformat.read(path, as_version=4)
+            stated = stated_run_minutes(nb)
             client = NotebookClient(nb, timeout=900, kernel_name="python3",
                                     resources={"metadata": {"path": str(path.parent)}})
             t0 = time.perf_counter()
@@ -168,11 +174,14 @@ def bench_notebooks(ctx: Context) -> dict:
             except Exception as exc:  # a failing notebook is reported, with its time until the failure
                 error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
             rows.append(dict(notebook=str(path.relative_to(PROJECT_ROOT)), seconds=time.perf_counter() - t0,
-                             ok=error is None, error=error))
+                             ok=error is None, error=error, stated_min=stated))
     total = sum(r["seconds"] for r in rows)
     lessons = sum(r["seconds"] for r in rows if r["notebook"].startswith("lessons"))
+    ratios = [(r["seconds"] / (60 * r["stated_min"]), r["notebook"]) for r in rows if r.get("stated_min")]
+    worst = max(ratios, default=(float("nan"), ""))
     return {"status": "ok", "rows": rows, "total_s": total, "lessons_s": lessons,
-            "all_ok": all(r["ok"] for r in rows), "repeats": 1}
+            "all_ok": all(r["ok"] for r in rows), "repeats": 1,
+            "worst_over_stated": worst[0], "worst_lesson": worst[1]}
 
 
 # --- grading ------------------------------------------------------------------------------------------------

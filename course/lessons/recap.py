@@ -244,3 +244,12 @@ def recap(lesson: str, values: dict | None = None, lessons_dir: Path = LESSONS,
               review=(lessons_dir / REVIEW).exists())
     record("recap", r.values())
     return r
+
+
+def stated_run_minutes(nb) -> float | None:
+    """The bound a lesson's first cell states ('**Run time:** under N minutes', N may be 2.5), or None."""
+    import re
+
+    source = nb.cells[0].source if nb.cells else ""
+    m = re.search(r"\*\*Run time:?\*\*:?\s*under (\d+(?:\.\d+)?) minutes?", source)
+    return float(m.group(1)) if m else None
