@@ -270,3 +270,25 @@ def test_warnings_are_not_raised_on_a_healthy_file(tmp_path):
         store.record_answer("00_start_here", "start-3", "A", True)
         ProgressStore(tmp_path / "p.sqlite").answers()
     assert _aside_files(tmp_path / "p.sqlite") == []
+
+
+def test_a_file_that_is_not_progress_is_never_touched(tmp_path):
+    """A mistyped KVCOURSE_PROGRESS (notes, a system file) is left byte for byte as it was: no rename, no lock
+    file beside it; the session's progress goes to a temporary file and the warning says why."""
+    import hashlib
+    import warnings
+
+    from course.teach.progress import ProgressFileWarning, ProgressStore
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my own notes\n" * 20)
+    digest = hashlib.sha256(notes.read_bytes()).hexdigest()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        store = ProgressStore(notes)
+        store.record_answer("00_start_here", "start-1", "A", True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert hashlib.sha256(notes.read_bytes()).hexdigest() == digest
+    assert any(issubclass(w.category, ProgressFileWarning) and "not a progress file" in str(w.message)
+               for w in caught)
+    assert store.not_saved and "left untouched" in store.not_saved

@@ -177,7 +177,40 @@ class ProgressStore:
         finally:
             conn.close()
 
+    def _looks_like_progress(self) -> bool:
+        """Only a file that could be ours is ever moved aside: empty, SQLite, or named like a progress file.
+
+        Anything else (a mistyped KVCOURSE_PROGRESS pointing at notes, a system file) is left exactly as it is."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(16)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return not head or head.startswith(b"SQLite format 3") or self.path.suffix in (".sqlite", ".sqlite3", ".db")
+
     def _move_aside(self, reason: str) -> None:
+        if not self._looks_like_progress():
+            self._leave_foreign_file(reason)
+            return
+        self._rename_aside(reason)
+
+    def _leave_foreign_file(self, reason: str) -> None:
+        """The path holds something that is not ours: touch nothing there (no rename, no lock file)."""
+        import atexit
+
+        fd, name = tempfile.mkstemp(prefix="kvcourse-progress-", suffix=".sqlite")
+        os.close(fd)
+        os.unlink(name)
+        atexit.register(_remove_session_copy, Path(name))
+        self.not_saved = (f"{self.path} is not a progress file ({reason}), so it was left untouched; this "
+                          f"session's progress is kept for this session only (in {name}). Set {ENV_VAR} to a "
+                          f"file ending in .sqlite to keep it.")
+        warnings.warn(self.not_saved, ProgressFileWarning, stacklevel=4)
+        self.path = Path(name)
+
+    def _rename_aside(self, reason: str) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
         moved = False
@@ -242,6 +275,8 @@ class ProgressStore:
     def _ensure_ready_locked(self) -> None:
         from filelock import FileLock
 
+        if self.path.is_file() and not self._looks_like_progress():
+            self._leave_foreign_file("it is not an SQLite file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # The lock file serialises first-time set-up and recovery between processes.
         with FileLock(str(self.path) + ".lock", timeout=self.timeout):
