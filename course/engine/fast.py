@@ -22,7 +22,7 @@ matrix is still read once per step and serves every sequence. The per-call
 work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
 skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
 safe here because every call is shaped the same as its warm-up. On CUDA the step is captured as a CUDA
-graph (`mode="reduce-overhead"`), so one launch replaces some 500 kernel launches.
+graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds of kernel launches of a step.
 
 Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
 The weights are not copied: the step reads the eager model's own parameters.
@@ -185,7 +185,7 @@ class DecodeStep:
         self.mode = mode
         self.skip_guards = skip_guards and compile
         # dynamic=None: shapes start static; only what dynamic_batch marks (the batch dimension) is symbolic, so
-        # B = 1 gets its own graph and every B >= 2 shares one (compiling is what costs: ~a minute per graph)
+        # B = 1 gets its own graph and every B >= 2 shares one (compiling is what costs: minutes per graph on 2 busy cores)
         self.dynamic_batch = dynamic_batch
         # Inductor's per-call checks of every input's size and stride (hundreds per step) are off: the guards
         # and this class's own checks already pin the shapes. reduce-overhead = CUDA graphs.
