@@ -266,6 +266,11 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
     if longest > model.config.max_seq_len:
         raise ValueError(f"a request needs {longest} positions, beyond the model's context of "
                          f"{model.config.max_seq_len}; shorten it")
+    vocab = model.config.vocab_size
+    outside = [r.id for r in requests if max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0]
+    if outside:
+        raise ValueError(f"requests {outside} hold token ids outside the model's vocabulary of {vocab}; "
+                         f"make the trace with vocab_size={vocab}")
     device, dtype = model.device, model.dtype
     if isinstance(cache, PagedKVCache):
         paged, kind = cache, "paged"
