@@ -298,11 +298,15 @@ def test_kill_9_of_the_grader_takes_its_sandboxes_with_it(tmp_path):
                              "--jobs", "2", "--quiet"], cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     marker = str(course / "work" / "run-")
+
+    def sandboxed():  # this grader's own sandboxed harnesses (other graders may run on the machine)
+        return [p for p in _descendants(proc.pid) if b"/sub/job.json" in _cmdline(p)]
+
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and len(_alive_with("course.grade.harness /sub/job.json")) < 1:
+    while time.monotonic() < deadline and not sandboxed():
         time.sleep(0.5)
-    running = [p for p in _descendants(proc.pid)]
-    assert running, "sandboxes were running"
+    assert sandboxed(), "sandboxes were running"
+    running = _descendants(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)  # the grader only, not its process group
     proc.wait()
     deadline = time.monotonic() + 20
@@ -310,6 +314,13 @@ def test_kill_9_of_the_grader_takes_its_sandboxes_with_it(tmp_path):
         time.sleep(0.2)
     assert not [p for p in running if _pid_alive(p)], "sandboxes outlived the grader"
     assert not _alive_with(marker)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
 
 
 def _pid_alive(pid: int) -> bool:
