@@ -73,6 +73,8 @@ def test_wall_clock_times_are_measured(tiny, trace, one_thread):
     result = serve(tiny, at_once, "continuous", 2, clock="wall", block_size=4, progress=False)
     assert all(s.seconds > 0 for s in result.timeline)
     total = sum(s.seconds for s in result.timeline)  # the clock is the iterations' measured time
+    assert all(s.cpu_seconds > 0 for s in result.timeline)
+    assert result.cpu_throughput == result.generated_tokens / sum(s.cpu_seconds for s in result.timeline)
     assert total - result.timeline[-1].seconds < result.makespan <= total
 
 

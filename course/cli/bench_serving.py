@@ -76,19 +76,22 @@ def bench_batching(ctx) -> dict:
 
 # --- continuous vs static batching ------------------------------------------------------------------------------
 @bench_item("serving", title="Continuous vs static batching on one trace", columns={
-    "round": "{round}", "policy": "{policy}", "tokens/s": "{throughput:.1f}", "TTFT p50 s": "{ttft_p50:.2f}",
+    "round": "{round}", "policy": "{policy}", "tokens/s": "{throughput:.1f}",
+    "tokens per CPU-s": "{cpu_throughput:.1f}", "TTFT p50 s": "{ttft_p50:.2f}",
     "TTFT p95 s": "{ttft_p95:.2f}", "latency p50 s": "{latency_p50:.2f}", "latency p95 s": "{latency_p95:.2f}",
     "slot occupancy": "{slot_occupancy:.0%}", "iterations": "{iterations}",
     "KV reserved ÷ used (peak)": "{reserved_over_used:.3f}"},
     text=lambda it: (f"{it['requests']} requests waiting at the start, most answers short and a quarter long, at most "
                      f"{it['max_batch']} at a time: continuous batching gave "
-                     f"{it['throughput_ratio']:.2f}× static batching's throughput (median of the rounds), p95 latency "
+                     f"{it['throughput_ratio']:.2f}× static batching's throughput in tokens per {it['ratio_clock']} "
+                     f"(median of the rounds; {it['wall_ratio']:.2f}× in wall-clock tokens/s), p95 latency "
                      f"{it['continuous_latency_p95']:.2f} s vs {it['static_latency_p95']:.2f} s. Independent of the machine's "
                      f"load: static batching needed {it['iterations_ratio']:.2f}× as many forward passes, its slots busy "
                      f"{it['occupancy']['static']:.0%} of the time against {it['occupancy']['continuous']:.0%}. "
                      f"Every request's tokens "
                      f"{'were identical' if it['outputs_identical'] else 'DIFFERED'} under both policies."),
-    targets=[Target("continuous_over_static", "trace throughput: continuous ÷ static batching", ">=", 1.5,
+    targets=[Target("continuous_over_static", "trace throughput: continuous ÷ static batching (tokens per CPU-second "
+                    "on a CPU, per second on a GPU)", ">=", 1.5,
                     lambda it: _item(it, "throughput_ratio", "p95 {continuous_latency_p95:.2f} s vs "
                                                               "{static_latency_p95:.2f} s")),
              Target("continuous_p95_over_static", "trace p95 latency: continuous ÷ static", "<=", 1.0,
@@ -111,10 +114,17 @@ def bench_serving(ctx) -> dict:
             results[policy].append(res)
             rows.append(dict(round=r + 1, **res.summary(),
                              reserved_over_used=res.peak_bytes_reserved / res.peak_bytes_used))
-    ratios = [c.throughput / st.throughput for c, st in zip(results["continuous"], results["static"])]
+    pairs = list(zip(results["continuous"], results["static"]))
+    wall = [c.throughput / st.throughput for c, st in pairs]
+    cpu = [c.cpu_throughput / st.cpu_throughput for c, st in pairs]
+    # On a CPU shared with other programs, CPU time is the steadier clock: it counts only this server's work
+    on_cpu = str(ctx.device).startswith("cpu")
+    ratios = cpu if on_cpu else wall
     p95 = {p: statistics.median(x.latency_p95 for x in results[p]) for p in results}
     return {"status": "ok", "rows": rows, "requests": len(trace), "max_batch": s["serve_batch"],
             "throughput_ratio": statistics.median(ratios), "throughput_ratios": ratios,
+            "ratio_clock": "CPU-second" if on_cpu else "second", "wall_ratio": statistics.median(wall),
+            "wall_ratios": wall, "cpu_ratios": cpu,
             "continuous_latency_p95": p95["continuous"], "static_latency_p95": p95["static"],
             "p95_ratio": p95["continuous"] / p95["static"],
             "outputs_identical": outputs["continuous"] == outputs["static"],
