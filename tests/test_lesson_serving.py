@@ -194,8 +194,8 @@ def test_pool_example_and_bytes_on_a_mix():
     assert cache.block_table("D'")[1] != cache.block_table("D")[1]  # copied on write
     mix = mix_requests(32, max_seq_len=1024, seed=3)
     b = reserved_on_mix(cfg, mix, block_size=16, max_seq_len=1024)
-    assert b.used <= b.paged <= b.used + len(mix) * 16 * cache.bytes_per_token // 1
-    assert b.preallocated == len(mix) * 1024 * cache.bytes_per_token
+    assert b.used_bytes <= b.paged_bytes <= b.used_bytes + len(mix) * 16 * cache.bytes_per_token // 1
+    assert b.preallocated_bytes == len(mix) * 1024 * cache.bytes_per_token
     fit = fit_in_budget(cfg, mix, budget_bytes=64 << 20, max_seq_len=1024)
     assert fit.preallocated_requests == (64 << 20) // (1024 * cache.bytes_per_token)
 

@@ -146,3 +146,16 @@ def harden(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 harden(sub)
+
+
+def confirmed(question: str, declined: str) -> bool:
+    """Ask `question` on the terminal; True only for 'y'/'yes'. Otherwise print `declined` and return False
+    (end of input counts as no, so a script without a terminal never deletes anything by accident)."""
+    try:
+        reply = input(question + " Type 'yes' to confirm: ")
+    except EOFError:
+        reply = ""
+    if reply.strip().lower() in ("y", "yes"):
+        return True
+    print(f"{declined} (Use --yes to skip this question.)")
+    return False

@@ -5,6 +5,7 @@ import sys
 import time
 import warnings
 
+from course.cli.args import confirmed
 from course.cli.review import progress_file
 from course.teach.progress import ENV_VAR, ProgressFileWarning, ProgressStore, Summary, default_store
 from course.teach.questions import load_questions
@@ -37,16 +38,9 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
         print(f"Nothing deleted: {store.not_saved}", file=sys.stderr)
         return 2
     what = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items() if n and t != "measurements")
-    if not assume_yes:
-        prompt = (f"Delete all saved progress in {store.path} ({what or 'nothing saved yet'})? "
-                  "Type 'yes' to confirm: ")
-        try:
-            reply = input(prompt)
-        except EOFError:
-            reply = ""
-        if reply.strip().lower() not in ("y", "yes"):
-            print("Nothing deleted. (Use --yes to reset without this question.)")
-            return 1
+    if not assume_yes and not confirmed(
+            f"Delete all saved progress in {store.path} ({what or 'nothing saved yet'})?", "Nothing deleted."):
+        return 1
     store.reset()
     print(f"Progress cleared in {store.path}.")
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from course.cli.args import _typed, existing_file, positive_int
+from course.cli.args import _typed, confirmed, existing_file, positive_int
 from course.teach.progress import ENV_VAR, ProgressStore, default_store
 from course.teach.questions import load_questions
 from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
@@ -75,15 +75,10 @@ def run(args) -> int:
 
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
-    if not assume_yes:
-        try:
-            reply = input(f"Start the review schedule in {store.path} over? Every item goes back to box 0 "
-                          "(your answers and progress stay saved). Type 'yes' to confirm: ")
-        except EOFError:
-            reply = ""
-        if reply.strip().lower() not in ("y", "yes"):
-            print("Nothing changed. (Use --yes to reset without this question.)")
-            return 1
+    if not assume_yes and not confirmed(
+            f"Start the review schedule in {store.path} over? Every item goes back to box 0 "
+            "(your answers and progress stay saved).", "Nothing changed."):
+        return 1
     store.record_review_reset()
     print(f"Review schedule started over in {store.path}.")
     return 0

@@ -69,16 +69,9 @@ class BlockAllocator:
         return sum(len(t) for t in self.tables.values())
 
 
-@dataclass
-class PagingReport:
-    lengths: np.ndarray  # tokens per request
-    max_seq_len: int
-    block_size: int
-    bytes_per_token: int
-    used_bytes: int
-    preallocated_bytes: int
-    paged_bytes: int
-    blocks_per_request: list[int] = field(default_factory=list)
+class ReservedBytes:
+    """Bytes the tokens use against the bytes reserved two ways: a max-length slot per request (preallocated) or
+    fixed-size blocks on demand (paged). Subclasses have used_bytes, preallocated_bytes and paged_bytes."""
 
     @property
     def preallocated_waste(self) -> float:
@@ -87,12 +80,25 @@ class PagingReport:
 
     @property
     def paged_waste(self) -> float:
+        """Share of the paged blocks' bytes that hold nothing (the last block of each request, partly filled)."""
         return 1 - self.used_bytes / self.paged_bytes
 
     @property
     def saving(self) -> float:
         """preallocated / paged reserved bytes."""
         return self.preallocated_bytes / self.paged_bytes
+
+
+@dataclass
+class PagingReport(ReservedBytes):
+    lengths: np.ndarray  # tokens per request
+    max_seq_len: int
+    block_size: int
+    bytes_per_token: int
+    used_bytes: int
+    preallocated_bytes: int
+    paged_bytes: int
+    blocks_per_request: list[int] = field(default_factory=list)
 
     def values(self) -> dict:
         return {"paging_preallocated_waste": self.preallocated_waste, "paging_paged_waste": self.paged_waste,

@@ -21,9 +21,10 @@ import torch
 
 from course.engine.config import ModelConfig
 from course.engine.kv_cache import BatchPositions, KVCache
-from course.measure.costs import GB, GiB, decode_cost, kv_bytes_per_token, weights_bytes, weights_read_bytes
+from course.measure.costs import GB, Cost, GiB, decode_cost, kv_bytes_per_token, weights_bytes, weights_read_bytes
 from course.measure.roofline import Machine
 from course.measure.timing import Stopwatch, Timing
+from course.measure.display import Printed
 
 # ---------------------------------------------------------------------------------------------
 # Published accelerator specs (dense, no sparsity), for the paper version of the sweep
@@ -60,40 +61,17 @@ GPUS = {
 # The cost of one batched decode step, on paper
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class BatchCost:
-    """FLOPs and bytes of one decode step for B sequences with C tokens cached each."""
-    batch: int
-    context: int
-    flops: float  # B × one sequence's FLOPs
-    weight_bytes: float  # read once, whatever B
-    kv_bytes: float  # B × one sequence's cache
-
-    @property
-    def bytes(self) -> float:
-        return self.weight_bytes + self.kv_bytes
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes
-
-
-def _decode_cost(config: ModelConfig, context: int, dtype_bytes: float):
+def _decode_cost(config: ModelConfig, context: int, dtype_bytes: float, batch: int = 1) -> Cost:
     """decode_cost, also for paper contexts past the model's trained length (C = 4,096 on a 4k model)."""
-    if context >= config.max_seq_len:
-        config = config.with_(max_seq_len=context + 1)
-    return decode_cost(config, context, dtype_bytes)
+    return decode_cost(config, context, dtype_bytes, batch=batch, within_context=False)
 
 
-def batch_cost(config: ModelConfig, batch: int, context: int, dtype_bytes: float = 4) -> BatchCost:
+def batch_cost(config: ModelConfig, batch: int, context: int, dtype_bytes: float = 4) -> Cost:
     """One step for B sequences: the weights are read once, each sequence reads its own cache and does its own FLOPs."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
-    one = _decode_cost(config, context, dtype_bytes)
-    return BatchCost(batch, context, batch * one.flops, one.weight_bytes, batch * one.kv_bytes)
+    return _decode_cost(config, context, dtype_bytes, batch)
 
 
-def predicted_step(machine: Machine, cost: BatchCost) -> float:
+def predicted_step(machine: Machine, cost: Cost) -> float:
     """max((W + B·KV) / bandwidth, B·F / FLOP/s), seconds."""
     return max(cost.bytes / machine.bytes_per_s, cost.flops / machine.flops_per_s)
 
@@ -119,7 +97,7 @@ class SweepPoint:
     context: int
     timing: Timing
     predicted_s: float
-    cost: BatchCost
+    cost: Cost
 
     @property
     def seconds(self) -> float:
@@ -135,7 +113,7 @@ class SweepPoint:
 
 
 @dataclass
-class BatchSweep:
+class BatchSweep(Printed):
     machine: Machine
     points: list[SweepPoint] = field(default_factory=list)
 
@@ -184,9 +162,6 @@ class BatchSweep:
             lines.append(f"{p.context:>5} {p.batch:>4} {p.seconds * 1e3:>8.1f} {p.predicted_s * 1e3:>9.1f} "
                          f"{p.predicted_s / p.seconds:>9.2f} {p.tokens_per_s:>9.1f} {p.cost.intensity:>7.2f}")
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
 
 
 def _check_batches(batches: Sequence[int]) -> list[int]:

@@ -22,8 +22,9 @@ from course.engine.generate import decode_one_token, prefill
 from course.engine.kv_cache import KVCache
 from course.engine.paged import PagedKVCache, PoolExhausted, block_bytes
 from course.engine.serving import Request, ServeResult, make_trace, memory_on_mix, serve, solo_outputs
-from course.lessons.paging import sample_request_lengths
+from course.lessons.paging import ReservedBytes, sample_request_lengths
 from course.measure.costs import MiB, kv_bytes_per_token
+from course.measure.display import Printed
 
 # A short shared system prompt (lesson 04 uses a longer one): every request of the prefix run starts with it.
 SYSTEM_PROMPT = ("You are Quill, the help-desk assistant of the Harbour Street Public Library. Answer in one short, "
@@ -81,39 +82,27 @@ def mix_requests(n_requests: int = 64, max_seq_len: int = 2048, seed: int = 0) -
 
 
 @dataclass
-class MixBytes:
-    used: int
-    paged: int
-    preallocated: int
+class MixBytes(Printed, ReservedBytes):
+    used_bytes: int
+    paged_bytes: int
+    preallocated_bytes: int
     block_size: int
     max_seq_len: int
     n_requests: int
 
-    @property
-    def paged_waste(self) -> float:
-        """Share of the reserved bytes that hold nothing."""
-        return 1 - self.used / self.paged
-
-    @property
-    def preallocated_waste(self) -> float:
-        return 1 - self.used / self.preallocated
-
     def values(self) -> dict:
-        return dict(used=self.used, paged=self.paged, preallocated=self.preallocated,
-                    paged_over_used=self.paged / self.used, preallocated_over_used=self.preallocated / self.used,
+        return dict(used=self.used_bytes, paged=self.paged_bytes, preallocated=self.preallocated_bytes,
+                    paged_over_used=self.paged_bytes / self.used_bytes, preallocated_over_used=self.preallocated_bytes / self.used_bytes,
                     paged_waste=self.paged_waste, preallocated_waste=self.preallocated_waste,
                     block_size=self.block_size, max_seq_len=self.max_seq_len, n_requests=self.n_requests)
 
     def __str__(self) -> str:
         return (f"{self.n_requests} requests, every one at its full length:\n"
-                f"  used by the tokens          {self.used / MiB:9.1f} MiB\n"
-                f"  paged ({self.block_size}-token blocks)     {self.paged / MiB:9.1f} MiB  "
-                f"({self.paged / self.used:.3f}× used, {self.paged_waste:.1%} wasted)\n"
-                f"  preallocated ({self.max_seq_len:,} each)  {self.preallocated / MiB:9.1f} MiB  "
-                f"({self.preallocated / self.used:.2f}× used, {self.preallocated_waste:.1%} wasted)")
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
+                f"  used by the tokens          {self.used_bytes / MiB:9.1f} MiB\n"
+                f"  paged ({self.block_size}-token blocks)     {self.paged_bytes / MiB:9.1f} MiB  "
+                f"({self.paged_bytes / self.used_bytes:.3f}× used, {self.paged_waste:.1%} wasted)\n"
+                f"  preallocated ({self.max_seq_len:,} each)  {self.preallocated_bytes / MiB:9.1f} MiB  "
+                f"({self.preallocated_bytes / self.used_bytes:.2f}× used, {self.preallocated_waste:.1%} wasted)")
 
 
 def reserved_on_mix(config, requests: Sequence[Request], block_size: int = 16, max_seq_len: int = 2048,
@@ -244,7 +233,7 @@ def plot_pool(cache: PagedKVCache, title: str = ""):
 # ---------------------------------------------------------------------------------------------
 
 @dataclass
-class BatchingRun:
+class BatchingRun(Printed):
     requests: list[Request]
     static: ServeResult
     continuous: ServeResult
@@ -280,9 +269,6 @@ class BatchingRun:
                          f"{r.latency_p50:>11.2f}s {r.latency_p95:>11.2f}s {r.slot_occupancy:>10.0%} "
                          f"{str(self.identical[name]):>12}")
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
 
 
 def lesson_trace(vocab_size: int, n_requests: int = 10, seed: int = 0, long_share: float = 0.3,
@@ -442,8 +428,8 @@ def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: Batchi
                     for k in contexts[1:]) + ".",
         f"The cache is the limit: a {fit.budget_bytes / MiB:.0f} MiB budget held {fit.paged_requests} requests of the "
         f"mix paged, {fit.preallocated_requests} as {fit.max_seq_len:,}-token preallocated slots.",
-        f"Paging reserved {mix.paged / mix.used:.3f}× the bytes the mix used ({mix.paged_waste:.1%} wasted); "
-        f"preallocation {mix.preallocated / mix.used:.2f}× ({mix.preallocated_waste:.0%} wasted).",
+        f"Paging reserved {mix.paged_bytes / mix.used_bytes:.3f}× the bytes the mix used ({mix.paged_waste:.1%} wasted); "
+        f"preallocation {mix.preallocated_bytes / mix.used_bytes:.2f}× ({mix.preallocated_waste:.0%} wasted).",
         f"Continuous batching: {run.throughput_ratio:.2f}× static batching's throughput, latency p95 "
         f"{c.latency_p95:.1f} s against {run.static.latency_p95:.1f} s; outputs equal the solo runs: "
         f"{all(run.identical.values())}.",

@@ -134,8 +134,7 @@ def _head(x, norm_weight, eps: float, weight):
 def read_bytes(config: ModelConfig, context: int, dtype: torch.dtype) -> float:
     """Bytes one decode step reads: every weight (an untied embedding only looks up a row) + the K and V of
     the context + 1 positions (course.measure.costs.decode_cost)."""
-    return decode_cost(config.with_(max_seq_len=max(config.max_seq_len, context + 1)), context,
-                       _dtype_bytes(dtype)).bytes
+    return decode_cost(config, context, _dtype_bytes(dtype), within_context=False).bytes
 
 
 @dataclass

@@ -256,8 +256,9 @@ class Cost:
     phase: str
     length: int  # T for prefill, C for decode
     flops: float
-    weight_bytes: float
+    weight_bytes: float  # read once per step, whatever the batch
     kv_bytes: float
+    batch: int = 1  # B sequences in the step: FLOPs and cache bytes are B × one sequence's
 
     @property
     def bytes(self) -> float:
@@ -294,11 +295,17 @@ def prefill_cost(config: ModelConfig, prompt_len: int, dtype_bytes: float = 4) -
     return Cost("prefill", T, float(flops), float(weights_read_bytes(c, dtype_bytes)), float(kv))
 
 
-def decode_cost(config: ModelConfig, context: int, dtype_bytes: float = 4) -> Cost:
-    """One decode step with C tokens cached: 2 FLOPs per weight, attention 4·D_h·(C+1) per head per
-    layer; reads every weight and the K and V of all C + 1 positions."""
-    C = check_lengths("context", [context], config.max_seq_len - 1)[0]
+def decode_cost(config: ModelConfig, context: int, dtype_bytes: float = 4, batch: int = 1,
+                within_context: bool = True) -> Cost:
+    """One decode step for B sequences with C tokens cached each: 2 FLOPs per weight, attention 4·D_h·(C+1) per
+    head per layer, per sequence; reads every weight once and each sequence's K and V of all C + 1 positions.
+
+    within_context=False allows a C past the model's trained length (paper arithmetic, e.g. C = 4,096 on a 4k model)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a whole number >= 1, got {batch!r}")
+    limit = config.max_seq_len - 1 if within_context else max(config.max_seq_len, context + 1)
+    C = check_lengths("context", [context], limit)[0]
     c = config
     flops = 2 * layer_matmul_params(c) + 2 * c.vocab_size * c.dim + 4 * c.head_dim * (C + 1) * c.n_heads * c.n_layers
-    kv = kv_cache_bytes(c.n_layers, 1, C + 1, c.n_kv_heads, c.head_dim, dtype_bytes)
-    return Cost("decode", C, float(flops), float(weights_read_bytes(c, dtype_bytes)), float(kv))
+    kv = kv_cache_bytes(c.n_layers, batch, C + 1, c.n_kv_heads, c.head_dim, dtype_bytes)
+    return Cost("decode", C, float(batch * flops), float(weights_read_bytes(c, dtype_bytes)), float(kv), batch)

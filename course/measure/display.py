@@ -50,3 +50,10 @@ def headless() -> bool:
     except ImportError:
         return True
     return shell is None or not hasattr(shell, "kernel")
+
+
+class Printed:
+    """A result object that shows as its __str__ when it is a notebook cell's last line (IPython's pretty printer)."""
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))

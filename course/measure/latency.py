@@ -16,6 +16,7 @@ from typing import Sequence
 from course.engine.generate import generate
 from course.measure.costs import check_lengths
 from course.measure.sweeps import Sweep, random_prompt
+from course.measure.display import Printed
 
 # The checkpoint of lesson 01: (A) a long prompt and a short answer, (B) a short prompt and a long answer.
 
@@ -102,7 +103,7 @@ def fit_latency_model(prefill_: Sweep, decode_: Sweep) -> LatencyModel:
 
 
 @dataclass(frozen=True)
-class HeldOut:
+class HeldOut(Printed):
     """A real generate() call at sizes the fit never saw, against the fit's prediction."""
     prompt_len: int
     n_out: int
@@ -152,9 +153,6 @@ class HeldOut:
                 f"  ITL       {self.predicted_itl_s * 1e3:9.1f} ms {self.measured_itl_s * 1e3:7.1f} ms\n"
                 f"  total     {self.predicted_s:9.2f} s  {self.measured_s:7.2f} s   "
                 f"(fit off by {self.error:+.0%})\n" + self.verdict)
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
 
 
 def held_out_check(model, latency: LatencyModel, prompt_len: int, n_out: int, repeats: int = 3,

@@ -15,6 +15,7 @@ from course.measure.costs import decode_cost, dtype_bytes
 from course.measure.roofline import Machine
 from course.measure.sweeps import _measure_within, decode_step, prepare_context
 from course.measure.timing import Timing
+from course.measure.display import Printed
 
 
 def count_ops(model, context: int = 16) -> tuple[int, int]:
@@ -59,7 +60,7 @@ def linears_pass(model, budget_s: float = 1.0, max_repeats: int = 10) -> Timing:
 
 
 @dataclass(frozen=True)
-class DecodeBreakdown:
+class DecodeBreakdown(Printed):
     """A decode step split by measurement into matrix-vector products and everything else."""
     context: int
     step_s: float  # one real decode step, median
@@ -97,9 +98,6 @@ class DecodeBreakdown:
                 f"  the other {self.n_ops - self.n_matmuls} ops (norms, RoPE, cache writes, attention, "
                 f"adds, views): {self.other_s * 1e3:.1f} ms, {self.other_us_per_op:.1f} µs each")
 
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
-
 
 def decode_breakdown(model, machine: Machine, context: int = 16, budget_s: float = 1.0) -> DecodeBreakdown:
     """Measure a decode step, the matrix-vector products on their own, and count the step's ops."""
@@ -113,7 +111,7 @@ def decode_breakdown(model, machine: Machine, context: int = 16, budget_s: float
 
 
 @dataclass(frozen=True)
-class DtypeComparison:
+class DtypeComparison(Printed):
     """The same decode step (and its matrix-vector products alone) in two dtypes on one machine."""
     context: int
     dtypes: tuple[str, str]
@@ -186,9 +184,6 @@ class DtypeComparison:
                 f"results exactly; load with dtype=\"{b}\" to use it.") if faster == b else (
                 f"on this machine {b} was slower ({self.slowdown:.2f}× the {a} time; {self.hardware}), so "
                 f"{a} is both the faster and the exact choice here.")
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
 
 
 def dtype_side_by_side(model_a, model_b, context: int = 16, budget_s: float = 1.0) -> DtypeComparison:

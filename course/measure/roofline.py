@@ -16,6 +16,7 @@ from course.measure import costs
 from course.measure.costs import Cost, decode_cost, prefill_cost
 from course.measure.sweeps import Sweep
 from course.measure.timing import matmul_flops, memory_bandwidth
+from course.measure.display import Printed
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def measure_machine(device="cpu", dtype: torch.dtype = torch.float32, bandwidth_
 
 
 @dataclass
-class Comparison:
+class Comparison(Printed):
     """Predicted (roofline) vs measured seconds for every swept point."""
     rows: list[dict]
 
@@ -105,9 +106,6 @@ class Comparison:
                          f"{r['predicted_s'] * 1e3:>13.1f} {r['measured_s'] * 1e3:>12.1f} "
                          f"{r['predicted_over_measured']:>9.2f}")
         return "\n".join(lines) + "\n(FLOPs and bytes per point: the costs printed in section 3)"
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
 
 
 def compare(config: ModelConfig, prefill_: Sweep, decode_: Sweep, machine: Machine,
