@@ -51,11 +51,10 @@ def _floor_ms(nbytes: float, read_bytes_per_s: float) -> float:
 def _step_bytes(config, batch: int, context: int, dtype) -> tuple[float, float]:
     """(weight bytes, KV bytes) one decode step of `batch` sequences at `context` cached tokens reads: every
     weight once (course.measure.costs.weights_read_bytes) and the K and V of context + 1 positions per sequence."""
-    from course.measure.costs import dtype_bytes, kv_cache_bytes, weights_read_bytes
+    from course.measure.costs import decode_cost, dtype_bytes
 
-    size = dtype_bytes(dtype)
-    kv = kv_cache_bytes(config.n_layers, batch, context + 1, config.n_kv_heads, config.head_dim, size)
-    return float(weights_read_bytes(config, size)), float(kv)
+    cost = decode_cost(config, context, dtype_bytes(dtype), batch=batch, within_context=False)
+    return cost.weight_bytes, cost.kv_bytes
 
 
 def floor_ms(config, context: int, dtype, read_bytes_per_s: float, batch: int = 1) -> float:

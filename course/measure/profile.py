@@ -106,7 +106,8 @@ def decode_breakdown(model, machine: Machine, context: int = 16, budget_s: float
     n_ops, n_mm = count_ops(model, context)
     b = dtype_bytes(model.dtype)
     weight_bytes = sum(w.numel() for w in linear_weights(model)) * b
-    floor = decode_cost(model.config, context, b).bytes / machine.bytes_per_s
+    # the floor `kvcourse bench` reports too (course.measure.decode_floor.floor_ms): bytes ÷ the streaming read
+    floor = decode_cost(model.config, context, b).bytes / (machine.read_bytes_per_s or machine.bytes_per_s)
     return DecodeBreakdown(context, step.median, linears.median, float(weight_bytes), floor, n_ops, n_mm)
 
 

@@ -33,6 +33,7 @@ class Machine:
     flops_source: str = "probe"
     probe_bytes_per_s: float | None = None
     probe_flops_per_s: float | None = None
+    read_bytes_per_s: float | None = None  # the probe's streaming read alone: the decode floor's denominator
 
     @property
     def ridge(self) -> float:
@@ -76,7 +77,8 @@ def measure_machine(device="cpu", dtype: torch.dtype = torch.float32, bandwidth_
     n = matmul_n or (1024 if device.type == "cpu" else 4096)
     bw = memory_bandwidth(device, nbytes=bandwidth_bytes)
     flops = matmul_flops(device, n=n, dtype=dtype)
-    return Machine(str(device), str(dtype).split(".")[-1], bw.bytes_per_s, flops)
+    return Machine(str(device), str(dtype).split(".")[-1], bw.bytes_per_s, flops,
+                   read_bytes_per_s=bw.read_bytes_per_s)
 
 
 @dataclass
@@ -141,7 +143,8 @@ def best_roofs(machine: Machine, comparison: Comparison) -> Machine:
             best_b, src_b = achieved_b, label
         if r["achieved_flops_per_s"] > best_f:
             best_f, src_f = r["achieved_flops_per_s"], label
-    return Machine(machine.device, machine.dtype, best_b, best_f, src_b, src_f, probe_b, probe_f)
+    return Machine(machine.device, machine.dtype, best_b, best_f, src_b, src_f, probe_b, probe_f,
+                   machine.read_bytes_per_s)
 
 
 def plot_roofline(machine: Machine, comparison: Comparison):
