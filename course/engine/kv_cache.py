@@ -201,11 +201,7 @@ class LayerKVCache:
         rows = list(range(B)) if at.rows is None else at.rows
         if at.batch != B or at.n_new != T:
             raise ValueError(f"positions for {at.batch} sequences × {at.n_new} tokens, but k is {list(k.shape)}")
-        if max(rows) >= self.k.shape[0] or min(rows) < 0:
-            raise ValueError(f"cache rows {rows} do not exist in a cache of {self.k.shape[0]} rows")
-        if at.kv_len > self.max_seq_len:
-            raise ValueError(f"KV cache overflow: a sequence reaches position {at.kv_len - 1} in a cache of "
-                             f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len")
+        self._check_rows(rows, at.kv_len)
         row_index = torch.tensor(rows, dtype=torch.long, device=self.k.device)[:, None].expand(B, T)  # [B, T]
         pos = at.positions.to(self.k.device)  # [B, T]
         self.k[row_index, :, pos] = k.transpose(1, 2)  # [B, T, H_kv, D_h] into (row, position) pairs
@@ -216,16 +212,19 @@ class LayerKVCache:
         index = row_index[:, 0]
         return self.k[index, :, :at.kv_len], self.v[index, :, :at.kv_len]  # [B, H_kv, kv_len, D_h]
 
+    def _check_rows(self, rows: list[int], kv_len: int) -> None:
+        if max(rows) >= self.k.shape[0] or min(rows) < 0:
+            raise ValueError(f"cache rows {rows} do not exist in a cache of {self.k.shape[0]} rows")
+        if kv_len > self.max_seq_len:
+            raise ValueError(f"KV cache overflow: a sequence reaches position {kv_len - 1} in a cache of "
+                             f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len")
+
     def _update_packed(self, at: PackedPositions, k: torch.Tensor, v: torch.Tensor):
         """k, v: [1, H_kv, N, D_h] of packed sequences → their keys side by side, [1, H_kv, B·kv_len, D_h]."""
         rows = list(range(at.batch)) if at.rows is None else at.rows
         if k.shape[0] != 1 or k.shape[2] != at.n_tokens:
             raise ValueError(f"packed positions for {at.n_tokens} tokens in one row, but k is {list(k.shape)}")
-        if max(rows) >= self.k.shape[0] or min(rows) < 0:
-            raise ValueError(f"cache rows {rows} do not exist in a cache of {self.k.shape[0]} rows")
-        if at.kv_len > self.max_seq_len:
-            raise ValueError(f"KV cache overflow: a sequence reaches position {at.kv_len - 1} in a cache of "
-                             f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len")
+        self._check_rows(rows, at.kv_len)
         rows_t = torch.tensor(rows, dtype=torch.long, device=self.k.device)  # [B]
         token_row = rows_t[at.sequence.to(self.k.device)]  # [N]
         pos = at.positions.to(self.k.device)  # [N]

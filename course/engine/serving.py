@@ -141,21 +141,10 @@ class ServeResult:
     def latencies(self) -> list[float]:
         return [c.latency for c in self.completions]
 
-    @property
-    def ttft_p50(self) -> float:
-        return percentile(self.ttfts(), 50)
-
-    @property
-    def ttft_p95(self) -> float:
-        return percentile(self.ttfts(), 95)
-
-    @property
-    def latency_p50(self) -> float:
-        return percentile(self.latencies(), 50)
-
-    @property
-    def latency_p95(self) -> float:
-        return percentile(self.latencies(), 95)
+    ttft_p50 = property(lambda self: percentile(self.ttfts(), 50))  # seconds
+    ttft_p95 = property(lambda self: percentile(self.ttfts(), 95))
+    latency_p50 = property(lambda self: percentile(self.latencies(), 50))
+    latency_p95 = property(lambda self: percentile(self.latencies(), 95))
 
     @property
     def peak_bytes_reserved(self) -> int:
