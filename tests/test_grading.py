@@ -316,8 +316,8 @@ def test_feedback_never_shows_hidden_tests(graded):
         assert "BEGIN HIDDEN TESTS" not in text
         flat = squeeze(text)
         student, assignment = path.parent.parent.name, path.parent.name
-        own = {squeeze(ln) for nb in (SAMPLES / student / assignment).glob("*.ipynb")  # the student's own code
-               for c in nbformat.read(str(nb), as_version=4).cells for ln in c.source.splitlines()}
+        own = squeeze(" ".join(c.source for nb in (SAMPLES / student / assignment).glob("*.ipynb")
+                               for c in nbformat.read(str(nb), as_version=4).cells))  # the student's own code
         leaked = [s for s in secrets if s in flat and s not in own]
         assert not leaked, f"{path}: {leaked[:3]}"
     text = html_text(course / "feedback" / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.html")
