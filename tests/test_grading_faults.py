@@ -159,6 +159,11 @@ import course, course.paths
 out = {"uid": os.getuid(), "listing": sorted(os.listdir(str(course.paths.PROJECT_ROOT))),
        "solutions": str(course.paths.SOLUTIONS), "solutions_exist": os.path.exists(str(course.paths.SOLUTIONS)),
        "secret": os.path.exists(sys.argv[1]), "root": sorted(os.listdir("/"))}
+import yaml
+from course.teach.questions import QUESTIONS_PATH
+bank = yaml.safe_load(open(QUESTIONS_PATH))
+out["quiz_ids"] = sorted(q["id"] for q in bank["questions"] if q.get("autograded"))
+out["n_questions"] = len(bank["questions"])
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=2)
     out["network"] = "connected"
@@ -194,6 +199,8 @@ def test_inside_the_sandbox_a_submission_sees_only_the_course_package(tmp_path):
     assert seen["network"] != "connected", "no network, not even the host's loopback"
     assert not seen["write_outside"], "the course package is read-only"
     assert not (PROJECT_ROOT / "course" / "written-by-a-submission").exists()
+    assert seen["quiz_ids"] == [], "the autograded quiz's answers are not in the bank a submission can read"
+    assert seen["n_questions"] > 0, "the rest of the bank (the lessons' questions) is still there"
 
 
 @needs_bwrap

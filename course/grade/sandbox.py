@@ -75,6 +75,31 @@ def _binds() -> list[tuple[str, str]]:
     return entries
 
 
+@lru_cache(maxsize=1)
+def _redacted_bank() -> tuple[str, str] | None:
+    """(a copy of the question bank without the autograded quiz's questions, where the package's bank lies).
+
+    The lessons need the bank's answers, so the installed package carries them; a quiz submission must not be
+    able to read them. Inside the sandbox the package's questions.yaml is this copy (bound over it, read-only)."""
+    import atexit
+    import tempfile
+
+    import yaml
+
+    from course.teach.questions import QUESTIONS_PATH
+
+    if not QUESTIONS_PATH.is_file():
+        return None
+    bank = yaml.safe_load(QUESTIONS_PATH.read_text())
+    bank["questions"] = [q for q in bank.get("questions", []) if not q.get("autograded")]
+    fd, name = tempfile.mkstemp(prefix="kvcourse-bank-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(bank, f, allow_unicode=True, sort_keys=False)
+    os.chmod(name, 0o444)
+    atexit.register(lambda: Path(name).unlink(missing_ok=True))
+    return name, str(QUESTIONS_PATH.resolve())
+
+
 def bwrap_command(workdir: Path, argv: list[str], env: dict) -> list[str]:
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     for kind, path in _binds():
@@ -82,6 +107,9 @@ def bwrap_command(workdir: Path, argv: list[str], env: dict) -> list[str]:
             cmd += ["--symlink", os.readlink(path), path]
         else:
             cmd += ["--ro-bind", path, path]
+    bank = _redacted_bank()
+    if bank:  # after the package's bind, so this file lies over the real bank
+        cmd += ["--ro-bind", bank[0], bank[1]]
     cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(workdir), "/sub",
             "--chdir", "/sub"]
     for key, value in env.items():
