@@ -62,3 +62,21 @@ def run_notebook(tmp_path):
         return execute_notebook(Path(path), tmp_path, timeout=timeout, env=env)
 
     return run
+
+
+@pytest.fixture
+def store(tmp_path):
+    """An empty progress store of the test's own."""
+    from course.teach.progress import ProgressStore
+
+    return ProgressStore(tmp_path / "progress.sqlite")
+
+
+@pytest.fixture
+def fresh_progress(monkeypatch, tmp_path):
+    """Nothing record()ed in this process, and the default progress file is the test's own."""
+    from course.measure import results
+
+    monkeypatch.setattr(results, "_recorded", {})
+    monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "default-progress.sqlite"))

@@ -22,19 +22,9 @@ def bank():
     return quiz.load_questions()
 
 
-@pytest.fixture
-def store(tmp_path):
-    return ProgressStore(tmp_path / "progress.sqlite")
-
-
 @pytest.fixture(autouse=True)
-def clean_results(monkeypatch, tmp_path):
-    """Each test starts with nothing record()ed and its own progress file."""
-    from course.measure import results
-
-    monkeypatch.setattr(results, "_recorded", {})
-    monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
-    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "default-progress.sqlite"))
+def clean_results(fresh_progress):
+    """Each test starts with nothing record()ed and its own progress file (conftest's fresh_progress)."""
 
 
 # ---------------------------------------------------------------------- the question data
