@@ -101,7 +101,10 @@ def _redacted_bank() -> tuple[str, str] | None:
 
 
 def bwrap_command(workdir: Path, argv: list[str], env: dict) -> list[str]:
-    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    # The private /tmp, /dev and /proc first: a later mount lies over an earlier one, and the venv or the
+    # course package may themselves live under /tmp (a fresh clone in a temporary folder).
+    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+           "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for kind, path in _binds():
         if kind == "symlink":
             cmd += ["--symlink", os.readlink(path), path]
@@ -110,8 +113,7 @@ def bwrap_command(workdir: Path, argv: list[str], env: dict) -> list[str]:
     bank = _redacted_bank()
     if bank:  # after the package's bind, so this file lies over the real bank
         cmd += ["--ro-bind", bank[0], bank[1]]
-    cmd += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--bind", str(workdir), "/sub",
-            "--chdir", "/sub"]
+    cmd += ["--bind", str(workdir), "/sub", "--chdir", "/sub"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     return cmd + ["--", *argv]
