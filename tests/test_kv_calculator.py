@@ -108,3 +108,13 @@ def test_context_slider_is_logarithmic_and_notes_contexts_beyond_the_window():
     assert all(c.style.description_width == "initial" for c in w.controls.values())
     assert "beyond llama-2-7b's 4,096-token context window" in calculator_view("llama-2-7b", T=8192)["text"]
     assert "context window" not in calculator_view("llama-2-7b", T=4096)["text"]
+
+
+def test_every_context_the_slider_offers_is_a_whole_number_the_calculator_accepts():
+    """The slider's stops are the values a learner can drag to: each must be an int the calculator takes
+    (a float stop such as 24576.0 was refused with 'T must be a whole number')."""
+    from course.widgets.kv_calculator import T_STEPS, calculator_numbers
+
+    assert T_STEPS and all(type(t) is int for t in T_STEPS)
+    for t in T_STEPS:
+        calculator_numbers("llama-2-7b", t, 1, "fp16/bf16", 1)

@@ -24,7 +24,7 @@ DTYPES = {"fp32": "fp32", "fp16/bf16": "fp16", "int8": "int8", "fp8": "fp8"}  # 
 T_MAX = 131_072  # the slider's top: 128 Ki tokens
 # The context slider is logarithmic: 1, 1.5, 2, 3 × powers of two from 128 to 128 Ki, so 4k and 128k are both
 # a short drag away (a linear slider spends nearly all its track above 8k).
-T_STEPS = sorted({m * 2 ** e for e in range(7, 18) for m in (1, 1.5)} & set(range(128, T_MAX + 1)))
+T_STEPS = sorted({int(m * 2 ** e) for e in range(7, 18) for m in (1, 1.5)} & set(range(128, T_MAX + 1)))  # whole tokens
 B_MAX = 256
 BEAM_MAX = 64
 
