@@ -277,15 +277,18 @@ def test_a_kernel_killed_from_outside_is_regraded_not_zeroed(tmp_path):
     killed = []
 
     def kill_soon(proc):
-        def kill():
-            time.sleep(2)
-            for pid in _descendants(proc.pid):
-                try:
-                    if b"course.grade.harness" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append(pid)
-                except OSError:
-                    pass
+        def kill():  # as soon as the sandboxed harness is running (bwrap and imports take a while)
+            deadline = time.monotonic() + 120
+            while not killed and time.monotonic() < deadline and proc.poll() is None:
+                for pid in _descendants(proc.pid):
+                    try:
+                        if b"course.grade.harness" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            os.kill(pid, signal.SIGKILL)
+                            killed.append(pid)
+                            break
+                    except OSError:
+                        pass
+                time.sleep(0.1)
         if not killed:
             threading.Thread(target=kill, daemon=True).start()
 
