@@ -193,6 +193,9 @@ def test_compiled_batch_matches_each_sequence_alone_and_serves_every_batch_size(
             torch.testing.assert_close(got[b:b + 1], want, atol=1e-4, rtol=1e-4)
         tokens = got.argmax(-1, keepdim=True)
     assert _graphs() == graphs
+    from course.engine import row_product
+
+    assert step.row_kernel is row_product.available()  # the batch ran on the row kernel where it builds
     three = _stack(model, [c for _, c in _solo_caches(model, prompts[:3])])  # another batch size, same graph
     got = step(tokens[:3], positions[:3] + 6, three)
     assert _graphs() == graphs and got.shape == (3, model.config.vocab_size)

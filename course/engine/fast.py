@@ -17,8 +17,11 @@ Why it can be faster than the eager model. Decode multiplies one row vector by e
 matrix-vector product (GEMV) that should run at memory speed. Where the BLAS call behind `F.linear`
 reaches only a fraction of the memory bandwidth for a single row, the same product written as a
 reduction, `(x * W).sum(-1)`, becomes one vectorised Inductor loop that streams each weight row once.
-For a batch (B >= 2) the step calls BLAS's matrix-matrix product from inside the graph: each weight
-matrix is still read once per step and serves every sequence. The per-call
+On a CPU in float32, where course.engine.row_product's kernel builds (a C++ compiler and AVX-512), the step
+calls that kernel from inside the graph for one row and for batches up to 16: each weight row is read once,
+prefetched ahead of the arithmetic, and serves every sequence, so a step of 8 costs little more than a step
+of 1. Larger batches use BLAS's matrix-matrix product, and so do batches where the kernel is missing (one
+row then takes the streamed reduction above). The per-call
 work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
 skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
 safe here because every call is shaped the same as its warm-up. On CUDA the step is captured as a CUDA
@@ -72,6 +75,17 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     [N, B, d] product)."""
     if torch.compiler.is_compiling() and x.shape[0] == 1:
         return stream_product(x, weight)
+    return F.linear(x, weight)
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, d] · weightᵀ → [B, N] on course.engine.row_product's CPU kernel inside a compiled step (one row or
+    a batch: each weight row is read once, prefetched ahead, and serves every sequence; above 16 rows the
+    kernel calls BLAS). On the course's CPUs it came closer to the streaming-read floor than Inductor's streamed
+    reduction at B = 1, and at B = 8 it kept the step near its B = 1 time where BLAS did not (`kvcourse bench`
+    measures both: decode_floor, decode_batch, with BLAS and the kernel side by side). Eagerly: F.linear."""
+    if torch.compiler.is_compiling():
+        return torch.ops.kvcourse.row_product(x, weight)
     return F.linear(x, weight)
 
 
@@ -173,11 +187,24 @@ class DecodeStep:
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
-                 skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream"):
+                 skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream",
+                 row_kernel: bool | None = None):
         if product not in ("stream", "blas"):
             raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
-        self.product = product
         self._linear = streamed_linear if product == "stream" else blas_linear
+        # batches of a compiled float32 CPU step: course.engine.row_product's kernel where it builds (None: when
+        # it does; False: BLAS, as a comparison)
+        self.row_kernel = False
+        if product == "stream" and compile and row_kernel is not False and model.device.type == "cpu" \
+                and model.dtype == torch.float32:
+            from course.engine import row_product
+
+            self.row_kernel = row_product.available()
+            if row_kernel and not self.row_kernel:
+                raise RuntimeError(f"the batched decode kernel is not available: {row_product.why_not()}")
+            if self.row_kernel:
+                self._linear = row_linear
+        self.product = product
         self.model = model
         self.compiled = compile
         if mode is None:

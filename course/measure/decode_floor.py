@@ -74,7 +74,7 @@ def _with_threads(n: int):
     torch.set_num_threads(n)
 
 
-def _decode_setup(ctx: Context, engine, batch: int, context: int, compiled: bool):
+def _decode_setup(ctx: Context, engine, batch: int, context: int, compiled: bool, step=None):
     """A cache of `batch` sequences filled to `context` tokens, and a step that rewrites position `context`."""
     import torch
 
@@ -88,7 +88,7 @@ def _decode_setup(ctx: Context, engine, batch: int, context: int, compiled: bool
     prefill(ctx.model("float32") if compiled else engine, ids, cache)
     token = ids[:, -1:]  # [B, 1]
     if compiled:
-        step = ctx.fast("float32").step
+        step = step or ctx.fast("float32").step
         positions = torch.full((batch,), context, dtype=torch.long, device=ctx.device)
         return lambda: step(token, positions, cache)
     return lambda: decode_one_token(engine, token, context, cache)
@@ -157,6 +157,12 @@ def bench_decode_floor(ctx: Context) -> dict:
     engines = {"eager": (_decode_setup(ctx, model, 1, CONTEXT, compiled=False), weight_bytes + kv_bytes)}
     if ctx.compile and not ctx.quick:
         engines["compiled"] = (_decode_setup(ctx, model, 1, CONTEXT, compiled=True), weight_bytes + kv_bytes)
+        if ctx.fast("float32").step.row_kernel:  # the same graph with Inductor's streamed reduction, beside it
+            from course.engine.fast import DecodeStep
+
+            engines["compiled, streamed reduction"] = (
+                _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=DecodeStep(model, row_kernel=False)),
+                weight_bytes + kv_bytes)
     engines["torch sum of weights"] = (sum_all, float(sum_bytes))
     thread_counts = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
     before = torch.get_num_threads()
@@ -278,25 +284,33 @@ def bench_decode_batch(ctx: Context) -> dict:
 
 
 def _head_products(model, repeats: int = 3) -> list[dict]:
-    """BLAS (F.linear) products of M rows with every weight matrix of one step (the eager step's matrix work),
-    M = 1, 2, 4, 8: where the eager B = 1 → 2 jump comes from, if it comes from the products."""
+    """The products of M rows with every weight matrix of one step (the step's matrix work), M = 1, 2, 4, 8, 16:
+    BLAS (F.linear, what the eager step calls) and, where it builds, course.engine.row_product's kernel (what
+    the compiled batched step calls), side by side. Where the eager B = 1 → 2 jump comes from, and what the
+    kernel does about it."""
     import torch
     import torch.nn.functional as F
 
+    from course.engine import row_product
+
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
+    kernel = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and row_product.available()
     out = []
-    for M in (1, 2, 4, 8):
+    for M in (1, 2, 4, 8, 16):
         xs = {w.shape[1]: torch.randn(M, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-
-        def products():
-            for w in weights:
-                F.linear(xs[w.shape[1]], w)
-
+        kinds = {"blas": F.linear, **({"row kernel": row_product.row_product} if kernel else {})}
+        times = {k: [] for k in kinds}
         with torch.inference_mode():
-            products()
-            s = statistics.median(_time(products, weights[0].device, repeats))
-        out.append(dict(rows=M, ms=s * 1e3, bytes_per_s=nbytes / s))
+            for _ in range(repeats + 1):  # the first round warms up; then the two take turns
+                for k, product in kinds.items():
+                    times[k] += _time(lambda: [product(xs[w.shape[1]], w) for w in weights], weights[0].device, 1)
+        row = dict(rows=M)
+        for k, ts in times.items():
+            s = statistics.median(ts[1:])
+            row["ms" if k == "blas" else "kernel_ms"] = s * 1e3
+            row["bytes_per_s" if k == "blas" else "kernel_bytes_per_s"] = nbytes / s
+        out.append(row)
     return out
 
 
@@ -328,12 +342,20 @@ def batch_summary(it: dict) -> str:
         p1, p2 = prods[0]["ms"], prods[1]["ms"]
         step_jump = eager[2]["ms_per_step"] - eager[1]["ms_per_step"]
         prod_jump = p2 - p1
-        share = prod_jump / step_jump if step_jump > 0 else float("nan")
+        grew = step_jump > 0.05 * eager[1]["ms_per_step"]  # more than noise
         parts.append(f"Where the eager B = 1 → 2 step goes: BLAS's products with every weight matrix take {p1:.1f} ms "
                      f"for 1 row (its matrix-vector kernel, {prods[0]['bytes_per_s'] / 1e9:.1f} GB/s) and {p2:.1f} ms "
                      f"for 2 (a matrix-matrix kernel, {prods[1]['bytes_per_s'] / 1e9:.1f} GB/s): "
-                     + (f"{prod_jump:+.1f} ms of the step's {step_jump:+.1f} ms ({share:.0%})."
-                        if step_jump > 0 else "the step did not grow."))
+                     + (f"{prod_jump:+.1f} ms of the step's {step_jump:+.1f} ms ({prod_jump / step_jump:.0%})."
+                        if grew else f"in this run the eager step grew by only {step_jump:+.1f} ms from B = 1 to 2, "
+                        "within noise, so there was no jump to explain."))
+    if prods and "kernel_ms" in prods[0]:
+        by_m = {p["rows"]: p for p in prods}
+        m8 = by_m.get(8, prods[-1])
+        parts.append(f"The compiled batched step uses the row kernel instead (course/engine/row_product.cpp): the same "
+                     f"products of {m8['rows']} rows take {m8['kernel_ms']:.1f} ms there against BLAS's "
+                     f"{m8['ms']:.1f} ms ({m8['kernel_ms'] / prods[0]['kernel_ms']:.2f}× its 1-row time, BLAS "
+                     f"{m8['ms'] / prods[0]['ms']:.2f}×).")
     parts.append(f"Load average {it['load_average']:.1f} on {os.cpu_count()} cores"
                  + ("" if fairness(1, it["load_average"])[0] else ": not fair, timings are inflated") + ".")
     return " ".join(parts)

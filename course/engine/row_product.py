@@ -1,0 +1,127 @@
+"""A CPU kernel for decode's batched products: y [B, N] = x [B, d] · wᵀ, each weight row read once.
+
+    from course.engine import row_product
+    if row_product.available():               # builds the C++ kernel once (about a minute), then loads it
+        y = torch.ops.kvcourse.row_product(x, w)
+
+Why it exists. A decode step of B sequences multiplies B row vectors by every weight matrix. The weights
+are read once whatever B is, so up to the point where arithmetic takes longer than reading, a step of
+8 sequences should cost about what a step of 1 costs. BLAS (MKL in the CPU build of torch) does not
+deliver that for 2 ≤ B ≤ 16 on the course's CPUs: its matrix-matrix kernels, built for large matrices,
+took 1.5–2.5× the one-row time (`kvcourse bench`, decode_batch, shows BLAS and this kernel side by side).
+row_product.cpp keeps two weight rows in registers, multiplies them with every row of x (AVX-512 where
+the CPU has it), and prefetches the rows 16 ahead so the memory stream keeps going while it computes;
+above 16 rows it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
+
+The kernel is compiled for this machine's CPU (-march=native) by torch.utils.cpp_extension into the
+course's cache folder (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), one build per CPU kind and
+torch version. Where no C++ compiler or no AVX-512 is found, `available()` is False (it says why in
+`why_not()`) and the compiled decode step uses BLAS instead. KVCOURSE_ROW_KERNEL=0 turns it off.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("row_product.cpp")
+MAX_ROWS = 16  # the kernel's own limit: above it, row_product calls BLAS
+STALE_LOCK_S = 600  # a build lock this old belongs to a build that was killed
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _cpu_kind() -> str:
+    """The CPU's model and instruction-set flags (a build for one CPU may not run on another)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in text.splitlines() if line.startswith(("model name", "flags"))][:2]
+        return "\n".join(lines)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def build_dir() -> Path:
+    from course.engine.weights import cache_dir
+
+    key = hashlib.sha256(SOURCE.read_bytes() + _cpu_kind().encode() + torch.__version__.encode()
+                         + sys.version.encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"row_product-{key}"
+
+
+def _already_loaded() -> bool:
+    try:
+        torch.ops.kvcourse.row_product
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def _build() -> str | None:
+    """Compile (or load the earlier build of) row_product.cpp; None when it loaded, else why not."""
+    if os.environ.get("KVCOURSE_ROW_KERNEL", "1") == "0":
+        return "turned off (KVCOURSE_ROW_KERNEL=0)"
+    if _already_loaded():
+        return None  # another copy of this module loaded it already
+    from torch.utils.cpp_extension import load
+
+    where = build_dir()
+    fresh = not any(where.glob("*.so"))
+    if shutil.which("ninja") is None:  # the pip package's ninja sits next to this Python, which may not be on PATH
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            return "it could not be built: ninja is missing (pip install ninja)"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        lock = where / "lock"  # torch waits for this file while another process builds; a killed build leaves it
+        if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink(missing_ok=True)
+        if fresh:
+            print("Building the batched decode kernel for this CPU (course/engine/row_product.cpp; once, about "
+                  "a minute)…", file=sys.stderr, flush=True)
+        load(name="kvcourse_row_product", sources=[str(SOURCE)], build_directory=str(where),
+             extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+             is_python_module=False, verbose=False)
+    except Exception as exc:  # no compiler, no headers, a read-only cache: decode uses BLAS
+        return f"it could not be built ({type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]})"
+    if not torch.ops.kvcourse.row_product_vectorised():
+        return "this CPU has no AVX-512, so the kernel would not be faster than BLAS"
+    return None
+
+
+def _register_fake() -> None:
+    @torch.library.register_fake("kvcourse::row_product")
+    def _(x, w):  # the output's shape and dtype, for torch.compile
+        return x.new_empty(x.shape[0], w.shape[0])
+
+
+def available() -> bool:
+    """True when torch.ops.kvcourse.row_product is loaded and vectorised for this CPU (builds it the first time)."""
+    with _lock:
+        if "why" not in _state:
+            why = _build()
+            if why is None:
+                _register_fake()
+            _state["why"] = why
+        return _state["why"] is None
+
+
+def why_not() -> str | None:
+    """Why the kernel is not used (None when it is)."""
+    available()
+    return _state["why"]
+
+
+def row_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [B, d] · wᵀ ([N, d]) → [B, N] with the kernel (float32 on the CPU; call available() first)."""
+    return torch.ops.kvcourse.row_product(x, w)

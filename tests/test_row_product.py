@@ -1,0 +1,96 @@
+"""The batched decode kernel (course/engine/row_product.cpp): BLAS's products, inside and outside a compiled graph."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from course.engine import row_product
+from course.engine.fast import DecodeStep
+from course.engine.model import tiny_model
+
+needs_kernel = pytest.mark.skipif(not row_product.available(), reason=f"no row kernel: {row_product.why_not()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("d", [576, 64, 24, 1])  # multiples of 16 take the vector path, the others the portable one
+def test_kernel_equals_blas_for_every_batch_size(d):
+    g = torch.Generator().manual_seed(d)
+    for N in (1, 2, 17, 130):  # odd row counts: the last row is a tile of its own
+        w = torch.randn(N, d, generator=g)
+        for B in (1, 2, 3, 7, 8, 9, 15, 16, 17, 33):  # 8-row tiles, remainders, and BLAS above 16 rows
+            x = torch.randn(B, d, generator=g)
+            got = row_product.row_product(x, w)
+            assert got.shape == (B, N) and got.dtype == torch.float32
+            torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-5)
+
+
+@needs_kernel
+def test_kernel_reads_views_and_threads_like_blas():
+    w = torch.randn(300, 128)
+    x = torch.randn(128, 5).t()  # a transposed view: not contiguous
+    before = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            torch.testing.assert_close(row_product.row_product(x, w[::2]), F.linear(x, w[::2]), atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_kernel_refuses_what_it_cannot_compute():
+    with pytest.raises(RuntimeError, match="x must be \\[B, d\\]"):
+        row_product.row_product(torch.randn(2, 8), torch.randn(4, 9))
+    with pytest.raises(RuntimeError, match="float32"):
+        row_product.row_product(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64))
+
+
+@needs_kernel
+def test_kernel_runs_inside_a_full_graph_with_a_symbolic_batch():
+    w = torch.randn(48, 32)
+    f = torch.compile(lambda x: torch.ops.kvcourse.row_product(torch.relu(x), w) * 2, fullgraph=True, dynamic=True)
+    for B in (2, 5, 11):
+        x = torch.randn(B, 32)
+        torch.testing.assert_close(f(x), F.linear(torch.relu(x), w) * 2, atol=1e-4, rtol=1e-5)
+
+
+def test_turned_off_it_says_so_and_the_step_uses_blas(monkeypatch):
+    monkeypatch.setenv("KVCOURSE_ROW_KERNEL", "0")
+    assert row_product._build() == "turned off (KVCOURSE_ROW_KERNEL=0)"
+    monkeypatch.setattr(row_product, "_state", {"why": "turned off (KVCOURSE_ROW_KERNEL=0)"})
+    model = tiny_model(seed=1)
+    assert DecodeStep(model).row_kernel is False
+    assert DecodeStep(model, row_kernel=False).row_kernel is False
+    with pytest.raises(RuntimeError, match="batched decode kernel is not available: turned off"):
+        DecodeStep(model, row_kernel=True)
+
+
+def test_only_a_compiled_float32_cpu_step_uses_it():
+    model = tiny_model(seed=1)
+    assert DecodeStep(model, compile=False).row_kernel is False  # the eager reference stays on F.linear
+    assert DecodeStep(model.to(torch.bfloat16)).row_kernel is False
+    assert DecodeStep(tiny_model(seed=1), product="blas").row_kernel is False
+    assert DecodeStep(tiny_model(seed=1)).row_kernel is row_product.available()
+
+
+@needs_kernel
+def test_a_killed_builds_lock_does_not_hang_the_next_build(tmp_path, monkeypatch):
+    """torch waits as long as the build folder's lock file exists; one left by a killed build is removed."""
+    import os
+
+    import course.engine.weights as weights
+
+    monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path)
+    where = row_product.build_dir()
+    where.mkdir(parents=True)
+    (where / "lock").write_text("")
+    old = row_product.time.time() - row_product.STALE_LOCK_S - 5
+    os.utime(where / "lock", (old, old))
+    calls = []
+    monkeypatch.setattr("torch.utils.cpp_extension.load", lambda **kw: calls.append(kw))
+    monkeypatch.delattr(torch.ops.kvcourse, "row_product", raising=False)
+    monkeypatch.setattr(row_product, "_already_loaded", lambda: False)
+    row_product._build()
+    assert calls and calls[0]["build_directory"] == str(where)
+    assert not (where / "lock").exists()
