@@ -51,6 +51,12 @@ def run(args) -> int:
     if not args.quick:
         bw = memory_bandwidth(device, nbytes=128 << 20, repeats=3)
         print(f"bandwidth   {bw.bytes_per_s / 1e9:.1f} GB/s (read {bw.read_bytes_per_s / 1e9:.1f}, copy {bw.copy_bytes_per_s / 1e9:.1f})")
+        if device.type == "cpu":  # the compiled decode step's kernel (course/engine/row_product.cpp)
+            from course.engine import row_product
+
+            print("kernel      " + (f"batched decode kernel ready ({row_product.build_dir()})" if row_product.available()
+                                    else f"batched decode kernel not used: {row_product.why_not()}; the compiled "
+                                         "step falls back to Inductor's reduction (one sequence) and BLAS (batches)"))
         if ok:
             import course
 
