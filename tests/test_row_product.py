@@ -26,6 +26,15 @@ def test_kernel_equals_blas_for_every_batch_size(d):
 
 
 @needs_kernel
+def test_kernel_equals_blas_on_the_course_models_head():
+    """The tied 49152 × 576 head: many rows, split between threads."""
+    w = torch.randn(49152, 576, generator=torch.Generator().manual_seed(1))
+    for B in (1, 3, 8):
+        x = torch.randn(B, 576)
+        torch.testing.assert_close(row_product.row_product(x, w), F.linear(x, w), atol=2e-4, rtol=1e-5)
+
+
+@needs_kernel
 def test_kernel_reads_views_and_threads_like_blas():
     w = torch.randn(300, 128)
     x = torch.randn(128, 5).t()  # a transposed view: not contiguous
