@@ -5,7 +5,8 @@
 // on this course's CPUs although the weights are read once either way. This kernel reads each weight row
 // once, while it is in L1 multiplies it with every row of x, and prefetches the weight rows PF ahead so the
 // memory stream never waits for the arithmetic. Built at first use by course/engine/row_product.py.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
+#include <torch/library.h>
 #include <ATen/Parallel.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -83,7 +84,7 @@ static void rows(const float* W, const float* X, float* Y, int64_t n0, int64_t n
   }
 }
 
-torch::Tensor row_product(const torch::Tensor& x, const torch::Tensor& w) {
+at::Tensor row_product(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
               "row_product: x must be [B, d] and w [N, d]; got ", x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x.device().is_cpu() &&

@@ -1,7 +1,7 @@
 """A CPU kernel for decode's batched products: y [B, N] = x [B, d] · wᵀ, each weight row read once.
 
     from course.engine import row_product
-    if row_product.available():               # builds the C++ kernel once (about a minute), then loads it
+    if row_product.available():               # builds the C++ kernel once (seconds to a minute), then loads it
         y = torch.ops.kvcourse.row_product(x, w)
 
 Why it exists. A decode step of B sequences multiplies B row vectors by every weight matrix. The weights
@@ -87,7 +87,7 @@ def _build() -> str | None:
         if lock.exists() and time.time() - lock.stat().st_mtime > STALE_LOCK_S:
             lock.unlink(missing_ok=True)
         if fresh:
-            print("Building the batched decode kernel for this CPU (course/engine/row_product.cpp; once, about "
+            print("Building the batched decode kernel for this CPU (course/engine/row_product.cpp; once; seconds to "
                   "a minute)…", file=sys.stderr, flush=True)
         load(name="kvcourse_row_product", sources=[str(SOURCE)], build_directory=str(where),
              extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
