@@ -219,9 +219,18 @@ def test_kv_calculator_context_slider_changes_the_bytes(lab, kept_pages):
     assert before, f"no byte figure next to the context slider: {area.inner_text()[:300]!r}"
     lab.shot(area, "calculator-before")
 
-    drag_slider(page, slider, 0.25)
-    page.wait_for_function(
-        "([el, old]) => el.innerText !== old", arg=[area.element_handle(), area.inner_text()], timeout=60_000)
+    old_text = area.inner_text()
+    for attempt in range(3):  # a drag that lands while the page re-lays out moves nothing: drag again
+        hb, tb = slider.locator(".noUi-handle").first.bounding_box(), slider.locator(".noUi-base, .noUi-target").first.bounding_box()
+        toward_right = hb["x"] + hb["width"] / 2 < tb["x"] + tb["width"] / 2
+        drag_slider(page, slider, 0.25 if toward_right else -0.25)
+        try:
+            page.wait_for_function("([el, old]) => el.innerText !== old", arg=[area.element_handle(), old_text],
+                                   timeout=20_000 if attempt < 2 else 60_000)
+            break
+        except Exception:
+            if attempt == 2:
+                raise
     lab.wait_kernel_idle(page)
     page.wait_for_timeout(500)
     after = BYTES.findall(area.inner_text())
