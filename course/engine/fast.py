@@ -192,8 +192,8 @@ class DecodeStep:
         if product not in ("stream", "blas"):
             raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
         self._linear = streamed_linear if product == "stream" else blas_linear
-        # batches of a compiled float32 CPU step: course.engine.row_product's kernel where it builds (None: when
-        # it does; False: BLAS, as a comparison)
+        # the products of a compiled float32 CPU step: course.engine.row_product's kernel (row_kernel None: where it
+        # builds; True: required; False: not used, Inductor's streamed reduction for one row and BLAS for batches)
         self.row_kernel = False
         if product == "stream" and compile and row_kernel is not False and model.device.type == "cpu" \
                 and model.dtype == torch.float32:

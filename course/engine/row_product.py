@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("row_product.cpp")
-MAX_ROWS = 16  # the kernel's own limit: above it, row_product calls BLAS
 STALE_LOCK_S = 600  # a build lock this old belongs to a build that was killed
 _lock = threading.Lock()
 _state: dict = {}

@@ -296,10 +296,10 @@ def _head_products(model, repeats: int = 3) -> list[dict]:
     weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     kernel = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and row_product.available()
+    kinds = {"blas": F.linear, **({"row kernel": row_product.row_product} if kernel else {})}
     out = []
     for M in (1, 2, 4, 8, 16):
         xs = {w.shape[1]: torch.randn(M, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-        kinds = {"blas": F.linear, **({"row kernel": row_product.row_product} if kernel else {})}
         times = {k: [] for k in kinds}
         with torch.inference_mode():
             for _ in range(repeats + 1):  # the first round warms up; then the two take turns
