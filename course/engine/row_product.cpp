@@ -8,15 +8,20 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
+#include <atomic>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
-#define PF 16  // prefetch distance, in weight rows
+#define PF 16     // prefetch distance, in weight rows
+#define CHUNK 32  // weight rows a thread claims at a time when several threads share a product
 
+// rows n0..n1 of this tile; `stop`: the end of the rows this thread claimed (prefetching past it would fetch
+// rows another core reads into this core's cache)
 template <int BT>
 static void rows_tile(const float* W, const float* X, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N,
-                      int64_t b0) {
+                      int64_t b0, int64_t stop) {
 #if defined(__AVX512F__)
   if (D % 16 == 0) {
     int64_t n = n0;
@@ -25,7 +30,7 @@ static void rows_tile(const float* W, const float* X, float* Y, int64_t n0, int6
       for (int b = 0; b < BT; ++b) { acc0[b] = _mm512_setzero_ps(); acc1[b] = _mm512_setzero_ps(); }
       const float* w0 = W + n * D;
       const float* w1 = w0 + D;
-      const bool ahead = n + PF + 1 < N;
+      const bool ahead = n + PF + 1 < stop;
       for (int64_t d = 0; d < D; d += 16) {
         if (ahead) {
           _mm_prefetch((const char*)(w0 + PF * D + d), _MM_HINT_T0);
@@ -70,16 +75,16 @@ static void rows(const float* W, const float* X, float* Y, int64_t n0, int64_t n
   for (int64_t c = n0; c < n1; c += chunk) {
     const int64_t ce = std::min(c + chunk, n1);
     int64_t b0 = 0;
-    for (; b0 + 8 <= B; b0 += 8) rows_tile<8>(W, X, Y, c, ce, D, N, b0);
+    for (; b0 + 8 <= B; b0 += 8) rows_tile<8>(W, X, Y, c, ce, D, N, b0, n1);
     switch (B - b0) {
       case 0: break;
-      case 1: rows_tile<1>(W, X, Y, c, ce, D, N, b0); break;
-      case 2: rows_tile<2>(W, X, Y, c, ce, D, N, b0); break;
-      case 3: rows_tile<3>(W, X, Y, c, ce, D, N, b0); break;
-      case 4: rows_tile<4>(W, X, Y, c, ce, D, N, b0); break;
-      case 5: rows_tile<5>(W, X, Y, c, ce, D, N, b0); break;
-      case 6: rows_tile<6>(W, X, Y, c, ce, D, N, b0); break;
-      default: rows_tile<7>(W, X, Y, c, ce, D, N, b0); break;
+      case 1: rows_tile<1>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 2: rows_tile<2>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 3: rows_tile<3>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 4: rows_tile<4>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 5: rows_tile<5>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 6: rows_tile<6>(W, X, Y, c, ce, D, N, b0, n1); break;
+      default: rows_tile<7>(W, X, Y, c, ce, D, N, b0, n1); break;
     }
   }
 }
@@ -97,7 +102,18 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& w) {
   const float* W = wc.data_ptr<float>();
   const float* X = xc.data_ptr<float>();
   float* Y = y.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) { rows(W, X, Y, n0, n1, D, N, B); });
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (N + CHUNK - 1) / CHUNK);
+  if (threads <= 1) {
+    rows(W, X, Y, 0, N, D, N, B);
+    return y;
+  }
+  // Several threads: each claims the next CHUNK rows until none are left. A fixed split into equal halves
+  // makes the faster core wait for the slower one at the end of every product (on a shared host the two
+  // cores rarely run at the same speed); claiming small chunks lets the faster core take more of them.
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t n0; (n0 = next.fetch_add(CHUNK)) < N;) rows(W, X, Y, n0, std::min(n0 + CHUNK, N), D, N, B);
+  });
   return y;
 }
 
