@@ -4,6 +4,7 @@ The smoke test runs `kvcourse bench --quick` on the random tiny model (seconds);
 model is a slow test. The compiled decode path (course/fast.py) must give the eager model's logits.
 """
 import json
+import statistics
 import math
 
 import pytest
@@ -99,6 +100,12 @@ def test_quick_suite_on_tiny_model_writes_valid_json_and_markdown(tmp_path, caps
     assert all(t["met"] is None for t in result["targets"])  # quick sizes never claim a target
     assert "| engine | dtype | context | ms/token" in markdown and "### Targets" in markdown
     assert "wrote " in capsys.readouterr().out
+    floor = items["decode_floor"]
+    assert floor["status"] == "ok" and floor["rows"]
+    for r in floor["rows"]:  # × floor: the median of each round's step ÷ that round's own probe
+        assert len(r["x_floor_rounds"]) == bench.QUICK["rounds"]
+        assert r["x_floor"] == pytest.approx(statistics.median(r["x_floor_rounds"]))
+        assert all(x > 0 for x in r["x_floor_rounds"])
 
 
 @pytest.mark.slow

@@ -4,7 +4,9 @@ The floor of a decode step is the time it takes just to read what the step must 
 (bytes of weights + bytes of the KV cache) ÷ the streaming-read bandwidth of this machine, probed with the
 same number of threads between the rounds (course.measure.timing.memory_bandwidth). Every figure below is
 reported as a multiple of its floor (× floor), measured side by side: the configurations take turns round
-after round, so a burst of load from another program hits all of them alike.
+after round, so a burst of load from another program hits all of them alike. In decode_floor, × floor is the
+median over the rounds of each round's step time ÷ the floor probed in that same round, so a drift of the
+machine's bandwidth between rounds (other tenants of a shared host) cancels instead of landing on one side.
 
     decode_floor   batch 1, context 64, float32: eager, compiled and torch merely summing every weight
                    (how close torch itself gets to the floor), at 1 and at 2 threads
@@ -169,6 +171,7 @@ def bench_decode_floor(ctx: Context) -> dict:
     times = {(n, e): [] for n in thread_counts for e in engines}
     probes = {n: [] for n in thread_counts}
     loads = {n: [] for n in thread_counts}
+    ratios = {key: [] for key in times}  # each round's step ÷ the floor probed in that round
     steps, rounds = ctx.sizes.get("steps_per_round", 4), ctx.sizes.get("rounds", 5)
     try:
         for n in thread_counts:  # warm-up (the first compiled call compiles) at each thread count
@@ -181,8 +184,10 @@ def bench_decode_floor(ctx: Context) -> dict:
                 loads[n].append(_load())
                 probes[n].append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
                                  .read_bytes_per_s)
-                for name, (fn, _) in engines.items():
-                    times[(n, name)] += _time(fn, ctx.device, steps)
+                for name, (fn, nbytes) in engines.items():
+                    t = _time(fn, ctx.device, steps)
+                    times[(n, name)] += t
+                    ratios[(n, name)].append(statistics.median(t) / (nbytes / probes[n][-1]))
     finally:
         torch.set_num_threads(before)
     rows = []
@@ -194,7 +199,8 @@ def bench_decode_floor(ctx: Context) -> dict:
             s = statistics.median(times[(n, name)])
             floor = _floor_ms(nbytes, read)
             rows.append(dict(threads=n, engine=name, ms_per_step=s * 1e3, best_ms=min(times[(n, name)]) * 1e3,
-                             bytes_per_step=nbytes, read_bytes_per_s=read, floor_ms=floor, x_floor=s * 1e3 / floor,
+                             bytes_per_step=nbytes, read_bytes_per_s=read, floor_ms=floor,
+                             x_floor=statistics.median(ratios[(n, name)]), x_floor_rounds=ratios[(n, name)],
                              tokens_per_s=1 / s, load_average=load, fair=fair, fairness=why,
                              repeats=len(times[(n, name)])))
     return {"status": "ok", "rows": rows, "context": CONTEXT, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
