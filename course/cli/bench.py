@@ -384,13 +384,9 @@ def _meta(device, quick, compile, sizes) -> dict:
 
 
 def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    from course.engine.device import cpu_name
+
+    return cpu_name()
 
 
 def _loadavg() -> list[float]:

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import platform
+from pathlib import Path
 
 import torch
 
@@ -66,3 +69,37 @@ def torch_threads(n: int | None):
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> str | None:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform module knows."""
+    for line in (_cpuinfo() or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """The instruction-set flags the first CPU advertises (x86 'flags', Arm 'Features'); None where
+    /proc/cpuinfo cannot be read (not Linux)."""
+    text = _cpuinfo()
+    if text is None:
+        return None
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_kind() -> str:
+    """One string that changes when the CPU does: its model name and flags (a build for one CPU may not run on
+    another)."""
+    return cpu_name() + "\n" + " ".join(sorted(cpu_flags() or ()))

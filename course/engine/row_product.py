@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import platform
 import shutil
 import sys
 import threading
@@ -37,20 +36,11 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def _cpu_kind() -> str:
-    """The CPU's model and instruction-set flags (a build for one CPU may not run on another)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        lines = [line for line in text.splitlines() if line.startswith(("model name", "flags"))][:2]
-        return "\n".join(lines)
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
 def build_dir() -> Path:
+    from course.engine.device import cpu_kind
     from course.engine.weights import cache_dir
 
-    key = hashlib.sha256(SOURCE.read_bytes() + _cpu_kind().encode() + torch.__version__.encode()
+    key = hashlib.sha256(SOURCE.read_bytes() + cpu_kind().encode() + torch.__version__.encode()
                          + sys.version.encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"row_product-{key}"
 

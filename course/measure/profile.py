@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from course.engine.device import cpu_flags
 from course.measure.costs import decode_cost, dtype_bytes
 from course.measure.roofline import Machine
 from course.measure.sweeps import _measure_within, decode_step, prepare_context
@@ -209,19 +210,15 @@ def bf16_features(device="cpu") -> tuple[str, ...] | None:
         return (f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}: {cores})",)
     if device.type != "cpu":
         return (device.type,)
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
+    flags = cpu_flags()
+    if flags is None:
         return None
     return tuple(sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile", "bf16"}))
 
 
 def cpu_has_bf16() -> bool | None:
     """Does this CPU advertise bfloat16 instructions (avx512_bf16 / amx_bf16 / Arm bf16)? None if unknown."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
+    flags = cpu_flags()
+    if flags is None:
         return None
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
