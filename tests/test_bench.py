@@ -187,3 +187,22 @@ def test_compiled_decode_matches_eager_logits_and_greedy_tokens():
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
     assert fast.compiled
     assert generate(fast, ids[0].tolist(), 16).tokens == generate(eager, ids[0].tolist(), 16).tokens
+
+
+def _batch_item(eager_ms_2):
+    rows = [dict(engine="eager", batch=1, ms_per_step=50.0, tokens_per_s=20.0, x_floor=1.2, x_b1_time=1.0,
+                 x_b1_tokens=1.0),
+            dict(engine="eager", batch=2, ms_per_step=eager_ms_2, tokens_per_s=2000 / eager_ms_2, x_floor=1.3,
+                 x_b1_time=eager_ms_2 / 50, x_b1_tokens=100 / eager_ms_2)]
+    prods = [dict(rows=1, ms=40.0, bytes_per_s=13e9), dict(rows=2, ms=70.0, bytes_per_s=7.5e9)]
+    return {"rows": rows, "head_products": prods, "load_average": 0.5}
+
+
+def test_batch_summary_explains_a_jump_and_calls_a_small_change_noise():
+    from course.measure.decode_floor import batch_summary
+
+    jump = batch_summary(_batch_item(85.0))  # the step grew 35 ms, the products 30 ms of it
+    assert "+30.0 ms of the step's +35.0 ms (86%)" in jump and "noise" not in jump
+    for ms in (51.0, 44.0):  # +1 ms, or faster: no jump to explain, and the sentence says so with the number
+        text = batch_summary(_batch_item(ms))
+        assert "within noise" in text and f"{ms - 50:+.1f} ms" in text and "of the step's" not in text

@@ -353,8 +353,9 @@ def batch_summary(it: dict) -> str:
                      f"for 1 row (its matrix-vector kernel, {prods[0]['bytes_per_s'] / 1e9:.1f} GB/s) and {p2:.1f} ms "
                      f"for 2 (a matrix-matrix kernel, {prods[1]['bytes_per_s'] / 1e9:.1f} GB/s): "
                      + (f"{prod_jump:+.1f} ms of the step's {step_jump:+.1f} ms ({prod_jump / step_jump:.0%})."
-                        if grew else f"in this run the eager step grew by only {step_jump:+.1f} ms from B = 1 to 2, "
-                        "within noise, so there was no jump to explain."))
+                        if grew else f"in this run the eager step changed by only {step_jump:+.1f} ms from B = 1 to 2 "
+                        f"(under 5 % of its {eager[1]['ms_per_step']:.1f} ms, within noise), so there was no jump to "
+                        "explain."))
     if prods and "kernel_ms" in prods[0]:
         by_m = {p["rows"]: p for p in prods}
         m8 = by_m.get(8, prods[-1])
