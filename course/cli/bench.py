@@ -370,7 +370,9 @@ def render_markdown(result: dict) -> str:
 def _meta(device, quick, compile, sizes) -> dict:
     import torch
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    from course.engine.device import cpu_name
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     versions = {}
     for pkg in ("transformers", "nbclient", "nbgrader"):
         try:
@@ -381,12 +383,6 @@ def _meta(device, quick, compile, sizes) -> dict:
             "device_name": name, "cpu_count": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "python": platform.python_version(), "versions": versions,
             "quick": quick, "compile": compile, "sizes": dict(sizes), "load_average_before": _loadavg()}
-
-
-def _cpu_name() -> str:
-    from course.engine.device import cpu_name
-
-    return cpu_name()
 
 
 def _loadavg() -> list[float]:
