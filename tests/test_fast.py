@@ -215,3 +215,59 @@ def test_compiled_real_model_matches_eager_for_64_greedy_tokens(real_model):
     a = decode_one_token(real_model, token, 64, c_e)
     b = decode_one_token(fast, token, 64, c_c)
     assert float((a - b).abs().max()) <= 1e-4
+
+
+def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_graph_each(one_thread):
+    """A server's step (any_shape): every batch size, 1 included, every cache length and row count run on one
+    compiled block for consecutive rows, one for other rows and one for paged batches, and one compiled head;
+    each step matches the eager model."""
+    from course.engine.paged import PagedKVCache
+
+    model = tiny_model(seed=5)
+    step = DecodeStep(model, any_shape=True)
+    prompts = [[5, 9, 2], list(range(7, 20)), [200] * 8, [1, 4]]
+    solo = _solo_caches(model, prompts)
+    batch = _stack(model, [c for _, c in solo])
+    nexts = [int(lg.argmax(-1)) for lg, _ in solo]
+    lengths = [len(p) for p in prompts]
+    start = _graphs()
+
+    def check(rows, cache=batch):
+        """Decode the given cache rows one step, compiled; each must equal its sequence decoded alone, eagerly."""
+        tokens = torch.tensor([[nexts[r]] for r in rows])
+        got = step(tokens, [lengths[r] for r in rows], cache, rows=rows)
+        for i, r in enumerate(rows):
+            want = decode_one_token(model, tokens[i:i + 1], lengths[r], solo[r][1])
+            torch.testing.assert_close(got[i:i + 1], want, atol=1e-4, rtol=1e-4)
+            nexts[r], lengths[r] = int(want.argmax(-1)), lengths[r] + 1
+
+    for rows in ([0, 1, 2, 3], [1, 2], [3], [0, 1, 2]):  # consecutive rows: views of the cache
+        check(rows)
+    views = _graphs()
+    assert views == start + 2 and step.compiled  # the block and the head
+    short = KVCache(model.config, 2, 40)  # another cache length and row count: the same graph
+    got = step(torch.tensor([[3], [4]]), [0, 0], short, rows=[0, 1])
+    assert got.shape == (2, model.config.vocab_size) and _graphs() == views
+    for rows in ([0, 2], [3, 1, 0], [2, 0]):  # any other rows: gathered, a second graph
+        check(rows)
+    gathered = _graphs()
+    assert gathered == views + 1  # a second block, the same head
+
+    paged = PagedKVCache(model.config, num_blocks=24, block_size=4)
+    logits, lens = {}, {}
+    for sid, p in enumerate(prompts):
+        paged.add_sequence(sid, p, share=False)
+        pb = paged.append([sid], [p])
+        logits[sid], lens[sid] = model(torch.tensor([p]), start_pos=pb.positions, cache=pb, last_only=True), len(p)
+    solo_paged = {sid: _solo_caches(model, [p])[0][1] for sid, p in enumerate(prompts)}  # eager references
+    for ids in ([0, 1, 2, 3], [2], [1, 3], [0, 1, 2, 3], [0]):  # blocks fill and new ones join the table
+        tokens = torch.tensor([[int(logits[s].argmax(-1))] for s in ids])
+        pb = paged.append(ids, tokens.tolist())
+        got = step(tokens, pb.positions, pb)
+        for i, s in enumerate(ids):
+            want = decode_one_token(model, tokens[i:i + 1], lens[s], solo_paged[s])
+            torch.testing.assert_close(got[i:i + 1], want, atol=1e-4, rtol=1e-4)
+            logits[s], lens[s] = got[i:i + 1], lens[s] + 1
+    assert _graphs() == gathered + 1  # every paged batch above on a third block
+    with pytest.raises(ValueError, match="pass start_pos=batch.positions"):
+        step(torch.tensor([[1]]), [0], paged.append([0], [[1]]))

@@ -5,6 +5,8 @@
 
     fast = course.engine.fast.FastModel(model)         # the model's call signature, for generate() & co.
     generate(fast, ids, 64)                            # prefill runs eagerly, every decode step compiled
+    server = course.engine.fast.FastModel(model, any_shape=True)  # one compiled block for every batch,
+    serve(server, requests)                            # context and paged batch (course.engine.serving)
 
 What is inside the one graph (the way gpt-fast's generate.py builds its decode step): the embedding
 lookup, every layer's RMSNorm, projections, RoPE, the write of this step's K and V into the
@@ -42,6 +44,7 @@ from torch import nn
 
 from course.engine.kv_cache import BatchPositions, KVCache
 from course.engine.model import Transformer, apply_rope
+from course.engine.paged import PagedBatch
 
 
 class GemvLinear(nn.Linear):
@@ -109,12 +112,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def decode_block(x: torch.Tensor, w: tuple[torch.Tensor, ...], eps: float, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor, hidden: torch.Tensor, n_heads: int, n_kv_heads: int, gather: bool = False,
-                 linear=streamed_linear) -> torch.Tensor:
+                 linear=streamed_linear, table: torch.Tensor | None = None) -> torch.Tensor:
     """One transformer block for B one-token rows x [B, d]; writes this step's K and V into the cache.
 
     w: the block's tensors (see `block_weights`); k_cache / v_cache [B_cache, H_kv, S, D_h]; rows [B], positions
     [B]: where each row's K/V go; cos / sin [B, 1, D_h]; hidden [B, 1, 1, S]: 0 where a key is visible, -inf where
     the sequence has not reached it. gather: rows is a subset of the cache's rows (attention reads a copy of them).
+    table [B, n_blocks]: a paged cache instead (course.engine.paged): k_cache / v_cache are the layer's block
+    pools [N_blocks, block_size, H_kv, D_h], rows are the pool slots this step writes (block · block_size +
+    offset), and attention reads each sequence's blocks in table order (a gathered copy, S = n_blocks · block_size).
     """
     wq, wk, wv, wo, w_gate, w_up, w_down, norm_att, norm_ffn = w
     B, D_h = x.shape[0], k_cache.shape[-1]
@@ -123,10 +129,16 @@ def decode_block(x: torch.Tensor, w: tuple[torch.Tensor, ...], eps: float, k_cac
     q = apply_rope(linear(h, wq).view(B, n_heads, D_h), cos, sin)  # [B, H, D_h]
     k = apply_rope(linear(h, wk).view(B, n_kv_heads, D_h), cos, sin)  # [B, H_kv, D_h]
     v = linear(h, wv).view(B, n_kv_heads, D_h)
-    k_cache[rows, :, positions] = k  # sequence b writes its K at (row b, position b): [B, H_kv, D_h]
-    v_cache[rows, :, positions] = v
-    if gather:
-        k_cache, v_cache = k_cache[rows], v_cache[rows]  # [B, H_kv, S, D_h]
+    if table is not None:  # paged: write each sequence's slot, then gather its blocks
+        k_cache.view(-1, n_kv_heads, D_h)[rows] = k
+        v_cache.view(-1, n_kv_heads, D_h)[rows] = v
+        k_cache = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, n_blocks · bs, H_kv, D_h] → [B, H_kv, S, D_h]
+        v_cache = v_cache[table].flatten(1, 2).transpose(1, 2)
+    else:
+        k_cache[rows, :, positions] = k  # sequence b writes its K at (row b, position b): [B, H_kv, D_h]
+        v_cache[rows, :, positions] = v
+        if gather:
+            k_cache, v_cache = k_cache[rows], v_cache[rows]  # [B, H_kv, S, D_h]
     q = q.view(B, n_kv_heads, G, D_h)
     scores = (q.float() @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(D_h)) + hidden  # [B, H_kv, G, S]
     out = torch.softmax(scores, dim=-1).to(x.dtype) @ v_cache  # [B, H_kv, G, D_h]
@@ -153,7 +165,7 @@ def step_inputs(model: Transformer, positions: torch.Tensor, S: int):
 
 def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tensor,
                 ks: list[torch.Tensor], vs: list[torch.Tensor], rows: torch.Tensor | None = None,
-                linear=streamed_linear) -> torch.Tensor:
+                linear=streamed_linear, table: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step for B sequences, each at its own position; writes the cache in place.
 
     tokens [B, 1] (the latest token of each sequence), positions [B] (where it goes), ks / vs: every
@@ -161,34 +173,58 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
     (None: rows 0..B-1, the whole cache). Returns next-token logits [B, V] in float32.
     Key j of sequence b is attended to iff j <= positions[b]: the buffer's length S never changes, so
     neither do the shapes of this function, whatever the context.
+    table [B, n_blocks]: a paged cache (see decode_block): ks / vs are the block pools, rows the slots to write.
     """
     c = model.config
-    cos, sin, hidden = step_inputs(model, positions, ks[0].shape[2])
+    if rows is None:  # the cache rows are the batch (a static shape, or two unbacked sizes that must agree)
+        torch._check(ks[0].shape[0] == tokens.shape[0])
+    S = ks[0].shape[2] if table is None else table.shape[1] * ks[0].shape[1]
+    cos, sin, hidden = step_inputs(model, positions, S)
     gather = rows is not None
     rows = torch.arange(tokens.shape[0], device=tokens.device) if rows is None else rows
     x = model.tok_embeddings(tokens[:, 0])  # [B, d]
     for layer, k_cache, v_cache in zip(model.layers, ks, vs):
         x = decode_block(x, block_weights(layer), c.norm_eps, k_cache, v_cache, rows, positions, cos, sin, hidden,
-                         c.n_heads, c.n_kv_heads, gather, linear)
+                         c.n_heads, c.n_kv_heads, gather, linear, table)
     return linear(rms_norm(x, model.norm.weight, c.norm_eps), model.output.weight).float()  # [B, V]
+
+
+def lm_head(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
+            linear=streamed_linear) -> torch.Tensor:
+    """The final RMSNorm and the LM head: x [B, d] → logits [B, V] in float32."""
+    return linear(rms_norm(x, norm_weight, eps), weight).float()
 
 
 class DecodeStep:
     """`step(tokens [B, 1], positions [B], cache) → logits [B, V]`: the decode step, compiled once per batch size.
 
-    The cache is a contiguous course.engine.kv_cache.KVCache; it is written in place at each sequence's
-    position. Batch size 1 compiles one graph and every batch of 2 or more shares a second one (its batch
+    The cache is a contiguous course.engine.kv_cache.KVCache, written in place at each sequence's position,
+    or a course.engine.paged.PagedBatch (one token per sequence), written into its pool slots and read through
+    its block table. Batch size 1 compiles one graph and every batch of 2 or more shares a second one (its batch
     dimension symbolic; dynamic_batch=False compiles each size on its own); each cache length, dtype and
     device compiles once too, the first time it is seen
     (tens of seconds on 2 CPU cores; Inductor keeps the result on disk, so a later process starts in
     seconds); after that the same shapes run without recompiling and, from the second call, without
     evaluating guards. compile=False runs the same function eagerly (the reference the tests compare
     against). If compiling fails (no C++ compiler, an unsupported backend) it warns once and runs eagerly.
+
+    any_shape=True, for a server whose batch and contexts change at every step: one compiled transformer
+    block (decode_block), called once per layer from Python, and one compiled LM head serve every batch size
+    (1 included: the batch dimension is unbacked, torch._dynamo.mark_unbacked, so 1 is not special), every
+    cache length and every number of cache rows. Three kinds of call compile one block each, the first time
+    they are seen: the whole cache or consecutive rows of it (read as views, no copy), any other set of rows
+    (attention reads a gathered copy of them), and a paged batch (each sequence's blocks gathered through
+    its block table). On the course's 2-core CPUs a block compiled in seconds where the whole 30-layer step
+    took about a minute; the price is the Python between the layers at every step (`kvcourse bench`,
+    decode_batch, times the two side by side). The whole-step graphs stay the default: they are the fastest
+    for one sequence. A paged
+    batch's block table grows with its longest sequence, so paged batches always take the any-shape path.
+    On CUDA the any-shape path runs without CUDA graphs (a graph is recorded per shape).
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
                  skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream",
-                 row_kernel: bool | None = None):
+                 row_kernel: bool | None = None, any_shape: bool = False):
         if product not in ("stream", "blas"):
             raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
         self._linear = streamed_linear if product == "stream" else blas_linear
@@ -214,6 +250,9 @@ class DecodeStep:
         # dynamic=None: shapes start static; only what dynamic_batch marks (the batch dimension) is symbolic, so
         # B = 1 gets its own graph and every B >= 2 shares one (compiling is what costs: minutes per graph on 2 busy cores)
         self.dynamic_batch = dynamic_batch
+        self.any_shape = any_shape
+        self._block_options = {"size_asserts": False}  # the any-shape path's block and head: compiled when first used
+        self._block = self._head = self._weights = None
         # Inductor's per-call checks of every input's size and stride (hundreds per step) are off: the guards
         # and this class's own checks already pin the shapes. reduce-overhead = CUDA graphs.
         options = {"size_asserts": False, **({"triton.cudagraphs": True} if mode == "reduce-overhead" else {})}
@@ -252,12 +291,23 @@ class DecodeStep:
         return ks, vs
 
     @torch.inference_mode()
-    def __call__(self, tokens: torch.Tensor, positions, cache: KVCache, rows=None) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, positions, cache: KVCache | PagedBatch, rows=None) -> torch.Tensor:
         """tokens [B, 1]; positions: a [B] tensor, a list of B ints or one int for all; rows: the cache
-        row of each sequence (None: the cache holds exactly these B sequences, rows 0..B-1)."""
+        row of each sequence (None: the cache holds exactly these B sequences, rows 0..B-1). A PagedBatch
+        (PagedKVCache.append or PagedBatch(...) with one new token per sequence) brings its own positions."""
+        if isinstance(cache, PagedBatch):
+            return self._paged(tokens, positions, cache)
         ks, vs = self.buffers(cache)
         B_cache, S = ks[0].shape[0], ks[0].shape[2]
         B = B_cache if rows is None else len(rows)
+        if self.any_shape and rows is not None and not isinstance(rows, torch.Tensor) and len(rows) == B:
+            rows = [int(r) for r in rows]
+            if not 0 <= min(rows) <= max(rows) < B_cache:
+                raise ValueError(f"cache rows {rows} do not exist in a cache of {B_cache} rows")
+            first = rows[0]
+            if rows == list(range(first, first + B)):  # consecutive rows: views of them, no copy
+                ks, vs = [k[first:first + B] for k in ks], [v[first:first + B] for v in vs]
+                B_cache, rows = B, None
         if tokens.dim() != 2 or tokens.shape != (B, 1):
             raise ValueError(f"tokens must be [B, 1] = [{B}, 1] (one new token per sequence), got {list(tokens.shape)}")
         if isinstance(positions, int):  # one position for every row: checked here, no device sync
@@ -276,6 +326,9 @@ class DecodeStep:
             raise ValueError(f"positions must be [B] = [{B}], one per sequence; got shape {list(positions.shape)}")
         if rows is not None:
             rows = torch.as_tensor(rows, device=self.device).to(torch.long, copy=True)
+        if self.any_shape:
+            kind = ("rows" if rows is not None else "views", B_cache >= 2, S >= 2)
+            return self._any_shape(tokens, positions, ks, vs, rows, None, kind, B_cache)
         # torch.compile guards on the thread count too (Inductor's CPU kernels are built for it): a new count
         # is a new graph, compiled (and warmed) like a new shape
         key = (B, B_cache, S, rows is None, self.dtype, self.device.type, ks[0].is_inference(),
@@ -299,7 +352,7 @@ class DecodeStep:
         if self.skip_guards:
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
+                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, None)
                 return out.clone() if self.mode == "reduce-overhead" else out  # CUDA graphs reuse the output
             except RuntimeError as exc:  # these inputs differ from every warm-up in a way the key missed:
                 if "skip_guard_eval_unsafe" not in str(exc):  # check the guards from now on
@@ -308,15 +361,109 @@ class DecodeStep:
                 self.skip_guards = False
         return self._run(tokens, positions, ks, vs, rows)
 
-    def _run(self, tokens, positions, ks, vs, rows):
+    def _paged(self, tokens: torch.Tensor, positions, batch: PagedBatch) -> torch.Tensor:
+        """One decode step over a paged batch: write each sequence's slot, attend over its blocks."""
+        if batch.packed or batch.n_new != 1:
+            raise ValueError("the compiled step decodes one new token per sequence; this paged batch holds "
+                             f"{batch.n_new} (prefill goes through the eager model)")
+        B = len(batch.seq_ids)
+        if tokens.dim() != 2 or tokens.shape != (B, 1):
+            raise ValueError(f"tokens must be [B, 1] = [{B}, 1] (one new token per sequence), got {list(tokens.shape)}")
+        given = (positions.start if isinstance(positions, BatchPositions) else [int(positions)] * B
+                 if isinstance(positions, int) else [int(p) for p in positions])
+        if given != batch.positions.start:
+            raise ValueError(f"this paged batch reserved positions {batch.positions.start}, the call gave {given}; "
+                             "pass start_pos=batch.positions")
+        ks, vs = batch.cache.k, batch.cache.v
+        if len(ks) != self.config.n_layers or ks[0].dtype != self.dtype or ks[0].device != self.device:
+            raise TypeError(f"the paged cache must hold {self.config.n_layers} layers of {self.dtype} on {self.device}, "
+                            f"like the model; got {len(ks)} of {ks[0].dtype} on {ks[0].device}")
+        positions = torch.as_tensor(batch.positions.start, device=self.device).to(torch.long, copy=True)
+        table = batch.block_table.clone()
+        if table.shape[1] == 1:  # one block each: read it twice (the mask hides the copy), so that the block count
+            table = table.repeat(1, 2)  # is never 1, which the compiler would make a graph of its own
+        kind = ("paged", ks[0].shape[0] >= 2, table.shape[1] >= 2)
+        return self._any_shape(tokens.to(torch.long, copy=True), positions, ks, vs, batch.write_slots.clone(), table,
+                               kind, ks[0].shape[0])
+
+    def _any_shape(self, tokens, positions, ks, vs, rows, table, kind: tuple, B_cache: int) -> torch.Tensor:
+        """The any-shape path: the compiled block once per layer, then the compiled head (see the class doc)."""
+        key = (kind, self.dtype, self.device.type, ks[0].is_inference(), torch.get_num_threads())
+        first = key not in self._warm
+        if first and table is None:  # the values, checked once per kind (lists and ints are checked every call)
+            if int(positions.min()) < 0 or int(positions.max()) >= ks[0].shape[2]:
+                raise ValueError(f"KV cache overflow: position {int(positions.max())} does not fit in a cache of "
+                                 f"{ks[0].shape[2]} tokens; create the cache with a larger max_seq_len")
+            if rows is not None and (int(rows.min()) < 0 or int(rows.max()) >= B_cache):
+                raise ValueError(f"cache rows {rows.tolist()} do not exist in a cache of {B_cache} rows")
+        if self._block is None:
+            if self.compiled:
+                self._block = torch.compile(decode_block, dynamic=None, fullgraph=True, options=self._block_options)
+                self._head = torch.compile(lm_head, dynamic=None, fullgraph=True, options=self._block_options)
+            else:
+                self._block, self._head = decode_block, lm_head
+            # plain tensors (no copies): the block takes every layer's weights as inputs of the same shapes
+            self._weights = [tuple(t.detach() for t in block_weights(layer)) for layer in self.model.layers]
         try:
-            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
+            out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=first and self.compiled,
+                                  skip=not first and self.skip_guards)
+        except Exception as exc:
+            if not self.compiled:
+                raise
+            if not first:  # a warm kind: only inputs its warm-up did not cover are handled here
+                if "skip_guard_eval_unsafe" not in str(exc):
+                    raise
+                warnings.warn(f"DecodeStep: inputs unlike its warm-up ({exc}); evaluating guards from now on")
+                self.skip_guards = False
+                out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=False, skip=False)
+            else:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
+                warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
+                self._fn, self.compiled, self.skip_guards = decode_step, False, False
+                self._block, self._head = decode_block, lm_head
+                out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=False, skip=False)
+        self._warm.add(key)
+        return out
+
+    def _blockwise(self, tokens, positions, ks, vs, rows, table, mark: bool, skip: bool) -> torch.Tensor:
+        m, c = self.model, self.config
+        B = tokens.shape[0]
+        S = ks[0].shape[2] if table is None else table.shape[1] * ks[0].shape[1]
+        cos, sin, hidden = step_inputs(m, positions, S)
+        gather = rows is not None and table is None
+        index = torch.arange(B, device=tokens.device) if rows is None else rows
+        x = m.tok_embeddings(tokens[:, 0])  # [B, d]
+        if mark:  # what changes between a server's steps is symbolic in the traced block and head
+            unbacked = torch._dynamo.decorators.mark_unbacked
+            for t in (x, cos, sin, hidden, index, positions, *(() if table is None else (table,))):
+                unbacked(t, 0)  # the batch: unbacked, so that B = 1 shares the graph
+            if table is not None:
+                torch._dynamo.mark_dynamic(table, 1)  # blocks per sequence (2 or more, see _paged)
+            if S >= 2:
+                torch._dynamo.mark_dynamic(hidden, 3)  # the keys attention sees
+            for t in (ks[0], vs[0]):  # the first layer's buffers are traced; the others match them
+                if rows is None and table is None:
+                    unbacked(t, 0)  # views of the batch's own rows: as many as the batch
+                elif t.shape[0] >= 2:
+                    torch._dynamo.mark_dynamic(t, 0)  # cache rows, or pool blocks
+                if table is None and t.shape[2] >= 2:
+                    torch._dynamo.mark_dynamic(t, 2)  # the cache length
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=skip):
+            for w, k_cache, v_cache in zip(self._weights, ks, vs):
+                x = self._block(x, w, c.norm_eps, k_cache, v_cache, index, positions, cos, sin, hidden,
+                                c.n_heads, c.n_kv_heads, gather, self._linear, table)
+            if mark:
+                torch._dynamo.decorators.mark_unbacked(x, 0)
+            return self._head(x, m.norm.weight.detach(), m.output.weight.detach(), c.norm_eps, self._linear)
+
+    def _run(self, tokens, positions, ks, vs, rows, table=None):
+        try:
+            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, table)
         except Exception as exc:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
             if self._fn is decode_step:
                 raise
             warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
             self._fn, self.compiled, self.skip_guards = decode_step, False, False
-            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear)
+            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear, table)
         return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
 
     def __repr__(self) -> str:
@@ -327,14 +474,17 @@ class FastModel:
     """Wraps a course Transformer with the model's call signature: decode steps run the compiled DecodeStep.
 
     A decode step is one token per sequence against a contiguous KVCache, at one position for all (an int) or
-    one per sequence (a list, a [B] tensor or a kv_cache.BatchPositions, whose rows pick the cache rows), so
-    `generate`, `decode_one_token` and the serving scheduler's batched step run compiled unchanged. Prefill
-    (more than one token), calls without a cache and other caches (paged, INT8) go to the eager model.
+    one per sequence (a list, a [B] tensor or a kv_cache.BatchPositions, whose rows pick the cache rows), or
+    against a paged batch (course.engine.paged.PagedBatch, one token per sequence), so `generate`,
+    `decode_one_token` and the serving scheduler's batched step run compiled unchanged. Prefill (more than one
+    token, or a packed row of prompts and decode tokens), calls without a cache and other caches (a single
+    paged sequence, INT8) go to the eager model. any_shape: see DecodeStep (one graph for a server's changing
+    batches).
     """
 
-    def __init__(self, model: nn.Module, compile: bool = True, mode: str | None = None):
+    def __init__(self, model: nn.Module, compile: bool = True, mode: str | None = None, any_shape: bool = False):
         self.model = model
-        self.step = DecodeStep(model, compile=compile, mode=mode)
+        self.step = DecodeStep(model, compile=compile, mode=mode, any_shape=any_shape)
         self._decode = self._step_call
 
     @property
@@ -361,6 +511,9 @@ class FastModel:
         return logits if last_only else logits[:, None]  # [B, 1, V] like the model's full output
 
     def __call__(self, tokens: torch.Tensor, start_pos: int = 0, cache=None, last_only: bool = False):
+        if type(cache) is PagedBatch and tokens.shape[1] == 1 and not cache.packed:
+            logits = self.step(tokens, start_pos, cache)  # [B, V]
+            return logits if last_only else logits[:, None]
         if cache is None or tokens.shape[1] != 1 or not isinstance(cache, KVCache) or type(cache) is not KVCache:
             return self.model(tokens, start_pos=start_pos, cache=cache, last_only=last_only)
         return self._decode(tokens, start_pos=start_pos, cache=cache, last_only=last_only)
