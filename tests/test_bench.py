@@ -206,3 +206,17 @@ def test_batch_summary_explains_a_jump_and_calls_a_small_change_noise():
     for ms in (51.0, 44.0):  # +1 ms, or faster: no jump to explain, and the sentence says so with the number
         text = batch_summary(_batch_item(ms))
         assert "within noise" in text and f"{ms - 50:+.1f} ms" in text and "of the step's" not in text
+
+
+def test_batch_summary_puts_the_any_shape_step_beside_the_whole_step_graphs():
+    from course.measure.decode_floor import batch_summary
+
+    item = _batch_item(60.0)
+    for engine, ms in (("compiled", (40.0, 41.0)), ("compiled, any shape", (46.5, 47.0))):
+        for b, t in zip((1, 2), ms):
+            item["rows"].append(dict(engine=engine, batch=b, ms_per_step=t, tokens_per_s=1000 * b / t, x_floor=t / 32,
+                                     x_b1_time=t / ms[0], x_b1_tokens=b * ms[0] / t))
+    text = batch_summary(item)
+    assert "compiled, any shape: B=1 46.5 ms/step" in text
+    assert "+6.5 ms at B=1, +6.0 ms at B=2" in text
+    assert "any-shape" not in batch_summary(_batch_item(60.0))  # no such rows, no such sentence

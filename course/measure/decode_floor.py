@@ -248,11 +248,18 @@ def bench_decode_batch(ctx: Context) -> dict:
     model = ctx.model("float32")
     batches = QUICK_BATCHES if ctx.quick else BATCHES
     configs = []
+    any_shape = None
+    if ctx.compile and not ctx.quick:  # the serving lesson's step: one compiled block for every shape
+        from course.engine.fast import DecodeStep
+
+        any_shape = DecodeStep(model, any_shape=True)
     for B in batches:
         w, kv = _step_bytes(model.config, B, CONTEXT, model.dtype)
         if ctx.compile and not ctx.quick:
             configs.append(dict(engine="compiled", batch=B, bytes=w + kv, times=[],
                                 step=_decode_setup(ctx, model, B, CONTEXT, compiled=True)))
+            configs.append(dict(engine="compiled, any shape", batch=B, bytes=w + kv, times=[],
+                                step=_decode_setup(ctx, model, B, CONTEXT, compiled=True, step=any_shape)))
         if B <= 8:  # the eager model beside it, where its jump happens
             configs.append(dict(engine="eager", batch=B, bytes=w + kv, times=[],
                                 step=_decode_setup(ctx, model, B, CONTEXT, compiled=False)))
@@ -333,7 +340,7 @@ def _best_tokens(it):
 def batch_summary(it: dict) -> str:
     rows = it["rows"]
     parts = []
-    for engine in ("compiled", "eager"):
+    for engine in ("compiled", "compiled, any shape", "eager"):
         er = [r for r in rows if r["engine"] == engine]
         if len(er) < 2:
             continue
@@ -342,6 +349,13 @@ def batch_summary(it: dict) -> str:
         parts.append(f"{engine}: B=1 {b1['ms_per_step']:.1f} ms/step ({b1['x_floor']:.2f}× floor), B=2 "
                      f"{er[1]['ms_per_step']:.1f} ms (×{er[1]['x_b1_time']:.2f}); best B={best['batch']}: "
                      f"{best['tokens_per_s']:.0f} tokens/s = {best['x_b1_tokens']:.1f}× B=1.")
+    whole = {r["batch"]: r for r in rows if r["engine"] == "compiled"}
+    anys = {r["batch"]: r for r in rows if r["engine"] == "compiled, any shape"}
+    both = sorted(set(whole) & set(anys))
+    if both:
+        diffs = ", ".join(f"{anys[b]['ms_per_step'] - whole[b]['ms_per_step']:+.1f} ms at B={b}" for b in both)
+        parts.append(f"The serving lesson's any-shape step (one compiled block called per layer, one graph for every "
+                     f"batch and context) against the whole-step graphs: {diffs}.")
     prods = it.get("head_products") or []
     eager = {r["batch"]: r for r in rows if r["engine"] == "eager"}
     if len(prods) >= 2 and 1 in eager and 2 in eager:
