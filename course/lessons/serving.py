@@ -205,8 +205,9 @@ def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
             token = torch.ones(B, 1, dtype=torch.long, device=dev)
             steps.append(lambda at=at, token=token: model(token, start_pos=at, cache=cache, last_only=True))
         timings = [Timing() for _ in batches]
-        for step in steps:
-            step()  # warm-up
+        for step in tqdm(steps, desc=f"warm-up at C={C} (a compiled engine compiles here, once)", unit="batch",
+                         disable=not progress):
+            step()
         for _ in tqdm(range(rounds), desc=f"batch sweep at C={C}", unit="round", disable=not progress):
             for step, timing in zip(steps, timings):
                 with Stopwatch(dev) as sw:
