@@ -219,12 +219,16 @@ def test_compiled_real_model_matches_eager_for_64_greedy_tokens(real_model):
 
 def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_graph_each(one_thread):
     """A server's step (any_shape): every batch size, 1 included, every cache length and row count run on one
-    compiled block for consecutive rows, one for other rows and one for paged batches, and one compiled head;
-    each step matches the eager model."""
+    compiled group of layers for consecutive rows, one for other rows and one for paged batches, and one compiled
+    head; each step matches the eager model."""
+    import dataclasses
+
+    from course.engine.config import ModelConfig
+    from course.engine.fast import layer_group
     from course.engine.paged import PagedKVCache
 
-    model = tiny_model(seed=5)
-    step = DecodeStep(model, any_shape=True)
+    model = tiny_model(seed=5, config=dataclasses.replace(ModelConfig.from_name("tiny"), n_layers=6))
+    step = DecodeStep(model, any_shape=True)  # two compiled calls per step, three layers each
     prompts = [[5, 9, 2], list(range(7, 20)), [200] * 8, [1, 4]]
     solo = _solo_caches(model, prompts)
     batch = _stack(model, [c for _, c in solo])
@@ -244,14 +248,15 @@ def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_grap
     for rows in ([0, 1, 2, 3], [1, 2], [3], [0, 1, 2]):  # consecutive rows: views of the cache
         check(rows)
     views = _graphs()
-    assert views == start + 2 and step.compiled  # the block and the head
+    assert views == start + 2 and step.compiled  # the group of layers and the head
+    assert step._group == layer_group(6) == 3 and len(step._weights) == 2
     short = KVCache(model.config, 2, 40)  # another cache length and row count: the same graph
     got = step(torch.tensor([[3], [4]]), [0, 0], short, rows=[0, 1])
     assert got.shape == (2, model.config.vocab_size) and _graphs() == views
-    for rows in ([0, 2], [3, 1, 0], [2, 0]):  # any other rows: gathered, a second graph
+    for rows in ([0, 2], [3, 1, 0], [2, 0]):  # any other rows: gathered, a second group graph
         check(rows)
     gathered = _graphs()
-    assert gathered == views + 1  # a second block, the same head
+    assert gathered == views + 1  # a second group graph, the same head
 
     paged = PagedKVCache(model.config, num_blocks=24, block_size=4)
     logits, lens = {}, {}
@@ -268,6 +273,12 @@ def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_grap
             want = decode_one_token(model, tokens[i:i + 1], lens[s], solo_paged[s])
             torch.testing.assert_close(got[i:i + 1], want, atol=1e-4, rtol=1e-4)
             logits[s], lens[s] = got[i:i + 1], lens[s] + 1
-    assert _graphs() == gathered + 1  # every paged batch above on a third block
+    assert _graphs() == gathered + 1  # every paged batch above on a third group graph
     with pytest.raises(ValueError, match="pass start_pos=batch.positions"):
         step(torch.tensor([[1]]), [0], paged.append([0], [[1]]))
+
+
+def test_layer_group_divides_the_layers():
+    from course.engine.fast import layer_group
+
+    assert [layer_group(n) for n in (30, 2, 7, 32, 24, 1)] == [5, 2, 1, 4, 4, 1]

@@ -189,6 +189,23 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
     return linear(rms_norm(x, model.norm.weight, c.norm_eps), model.output.weight).float()  # [B, V]
 
 
+def decode_blocks(x: torch.Tensor, ws: tuple, eps: float, ks: list[torch.Tensor], vs: list[torch.Tensor],
+                  rows: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  hidden: torch.Tensor, n_heads: int, n_kv_heads: int, gather: bool = False, linear=streamed_linear,
+                  table: torch.Tensor | None = None) -> torch.Tensor:
+    """decode_block for several consecutive layers: ws, ks, vs hold one entry per layer."""
+    for w, k_cache, v_cache in zip(ws, ks, vs):
+        x = decode_block(x, w, eps, k_cache, v_cache, rows, positions, cos, sin, hidden, n_heads, n_kv_heads, gather,
+                         linear, table)
+    return x
+
+
+def layer_group(n_layers: int, most: int = 5) -> int:
+    """How many layers one compiled call of the any-shape step runs: the largest divisor of n_layers up to `most`
+    (fewer calls from Python per step, against a longer compile)."""
+    return max(d for d in range(1, most + 1) if n_layers % d == 0)
+
+
 def lm_head(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, eps: float,
             linear=streamed_linear) -> torch.Tensor:
     """The final RMSNorm and the LM head: x [B, d] → logits [B, V] in float32."""
@@ -208,16 +225,16 @@ class DecodeStep:
     evaluating guards. compile=False runs the same function eagerly (the reference the tests compare
     against). If compiling fails (no C++ compiler, an unsupported backend) it warns once and runs eagerly.
 
-    any_shape=True, for a server whose batch and contexts change at every step: one compiled transformer
-    block (decode_block), called once per layer from Python, and one compiled LM head serve every batch size
-    (1 included: the batch dimension is unbacked, torch._dynamo.mark_unbacked, so 1 is not special), every
-    cache length and every number of cache rows. Three kinds of call compile one block each, the first time
-    they are seen: the whole cache or consecutive rows of it (read as views, no copy), any other set of rows
-    (attention reads a gathered copy of them), and a paged batch (each sequence's blocks gathered through
-    its block table). On the course's 2-core CPUs a block compiled in seconds where the whole 30-layer step
-    took about a minute; the price is the Python between the layers at every step (`kvcourse bench`,
-    decode_batch, times the two side by side). The whole-step graphs stay the default: they are the fastest
-    for one sequence. A paged
+    any_shape=True, for a server whose batch and contexts change at every step: one compiled group of layers
+    (decode_blocks over `layer_group` layers: 5 of the course model's 30), called from Python for each group in
+    turn, and one compiled LM head serve every batch size (1 included: the batch dimension is unbacked,
+    torch._dynamo.mark_unbacked, so 1 is not special), every cache length and every number of cache rows.
+    Three kinds of call compile one group each, the first time they are seen: the whole cache or consecutive
+    rows of it (read as views, no copy), any other set of rows (attention reads a gathered copy of them), and a
+    paged batch (each sequence's blocks gathered through its block table). On the course's 2-core CPUs a group
+    compiled in seconds where the whole 30-layer step took about a minute; the price is the Python between the
+    groups at every step (`kvcourse bench`, decode_batch, times the two side by side). The whole-step graphs
+    stay the default: they are the fastest for one sequence. A paged
     batch's block table grows with its longest sequence, so paged batches always take the any-shape path.
     On CUDA the any-shape path runs without CUDA graphs (a graph is recorded per shape).
     """
@@ -327,6 +344,8 @@ class DecodeStep:
         if rows is not None:
             rows = torch.as_tensor(rows, device=self.device).to(torch.long, copy=True)
         if self.any_shape:
+            if rows is not None:  # views of the whole buffers: the compiler's marks of symbolic sizes stay off the
+                ks, vs = [k[:] for k in ks], [v[:] for v in vs]  # cache's own tensors (a whole-step graph may read them)
             kind = ("rows" if rows is not None else "views", B_cache >= 2, S >= 2)
             return self._any_shape(tokens, positions, ks, vs, rows, None, kind, B_cache)
         # torch.compile guards on the thread count too (Inductor's CPU kernels are built for it): a new count
@@ -398,12 +417,14 @@ class DecodeStep:
                 raise ValueError(f"cache rows {rows.tolist()} do not exist in a cache of {B_cache} rows")
         if self._block is None:
             if self.compiled:
-                self._block = torch.compile(decode_block, dynamic=None, fullgraph=True, options=self._block_options)
+                self._block = torch.compile(decode_blocks, dynamic=None, fullgraph=True, options=self._block_options)
                 self._head = torch.compile(lm_head, dynamic=None, fullgraph=True, options=self._block_options)
             else:
-                self._block, self._head = decode_block, lm_head
-            # plain tensors (no copies): the block takes every layer's weights as inputs of the same shapes
-            self._weights = [tuple(t.detach() for t in block_weights(layer)) for layer in self.model.layers]
+                self._block, self._head = decode_blocks, lm_head
+            # plain tensors (no copies): the group takes its layers' weights as inputs, every group of the same shapes
+            weights = [tuple(t.detach() for t in block_weights(layer)) for layer in self.model.layers]
+            g = self._group = layer_group(len(weights))
+            self._weights = [tuple(weights[i:i + g]) for i in range(0, len(weights), g)]
         try:
             out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=first and self.compiled,
                                   skip=not first and self.skip_guards)
@@ -419,7 +440,7 @@ class DecodeStep:
             else:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
                 warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
                 self._fn, self.compiled, self.skip_guards = decode_step, False, False
-                self._block, self._head = decode_block, lm_head
+                self._block, self._head = decode_blocks, lm_head
                 out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=False, skip=False)
         self._warm.add(key)
         return out
@@ -440,7 +461,8 @@ class DecodeStep:
                 torch._dynamo.mark_dynamic(table, 1)  # blocks per sequence (2 or more, see _paged)
             if S >= 2:
                 torch._dynamo.mark_dynamic(hidden, 3)  # the keys attention sees
-            for t in (ks[0], vs[0]):  # the first layer's buffers are traced; the others match them
+            g = self._group
+            for t in (*ks[:g], *vs[:g]):  # the first group's buffers are traced; the others match them
                 if rows is None and table is None:
                     unbacked(t, 0)  # views of the batch's own rows: as many as the batch
                 elif t.shape[0] >= 2:
@@ -448,9 +470,10 @@ class DecodeStep:
                 if table is None and t.shape[2] >= 2:
                     torch._dynamo.mark_dynamic(t, 2)  # the cache length
         with torch.compiler.set_stance(skip_guard_eval_unsafe=skip):
-            for w, k_cache, v_cache in zip(self._weights, ks, vs):
-                x = self._block(x, w, c.norm_eps, k_cache, v_cache, index, positions, cos, sin, hidden,
-                                c.n_heads, c.n_kv_heads, gather, self._linear, table)
+            g = self._group
+            for i, ws in enumerate(self._weights):
+                x = self._block(x, ws, c.norm_eps, ks[i * g:(i + 1) * g], vs[i * g:(i + 1) * g], index, positions, cos,
+                                sin, hidden, c.n_heads, c.n_kv_heads, gather, self._linear, table)
             if mark:
                 torch._dynamo.decorators.mark_unbacked(x, 0)
             return self._head(x, m.norm.weight.detach(), m.output.weight.detach(), c.norm_eps, self._linear)

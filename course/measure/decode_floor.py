@@ -354,7 +354,7 @@ def batch_summary(it: dict) -> str:
     both = sorted(set(whole) & set(anys))
     if both:
         diffs = ", ".join(f"{anys[b]['ms_per_step'] - whole[b]['ms_per_step']:+.1f} ms at B={b}" for b in both)
-        parts.append(f"The serving lesson's any-shape step (one compiled block called per layer, one graph for every "
+        parts.append(f"The serving lesson's any-shape step (compiled groups of layers, one graph for every "
                      f"batch and context) against the whole-step graphs: {diffs}.")
     prods = it.get("head_products") or []
     eager = {r["batch"]: r for r in rows if r["engine"] == "eager"}
