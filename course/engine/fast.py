@@ -5,8 +5,8 @@
 
     fast = course.engine.fast.FastModel(model)         # the model's call signature, for generate() & co.
     generate(fast, ids, 64)                            # prefill runs eagerly, every decode step compiled
-    server = course.engine.fast.FastModel(model, any_shape=True)  # one compiled block for every batch,
-    serve(server, requests)                            # context and paged batch (course.engine.serving)
+    server = course.engine.fast.FastModel(model, any_shape=True)  # compiled groups of layers for every
+    serve(server, requests)                            # batch, context and paged batch (course.engine.serving)
 
 What is inside the one graph (the way gpt-fast's generate.py builds its decode step): the embedding
 lookup, every layer's RMSNorm, projections, RoPE, the write of this step's K and V into the
@@ -165,7 +165,7 @@ def step_inputs(model: Transformer, positions: torch.Tensor, S: int):
 
 def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tensor,
                 ks: list[torch.Tensor], vs: list[torch.Tensor], rows: torch.Tensor | None = None,
-                linear=streamed_linear, table: torch.Tensor | None = None) -> torch.Tensor:
+                linear=streamed_linear) -> torch.Tensor:
     """One decode step for B sequences, each at its own position; writes the cache in place.
 
     tokens [B, 1] (the latest token of each sequence), positions [B] (where it goes), ks / vs: every
@@ -173,19 +173,15 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
     (None: rows 0..B-1, the whole cache). Returns next-token logits [B, V] in float32.
     Key j of sequence b is attended to iff j <= positions[b]: the buffer's length S never changes, so
     neither do the shapes of this function, whatever the context.
-    table [B, n_blocks]: a paged cache (see decode_block): ks / vs are the block pools, rows the slots to write.
     """
     c = model.config
-    if rows is None:  # the cache rows are the batch (a static shape, or two unbacked sizes that must agree)
-        torch._check(ks[0].shape[0] == tokens.shape[0])
-    S = ks[0].shape[2] if table is None else table.shape[1] * ks[0].shape[1]
-    cos, sin, hidden = step_inputs(model, positions, S)
+    cos, sin, hidden = step_inputs(model, positions, ks[0].shape[2])
     gather = rows is not None
     rows = torch.arange(tokens.shape[0], device=tokens.device) if rows is None else rows
     x = model.tok_embeddings(tokens[:, 0])  # [B, d]
     for layer, k_cache, v_cache in zip(model.layers, ks, vs):
         x = decode_block(x, block_weights(layer), c.norm_eps, k_cache, v_cache, rows, positions, cos, sin, hidden,
-                         c.n_heads, c.n_kv_heads, gather, linear, table)
+                         c.n_heads, c.n_kv_heads, gather, linear)
     return linear(rms_norm(x, model.norm.weight, c.norm_eps), model.output.weight).float()  # [B, V]
 
 
@@ -371,7 +367,7 @@ class DecodeStep:
         if self.skip_guards:
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, None)
+                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
                 return out.clone() if self.mode == "reduce-overhead" else out  # CUDA graphs reuse the output
             except RuntimeError as exc:  # these inputs differ from every warm-up in a way the key missed:
                 if "skip_guard_eval_unsafe" not in str(exc):  # check the guards from now on
@@ -406,7 +402,7 @@ class DecodeStep:
                                kind, ks[0].shape[0])
 
     def _any_shape(self, tokens, positions, ks, vs, rows, table, kind: tuple, B_cache: int) -> torch.Tensor:
-        """The any-shape path: the compiled block once per layer, then the compiled head (see the class doc)."""
+        """The any-shape path: each compiled group of layers in turn, then the compiled head (see the class doc)."""
         key = (kind, self.dtype, self.device.type, ks[0].is_inference(), torch.get_num_threads())
         first = key not in self._warm
         if first and table is None:  # the values, checked once per kind (lists and ints are checked every call)
@@ -446,6 +442,7 @@ class DecodeStep:
         return out
 
     def _blockwise(self, tokens, positions, ks, vs, rows, table, mark: bool, skip: bool) -> torch.Tensor:
+        """One step through the groups; mark: the first call of a kind, whose sizes the compiler traces as symbols."""
         m, c = self.model, self.config
         B = tokens.shape[0]
         S = ks[0].shape[2] if table is None else table.shape[1] * ks[0].shape[1]
@@ -478,15 +475,15 @@ class DecodeStep:
                 torch._dynamo.decorators.mark_unbacked(x, 0)
             return self._head(x, m.norm.weight.detach(), m.output.weight.detach(), c.norm_eps, self._linear)
 
-    def _run(self, tokens, positions, ks, vs, rows, table=None):
+    def _run(self, tokens, positions, ks, vs, rows):
         try:
-            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, table)
+            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
         except Exception as exc:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
             if self._fn is decode_step:
                 raise
             warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
             self._fn, self.compiled, self.skip_guards = decode_step, False, False
-            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear, table)
+            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear)
         return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
 
     def __repr__(self) -> str:
