@@ -216,6 +216,23 @@ def test_serving_helpers_on_the_tiny_model():
         lesson_trace(256, long_share=1.5)
 
 
+def test_the_compiled_engine_is_warm_before_the_timed_runs(one_thread):
+    """The lesson's engine compiles its paged decode step in the untimed warm-up, not inside the first timeline;
+    the serving runs on it give every request its solo tokens."""
+    from course.engine.fast import FastModel
+    from course.engine.model import tiny_model
+    from course.lessons.serving_runs import batching_run, lesson_trace, warm_up
+
+    fast = FastModel(tiny_model(seed=2), any_shape=True)
+    trace = lesson_trace(256, n_requests=5, seed=3)
+    warm_up(fast, trace, max_batch=3, progress=False)
+    warm = {key[0][0] for key in fast.step._warm}
+    assert "paged" in warm and fast.compiled
+    run = batching_run(fast, trace, max_batch=3, progress=False)
+    assert run.identical == {"static": True, "continuous": True}
+    assert {key[0][0] for key in fast.step._warm} >= {"paged", "views"}  # solo runs: whole-cache views
+
+
 @pytest.mark.slow
 def test_exercise_05_demo_with_the_reference_solution():
     """Exercise 05's real-model demo (skipped while grading) runs with the solution's code and agrees."""

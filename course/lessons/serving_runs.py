@@ -287,17 +287,21 @@ def lesson_trace(vocab_size: int, n_requests: int = 10, seed: int = 0, long_shar
             for r in base]
 
 
-def warm_up(model, requests: Sequence[Request], max_batch: int = 4) -> None:
+def warm_up(model, requests: Sequence[Request], max_batch: int = 4, progress: bool = True) -> None:
     """Serve a few steps of the first requests, untimed, so that a compiled engine (course.engine.fast.FastModel)
     compiles its steps here and not inside the first timed run; for the eager model it costs a few steps."""
+    from tqdm.auto import tqdm
+
     few = [Request(r.id, r.prompt_ids, min(3, r.max_new_tokens)) for r in list(requests)[:2]]
-    serve(model, few, "continuous", max_batch=max_batch, progress=False)
+    with tqdm(total=1, desc="warm-up, untimed (a compiled engine compiles here, once)", disable=not progress) as bar:
+        serve(model, few, "continuous", max_batch=max_batch, progress=False)
+        bar.update(1)
 
 
 def batching_run(model, requests: Sequence[Request], max_batch: int = 4, progress: bool = True) -> BatchingRun:
     """Serve the trace with static then continuous batching (paged cache, wall clock), and every request alone."""
     requests = list(requests)
-    warm_up(model, requests, max_batch)
+    warm_up(model, requests, max_batch, progress)
     static = serve(model, requests, "static", max_batch=max_batch, progress=progress)
     continuous = serve(model, requests, "continuous", max_batch=max_batch, progress=progress)
     solo = solo_outputs(model, requests, progress=progress)
@@ -417,7 +421,7 @@ def prefix_run(model, tokenizer, system: str = SYSTEM_PROMPT, questions: Sequenc
     while all(len(p) > prefix and p[prefix] == prompts[0][prefix] for p in prompts):
         prefix += 1
     requests = [Request(i, tuple(p), max_new_tokens, arrival=i * gap_s) for i, p in enumerate(prompts)]
-    warm_up(model, requests, max_batch)
+    warm_up(model, requests, max_batch, progress)
     runs = {}
     for share in (False, True):
         runs[share] = serve(model, requests, "continuous", max_batch=max_batch, block_size=block_size,
