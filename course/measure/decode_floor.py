@@ -249,7 +249,7 @@ def bench_decode_batch(ctx: Context) -> dict:
     batches = QUICK_BATCHES if ctx.quick else BATCHES
     configs = []
     any_shape = None
-    if ctx.compile and not ctx.quick:  # the serving lesson's step: one compiled block for every shape
+    if ctx.compile and not ctx.quick:  # the serving lesson's step: compiled groups of layers for every shape
         from course.engine.fast import DecodeStep
 
         any_shape = DecodeStep(model, any_shape=True)
