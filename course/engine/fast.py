@@ -44,7 +44,7 @@ from torch import nn
 
 from course.engine.kv_cache import BatchPositions, KVCache
 from course.engine.model import Transformer, apply_rope
-from course.engine.paged import PagedBatch
+from course.engine.paged import PagedBatch, gather_blocks, write_slots
 
 
 class GemvLinear(nn.Linear):
@@ -130,10 +130,9 @@ def decode_block(x: torch.Tensor, w: tuple[torch.Tensor, ...], eps: float, k_cac
     k = apply_rope(linear(h, wk).view(B, n_kv_heads, D_h), cos, sin)  # [B, H_kv, D_h]
     v = linear(h, wv).view(B, n_kv_heads, D_h)
     if table is not None:  # paged: write each sequence's slot, then gather its blocks
-        k_cache.view(-1, n_kv_heads, D_h)[rows] = k
-        v_cache.view(-1, n_kv_heads, D_h)[rows] = v
-        k_cache = k_cache[table].flatten(1, 2).transpose(1, 2)  # [B, n_blocks · bs, H_kv, D_h] → [B, H_kv, S, D_h]
-        v_cache = v_cache[table].flatten(1, 2).transpose(1, 2)
+        write_slots(k_cache, rows, k)
+        write_slots(v_cache, rows, v)
+        k_cache, v_cache = gather_blocks(k_cache, table), gather_blocks(v_cache, table)  # [B, H_kv, S, D_h]
     else:
         k_cache[rows, :, positions] = k  # sequence b writes its K at (row b, position b): [B, H_kv, D_h]
         v_cache[rows, :, positions] = v
@@ -265,7 +264,7 @@ class DecodeStep:
         self.dynamic_batch = dynamic_batch
         self.any_shape = any_shape
         self._block_options = {"size_asserts": False}  # the any-shape path's block and head: compiled when first used
-        self._block = self._head = self._weights = None
+        self._block = self._head = self._weights = self._head_weights = None
         # Inductor's per-call checks of every input's size and stride (hundreds per step) are off: the guards
         # and this class's own checks already pin the shapes. reduce-overhead = CUDA graphs.
         options = {"size_asserts": False, **({"triton.cudagraphs": True} if mode == "reduce-overhead" else {})}
@@ -295,12 +294,19 @@ class DecodeStep:
             raise TypeError(f"DecodeStep writes a contiguous KVCache; got {type(cache).__name__}") from None
         if cache in self._checked and ks[0].dtype == self._dtype:
             return ks, vs
-        if len(ks) != self.config.n_layers or any(type(layer) is not type(cache.layers[0]) for layer in cache.layers):
+        if any(type(layer) is not type(cache.layers[0]) for layer in cache.layers):
             raise TypeError(f"the cache has {len(ks)} layers of mixed or wrong kind; the model has {self.config.n_layers}")
-        if any(k.dtype != self.dtype or k.device != self.device for k in ks + vs):
-            raise TypeError(f"the cache must hold {self.dtype} on {self.device}, like the model; "
-                            f"got {ks[0].dtype} on {ks[0].device}")
+        self._check_buffers(ks, vs, "cache")
         self._checked.add(cache)
+        return ks, vs
+
+    def _check_buffers(self, ks: list[torch.Tensor], vs: list[torch.Tensor], what: str):
+        """One buffer per layer for K and V, of the model's dtype on its device."""
+        if len(ks) != self.config.n_layers or len(vs) != len(ks):
+            raise TypeError(f"the {what} has {len(ks)} layers of mixed or wrong kind; the model has {self.config.n_layers}")
+        if any(k.dtype != self.dtype or k.device != self.device for k in ks + vs):
+            raise TypeError(f"the {what} must hold {self.dtype} on {self.device}, like the model; "
+                            f"got {ks[0].dtype} on {ks[0].device}")
         return ks, vs
 
     @torch.inference_mode()
@@ -384,20 +390,13 @@ class DecodeStep:
         B = len(batch.seq_ids)
         if tokens.dim() != 2 or tokens.shape != (B, 1):
             raise ValueError(f"tokens must be [B, 1] = [{B}, 1] (one new token per sequence), got {list(tokens.shape)}")
-        given = (positions.start if isinstance(positions, BatchPositions) else [int(positions)] * B
-                 if isinstance(positions, int) else [int(p) for p in positions])
-        if given != batch.positions.start:
-            raise ValueError(f"this paged batch reserved positions {batch.positions.start}, the call gave {given}; "
-                             "pass start_pos=batch.positions")
-        ks, vs = batch.cache.k, batch.cache.v
-        if len(ks) != self.config.n_layers or ks[0].dtype != self.dtype or ks[0].device != self.device:
-            raise TypeError(f"the paged cache must hold {self.config.n_layers} layers of {self.dtype} on {self.device}, "
-                            f"like the model; got {len(ks)} of {ks[0].dtype} on {ks[0].device}")
+        batch.check_call(positions, 1)
+        ks, vs = self._check_buffers(batch.cache.k, batch.cache.v, "paged cache")
         positions = torch.as_tensor(batch.positions.start, device=self.device).to(torch.long, copy=True)
         table = batch.block_table.clone()
         if table.shape[1] == 1:  # one block each: read it twice (the mask hides the copy), so that the block count
             table = table.repeat(1, 2)  # is never 1, which the compiler would make a graph of its own
-        kind = ("paged", ks[0].shape[0] >= 2, table.shape[1] >= 2)
+        kind = ("paged", ks[0].shape[0] >= 2)  # what the compiler's marks depend on (a pool of 1 block stays static)
         return self._any_shape(tokens.to(torch.long, copy=True), positions, ks, vs, batch.write_slots.clone(), table,
                                kind, ks[0].shape[0])
 
@@ -421,6 +420,7 @@ class DecodeStep:
             weights = [tuple(t.detach() for t in block_weights(layer)) for layer in self.model.layers]
             g = self._group = layer_group(len(weights))
             self._weights = [tuple(weights[i:i + g]) for i in range(0, len(weights), g)]
+            self._head_weights = (self.model.norm.weight.detach(), self.model.output.weight.detach())
         try:
             out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=first and self.compiled,
                                   skip=not first and self.skip_guards)
@@ -433,10 +433,8 @@ class DecodeStep:
                 warnings.warn(f"DecodeStep: inputs unlike its warm-up ({exc}); evaluating guards from now on")
                 self.skip_guards = False
                 out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=False, skip=False)
-            else:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
-                warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
-                self._fn, self.compiled, self.skip_guards = decode_step, False, False
-                self._block, self._head = decode_blocks, lm_head
+            else:
+                self._decode_eagerly(exc)
                 out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=False, skip=False)
         self._warm.add(key)
         return out
@@ -473,18 +471,25 @@ class DecodeStep:
                                 sin, hidden, c.n_heads, c.n_kv_heads, gather, self._linear, table)
             if mark:
                 torch._dynamo.decorators.mark_unbacked(x, 0)
-            return self._head(x, m.norm.weight.detach(), m.output.weight.detach(), c.norm_eps, self._linear)
+            return self._head(x, *self._head_weights, c.norm_eps, self._linear)
 
     def _run(self, tokens, positions, ks, vs, rows):
         try:
             out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
-        except Exception as exc:  # Inductor needs a working C++ compiler on CPU; never fail a lesson for speed
+        except Exception as exc:
             if self._fn is decode_step:
                 raise
-            warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
-            self._fn, self.compiled, self.skip_guards = decode_step, False, False
+            self._decode_eagerly(exc)
             out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear)
         return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
+
+    def _decode_eagerly(self, exc: Exception) -> None:
+        """Compiling failed: warn once and run every path of the step eagerly from now on. Inductor needs a
+        working C++ compiler on CPU; never fail a lesson for speed."""
+        warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
+        self._fn, self.compiled, self.skip_guards = decode_step, False, False
+        if self._block is not None:
+            self._block, self._head = decode_blocks, lm_head
 
     def __repr__(self) -> str:
         return f"DecodeStep({self.config.name}, compiled={self.compiled}, mode={self.mode!r})"

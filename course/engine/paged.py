@@ -392,6 +392,18 @@ def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype = torch
     return 2 * config.n_layers * block_size * config.n_kv_heads * config.head_dim * elt
 
 
+def write_slots(pool: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """Write values [N, H_kv, D_h] into a layer's pool [N_blocks, block_size, H_kv, D_h] at the flat slots [N]
+    (block · block_size + offset)."""
+    pool.view(-1, pool.shape[2], pool.shape[3])[slots] = values.to(pool.dtype)
+
+
+def gather_blocks(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Each sequence's blocks in table order: pool [N_blocks, bs, H_kv, D_h], table [B, n_blocks] →
+    [B, H_kv, n_blocks · bs, D_h] (a copy; the positions past a sequence's length hold whatever the blocks do)."""
+    return pool[table].flatten(1, 2).transpose(1, 2)
+
+
 class PagedBatch:
     """One model call's view of the paged cache: B sequences, each writing n_new positions from its length.
 
@@ -418,6 +430,23 @@ class PagedBatch:
         self.block_table = torch.tensor(padded, dtype=torch.long, device=device)  # [B, n_blocks]
         self.kv_len = kv_len
 
+    def check_call(self, start_pos, n_tokens: int) -> None:
+        """The model must write exactly the positions this batch reserved (start_pos: its positions, one per
+        sequence, or one int for all)."""
+        expected = self.positions.start
+        if isinstance(start_pos, (BatchPositions, PackedPositions)):
+            given = start_pos.start
+        elif isinstance(start_pos, torch.Tensor) and start_pos.dim() > 0:
+            given = start_pos.flatten().tolist()
+        elif isinstance(start_pos, (list, tuple)):
+            given = [int(p) for p in start_pos]
+        else:
+            given = [int(start_pos)] * len(expected)
+        n_expected = self.positions.n_tokens if self.packed else self.n_new
+        if given != expected or n_tokens != n_expected:
+            raise ValueError(f"this paged batch reserved positions {expected} × {self.n_new} tokens, the model wrote "
+                             f"{given} × {n_tokens}; pass start_pos=batch.positions")
+
     def __getitem__(self, layer: int) -> "PagedLayerView":
         return PagedLayerView(self, layer)
 
@@ -434,21 +463,14 @@ class PagedLayerView:
     def update(self, start_pos, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: [B, H_kv, T, D_h] → every position of each sequence so far, [B, H_kv, kv_len, D_h]."""
         b = self.batch
-        expected = b.positions.start
-        given = start_pos.start if isinstance(start_pos, (BatchPositions, PackedPositions)) \
-            else [int(start_pos)] * len(expected)
-        n_given = k.shape[2]  # packed: the N tokens of one row
-        n_expected = b.positions.n_tokens if b.packed else b.n_new
-        if given != expected or n_given != n_expected:
-            raise ValueError(f"this paged batch reserved positions {expected} × {b.n_new} tokens, the model wrote "
-                             f"{given} × {k.shape[2]}; pass start_pos=batch.positions")
+        b.check_call(start_pos, k.shape[2])  # packed: the N tokens of one row
         B, H_kv, T, D_h = k.shape
         k_pool, v_pool = b.cache.k[self.layer], b.cache.v[self.layer]  # [N_blocks, bs, H_kv, D_h]
-        k_pool.view(-1, H_kv, D_h)[b.write_slots] = k.transpose(1, 2).reshape(B * T, H_kv, D_h).to(k_pool.dtype)
-        v_pool.view(-1, H_kv, D_h)[b.write_slots] = v.transpose(1, 2).reshape(B * T, H_kv, D_h).to(v_pool.dtype)
-        # gather: each sequence's blocks in table order → [B, n_blocks·bs, H_kv, D_h] → its first kv_len positions
-        k_all = k_pool[b.block_table].flatten(1, 2)[:, :b.kv_len].transpose(1, 2)  # [B, H_kv, kv_len, D_h]
-        v_all = v_pool[b.block_table].flatten(1, 2)[:, :b.kv_len].transpose(1, 2)
+        write_slots(k_pool, b.write_slots, k.transpose(1, 2).reshape(B * T, H_kv, D_h))
+        write_slots(v_pool, b.write_slots, v.transpose(1, 2).reshape(B * T, H_kv, D_h))
+        # each sequence's blocks in table order, then its first kv_len positions: [B, H_kv, kv_len, D_h]
+        k_all = gather_blocks(k_pool, b.block_table)[:, :, :b.kv_len]
+        v_all = gather_blocks(v_pool, b.block_table)[:, :, :b.kv_len]
         if b.packed:  # every sequence's keys in one row, for the packed queries' block-diagonal mask
             return side_by_side(k_all), side_by_side(v_all)
         return k_all, v_all
