@@ -4,6 +4,7 @@ The smoke test runs `kvcourse bench --quick` on the random tiny model (seconds);
 model is a slow test. The compiled decode path (course/fast.py) must give the eager model's logits.
 """
 import json
+import os
 import statistics
 import math
 
@@ -220,3 +221,29 @@ def test_batch_summary_puts_the_any_shape_step_beside_the_whole_step_graphs():
     assert "compiled, any shape: B=1 46.5 ms/step" in text
     assert "+6.5 ms at B=1, +6.0 ms at B=2" in text
     assert "any-shape" not in batch_summary(_batch_item(60.0))  # no such rows, no such sentence
+
+
+def test_fairness_counts_other_programs_not_this_one():
+    from course.measure.decode_floor import _busy_text, fairness
+
+    fair, why = fairness(2, others=0.1, cores=2, load=2.0)  # the load average of 2 is this process's own threads
+    assert fair and "0.10 of 2 cores" in why and "fair for 2" in why
+    fair, why = fairness(2, others=0.9, cores=2)
+    assert not fair and "NOT fair for 2" in why
+    assert fairness(1, others=0.9, cores=2)[0]  # one thread still has a core to itself
+    fair, why = fairness(2, others=None, cores=2, load=2.0)  # where /proc/stat is missing: the load average
+    assert not fair and "load average 2.0" in why
+    assert _busy_text(dict(others_cores=0.05, load_average=1.9, fair=True)) == "0.05 cores"
+    assert _busy_text(dict(others_cores=None, load_average=1.9, fair=False)) == "load 1.9 (not fair)"
+
+
+def test_batch_summary_says_how_busy_other_programs_were():
+    from course.measure.decode_floor import batch_summary
+
+    item = _batch_item(60.0)
+    busy = float(os.cpu_count() or 1)  # every core taken by other programs
+    item["others_cores"] = busy
+    text = batch_summary(item)
+    assert f"other programs used {busy:.2f} of" in text.lower() and "timings are inflated" in text
+    item["others_cores"] = 0.0
+    assert "timings are inflated" not in batch_summary(item)

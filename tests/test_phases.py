@@ -6,6 +6,8 @@ model against synthetic data with a known answer, and the notebook's recorded nu
 relations the lesson claims.
 """
 import math
+import os
+import time
 from pathlib import Path
 
 import matplotlib
@@ -68,23 +70,71 @@ def thread_calls(monkeypatch):
 
 
 def test_steady_threads_drops_to_one_thread_on_a_busy_machine(monkeypatch, thread_calls):
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    monkeypatch.setattr(threads, "sample_others", lambda: 1.8)  # other programs use 1.8 of 2 cores
     note = threads.steady_threads("cpu")
-    assert thread_calls == [1] and "busy" in note and "9.5" in note
+    assert thread_calls == [1] and "busy" in note and "1.8 of 2 cores" in note
 
 
 def test_steady_threads_leaves_an_idle_machine_alone(monkeypatch, thread_calls):
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.3, 0.2, 0.1))
+    monkeypatch.setattr(threads, "sample_others", lambda: 0.1)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.5, 9.0, 8.0))  # this process's own past work
     assert "2 CPU threads" in threads.steady_threads("cpu") and thread_calls == []
     assert "cuda" in threads.steady_threads("cuda") and thread_calls == []  # GPU timing: threads untouched
 
 
-def test_steady_threads_obeys_an_explicit_choice(monkeypatch, thread_calls):
+def test_steady_threads_falls_back_on_the_load_average_without_proc_stat(monkeypatch, thread_calls):
+    monkeypatch.setattr(threads, "sample_others", lambda: None)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.5, 9.0, 8.0))
+    note = threads.steady_threads("cpu")
+    assert thread_calls == [1] and "load average 9.5" in note
+
+
+def test_steady_threads_obeys_an_explicit_choice(monkeypatch, thread_calls):
+    monkeypatch.setattr(threads, "sample_others", lambda: 1.9)
     monkeypatch.setenv("KVCOURSE_THREADS", "2")
     assert "as asked" in threads.steady_threads("cpu") and thread_calls == [2]
     with pytest.raises(ValueError, match="threads"):
         threads.steady_threads("cpu", threads=0)
+
+
+def test_others_busy_reads_the_kernel_accounting(tmp_path, monkeypatch):
+    hz = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+
+    def reading(busy_ticks, own_s, wall):  # user nice system idle iowait irq softirq steal
+        stat.write_text(f"cpu  {busy_ticks - 30} 10 10 5000 7 4 4 2 0 0\ncpu0 1 2 3\n")
+        return threads.CpuClock(wall=wall, everyone=threads._everyone_cpu_s(str(stat)), own=own_s)
+
+    a = reading(100, own_s=1.0, wall=10.0)
+    b = reading(100 + 3 * hz, own_s=2.5, wall=12.0)  # everyone used 3 s of CPU in 2 s, this process 1.5 s of it
+    assert threads.others_busy(a, b) == pytest.approx(0.75)
+    assert threads.others_busy(b, reading(100 + 3 * hz, own_s=4.0, wall=13.0)) == 0.0  # never negative
+    assert threads.others_busy(a, threads.CpuClock(wall=12.0, everyone=None, own=2.0)) is None
+    stat.write_text("intr 1 2 3\n")
+    assert threads._everyone_cpu_s(str(stat)) is None and threads._everyone_cpu_s(str(tmp_path / "no")) is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's /proc/stat")
+def test_others_busy_tells_another_program_from_this_one():
+    import subprocess
+    import sys
+
+    def spin():
+        end = time.perf_counter() + 0.8
+        while time.perf_counter() < end:
+            pass
+
+    before = threads.cpu_clock()
+    spin()  # this process busy: not counted as others
+    own = threads.others_busy(before, threads.cpu_clock())
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nend = time.perf_counter() + 1.2\nwhile time.perf_counter() < end: pass"])
+    time.sleep(0.2)  # the child's start-up
+    before = threads.cpu_clock()
+    time.sleep(0.8)
+    other = threads.others_busy(before, threads.cpu_clock())
+    child.wait()
+    assert other >= own + 0.4, (own, other)  # a spinning child is about one core more than the background
 
 
 # --- sweeps on the tiny model ---------------------------------------------------------------------

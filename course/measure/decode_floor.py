@@ -28,22 +28,37 @@ QUICK_BATCHES = (1, 2, 4)
 
 
 def _load() -> float:
-    return os.getloadavg()[0]
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
-def fairness(threads: int, load: float | None = None, cores: int | None = None) -> tuple[bool, str]:
-    """Is the machine quiet enough for a `threads`-thread timing to be fair, and the sentence that says so.
+def fairness(threads: int, others: float | None = None, cores: int | None = None,
+             load: float | None = None) -> tuple[bool, str]:
+    """Was the machine quiet enough for a `threads`-thread timing to be fair, and the sentence that says so.
 
-    Fair when the 1-minute load average (which includes this process) leaves a core for every thread:
-    load ≤ cores − threads + 1. Otherwise a thread of the step is often descheduled and the others wait for it.
+    others: cores' worth of CPU that other programs used during the timing (course.measure.threads.others_busy).
+    Fair when they left a core for every thread, give or take a quarter of a core (the system's own daemons):
+    others <= cores - threads + 0.25. Where that could not be measured, the 1-minute load average stands in,
+    which counts this process too: fair when load <= cores - threads + 1.
     """
-    load = _load() if load is None else load
     cores = cores or os.cpu_count() or 1
-    fair = load <= cores - threads + 1
+    if others is not None:
+        fair = others <= cores - threads + 0.25
+        what = f"other programs used {others:.2f} of {cores} cores during these timings"
+    else:
+        load = _load() if load is None else load
+        fair = load <= cores - threads + 1
+        what = f"load average {load:.1f} on {cores} cores (this process included)"
     if fair:
-        return True, f"load average {load:.1f} on {cores} cores: fair for {threads} thread(s)"
-    return False, (f"load average {load:.1f} on {cores} cores: NOT fair for {threads} thread(s) (other programs "
-                   "hold the cores; a step's threads wait on descheduled partners)")
+        return True, f"{what}: fair for {threads} thread(s)"
+    return False, (f"{what}: NOT fair for {threads} thread(s) (other programs hold the cores; a step's threads "
+                   "wait on descheduled partners)")
+
+
+def _busy_text(r: dict) -> str:
+    """A row's 'other programs' cell: their CPU use in cores, or the load average where it was not measured."""
+    others = r.get("others_cores")
+    return (f"{others:.2f} cores" if others is not None else f"load {r['load_average']:.1f}") \
+        + ("" if r.get("fair", True) else " (not fair)")
 
 
 def _floor_ms(nbytes: float, read_bytes_per_s: float) -> float:
@@ -117,8 +132,7 @@ def _target_row(it, **match):
 def _floor_target(engine, threads, bound):
     def measure(it):
         r = _target_row(it, engine=engine, threads=threads)
-        return (None, "not measured") if r is None else (r["x_floor"], f"load {r['load_average']:.1f}"
-                                                         + ("" if r["fair"] else ", not fair"))
+        return (None, "not measured") if r is None else (r["x_floor"], "other programs " + _busy_text(r))
     return Target(f"{engine}_{threads}t_x_floor", f"decode ctx {CONTEXT}, float32, batch 1, {threads} thread(s), "
                   f"{engine}: time ÷ streaming-read floor", "<=", bound, measure)
 
@@ -127,7 +141,7 @@ def _eager_threads_target(it):
     one, two = _target_row(it, engine="eager", threads=1), _target_row(it, engine="eager", threads=2)
     if one is None or two is None:
         return None, "not measured"
-    return two["ms_per_step"] / one["ms_per_step"], f"load {two['load_average']:.1f}"
+    return two["ms_per_step"] / one["ms_per_step"], "other programs " + _busy_text(two)
 
 
 # --- decode_floor ----------------------------------------------------------------------------------------------
@@ -135,7 +149,7 @@ def _eager_threads_target(it):
             columns={"threads": "{threads}", "engine": "{engine}", "ms/step": "{ms_per_step:.1f}",
                      "floor ms": "{floor_ms:.1f}", "× floor": "{x_floor:.2f}",
                      "read GB/s": lambda r: f"{r['read_bytes_per_s'] / 1e9:.1f}",
-                     "load": lambda r: f"{r['load_average']:.1f}" + ("" if r["fair"] else " (not fair)")},
+                     "other programs": _busy_text},
             text=lambda it: it.get("summary", ""),
             targets=[_floor_target("compiled", 1, 1.10), _floor_target("compiled", 2, 1.20),
                      Target("eager_2t_over_1t", "eager decode with 2 threads ÷ with 1 thread", "<=", 1.0,
@@ -144,6 +158,7 @@ def bench_decode_floor(ctx: Context) -> dict:
     """ms per step ÷ floor for eager, compiled and a plain sum over every weight, at 1 and 2 threads."""
     import torch
 
+    from course.measure.threads import cpu_clock, others_busy
     from course.measure.timing import memory_bandwidth
 
     model = ctx.model("float32")
@@ -171,6 +186,7 @@ def bench_decode_floor(ctx: Context) -> dict:
     times = {(n, e): [] for n in thread_counts for e in engines}
     probes = {n: [] for n in thread_counts}
     loads = {n: [] for n in thread_counts}
+    others = {n: [] for n in thread_counts}  # other programs' CPU use (cores) while each thread count was timed
     ratios = {key: [] for key in times}  # each round's step ÷ the floor probed in that round
     steps, rounds = ctx.sizes.get("steps_per_round", 4), ctx.sizes.get("rounds", 5)
     try:
@@ -182,26 +198,31 @@ def bench_decode_floor(ctx: Context) -> dict:
             for n in thread_counts:
                 _with_threads(n)
                 loads[n].append(_load())
+                clock = cpu_clock()
                 probes[n].append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
                                  .read_bytes_per_s)
                 for name, (fn, nbytes) in engines.items():
                     t = _time(fn, ctx.device, steps)
                     times[(n, name)] += t
                     ratios[(n, name)].append(statistics.median(t) / (nbytes / probes[n][-1]))
+                busy = others_busy(clock, cpu_clock())
+                if busy is not None:
+                    others[n].append(busy)
     finally:
         torch.set_num_threads(before)
     rows = []
     for n in thread_counts:
         read = statistics.median(probes[n])
         load = statistics.median(loads[n])
-        fair, why = fairness(n, load)
+        busy = statistics.median(others[n]) if others[n] else None
+        fair, why = fairness(n, busy, load=load)
         for name, (_, nbytes) in engines.items():
             s = statistics.median(times[(n, name)])
             floor = _floor_ms(nbytes, read)
             rows.append(dict(threads=n, engine=name, ms_per_step=s * 1e3, best_ms=min(times[(n, name)]) * 1e3,
                              bytes_per_step=nbytes, read_bytes_per_s=read, floor_ms=floor,
                              x_floor=statistics.median(ratios[(n, name)]), x_floor_rounds=ratios[(n, name)],
-                             tokens_per_s=1 / s, load_average=load, fair=fair, fairness=why,
+                             tokens_per_s=1 / s, load_average=load, others_cores=busy, fair=fair, fairness=why,
                              repeats=len(times[(n, name)])))
     return {"status": "ok", "rows": rows, "context": CONTEXT, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
             "summary": floor_summary(rows)}
@@ -223,8 +244,8 @@ def floor_summary(rows: list[dict]) -> str:
         verdict = "faster" if two < one else "not faster"
         parts.append(f"Eager with 2 threads is {verdict} than with 1 ({two:.1f} vs {one:.1f} ms)"
                      + ("." if two < one else ": each of its many small operations pays the threads' start and "
-                        "join, which on a loaded machine means waiting for a descheduled partner (so the lessons' "
-                        "steady_threads picks 1 thread when the load average leaves no core free); the compiled "
+                        "join, which on a busy machine means waiting for a descheduled partner (so the lessons' "
+                        "steady_threads picks 1 thread when other programs leave no core free); the compiled "
                         "step runs far fewer, larger kernels."))
     return " ".join(parts)
 
@@ -263,8 +284,10 @@ def bench_decode_batch(ctx: Context) -> dict:
         if B <= 8:  # the eager model beside it, where its jump happens
             configs.append(dict(engine="eager", batch=B, bytes=w + kv, times=[],
                                 step=_decode_setup(ctx, model, B, CONTEXT, compiled=False)))
+    from course.measure.threads import cpu_clock, others_busy
+
     before = torch.get_num_threads()
-    probes, loads = [], []
+    probes, loads, others = [], [], []
     try:
         torch.set_num_threads(1)
         for cfg in ctx.progress(configs, "batch warm-up"):  # B = 1 and B >= 2 compile one graph each
@@ -272,10 +295,14 @@ def bench_decode_batch(ctx: Context) -> dict:
         gemv = _head_products(model)
         for _ in ctx.progress(range(max(2, ctx.sizes.get("rounds", 5) - 2)), "batch rounds"):
             loads.append(_load())
+            clock = cpu_clock()
             probes.append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
                           .read_bytes_per_s)
             for cfg in configs:
                 cfg["times"] += _time(cfg["step"], ctx.device, 2)
+            busy = others_busy(clock, cpu_clock())
+            if busy is not None:
+                others.append(busy)
     finally:
         torch.set_num_threads(before)
     read = statistics.median(probes)
@@ -291,7 +318,8 @@ def bench_decode_batch(ctx: Context) -> dict:
         r["x_b1_time"] = r["ms_per_step"] / base["ms_per_step"]
         r["x_b1_tokens"] = r["tokens_per_s"] / base["tokens_per_s"]
     out = {"status": "ok", "rows": rows, "context": CONTEXT, "read_bytes_per_s": read,
-           "load_average": statistics.median(loads), "head_products": gemv}
+           "load_average": statistics.median(loads), "others_cores": statistics.median(others) if others else None,
+           "head_products": gemv}
     out["summary"] = batch_summary(out)
     return out
 
@@ -377,8 +405,8 @@ def batch_summary(it: dict) -> str:
                      f"products of {m8['rows']} rows take {m8['kernel_ms']:.1f} ms there against BLAS's "
                      f"{m8['ms']:.1f} ms ({m8['kernel_ms'] / prods[0]['kernel_ms']:.2f}× its 1-row time, BLAS "
                      f"{m8['ms'] / prods[0]['ms']:.2f}×).")
-    parts.append(f"Load average {it['load_average']:.1f} on {os.cpu_count()} cores"
-                 + ("" if fairness(1, it["load_average"])[0] else ": not fair, timings are inflated") + ".")
+    fair, why = fairness(1, it.get("others_cores"), load=it["load_average"])
+    parts.append(why[0].upper() + why[1:] + ("" if fair else "; timings are inflated") + ".")
     return " ".join(parts)
 
 

@@ -1,35 +1,100 @@
-"""CPU threads for timing: pick a steady count on a busy machine, and set one for a block and put it back.
+"""CPU threads for timing: how busy other programs keep the cores, a steady thread count, and set one back.
 
+    others_busy      cores' worth of CPU that programs other than this one used over a stretch of time
     steady_threads   choose PyTorch's CPU thread count for timing, and say why (lessons print the reason)
+
+The load average is no good for the question "is someone else using my cores?": it counts this process's
+own threads too, so a benchmark that has just run two threads for a minute finds a load of 2 on an empty
+two-core machine. On Linux the kernel's per-CPU accounting (/proc/stat; see `man 5 proc`) says how much
+CPU time every program used, and os.times() how much of it was this process; the difference is the others
+(steal time, which a virtual machine's host took for other guests, counts as others too).
 """
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 
 import torch
+
+PROC_STAT = "/proc/stat"
+
+
+@dataclass(frozen=True)
+class CpuClock:
+    """One reading: wall time, CPU time every program used so far (None where /proc/stat is missing), and this
+    process's own CPU time (all its threads), in seconds."""
+    wall: float
+    everyone: float | None
+    own: float
+
+
+def _everyone_cpu_s(path: str = PROC_STAT) -> float | None:
+    """Busy CPU seconds summed over every core since boot: user, nice, system, irq, softirq and steal."""
+    try:
+        with open(path) as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 8:
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    busy = ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6] + (ticks[7] if len(ticks) > 7 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_clock() -> CpuClock:
+    t = os.times()
+    return CpuClock(wall=time.perf_counter(), everyone=_everyone_cpu_s(), own=t.user + t.system)
+
+
+def others_busy(before: CpuClock, after: CpuClock) -> float | None:
+    """Cores' worth of CPU other programs used between two readings (0.5: half a core on average); None where
+    the system's accounting cannot be read (then only the load average is left)."""
+    wall = after.wall - before.wall
+    if before.everyone is None or after.everyone is None or wall <= 0:
+        return None
+    return max(0.0, ((after.everyone - before.everyone) - (after.own - before.own)) / wall)
+
+
+def sample_others(seconds: float = 0.25) -> float | None:
+    """Other programs' CPU use right now, in cores, read over `seconds` while this process waits."""
+    before = cpu_clock()
+    time.sleep(seconds)
+    return others_busy(before, cpu_clock())
 
 
 def steady_threads(device="cpu", threads: int | None = None) -> str:
     """Choose PyTorch's CPU thread count for timing, and say why.
 
     PyTorch splits each operation across its threads and waits for the slowest. When other programs
-    already keep every core busy (load average >= cores), a descheduled thread stalls every operation,
-    and timings balloon by several times; one thread is then far steadier. `threads` (or the
-    environment variable KVCOURSE_THREADS) overrides the choice.
+    already keep the cores busy, a descheduled thread stalls every operation, and timings balloon by
+    several times; one thread is then far steadier. Busy means: other programs use more than the cores
+    this process's threads would leave them, plus half a core (measured over a quarter of a second, see
+    `others_busy`; where that cannot be read, a 1-minute load average of at least the number of cores).
+    `threads` (or the environment variable KVCOURSE_THREADS) overrides the choice.
     """
     if torch.device(device).type != "cpu":
         return f"timing on {device}; CPU threads left at {torch.get_num_threads()}"
     if threads is None and os.environ.get("KVCOURSE_THREADS"):
         threads = int(os.environ["KVCOURSE_THREADS"])
     cores = os.cpu_count() or 1
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if threads is not None:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-        return f"{threads} CPU thread(s), as asked (load average {load:.1f} on {cores} cores)"
-    if load >= cores and torch.get_num_threads() > 1:
+        return f"{threads} CPU thread(s), as asked"
+    current = torch.get_num_threads()
+    others = sample_others()
+    if others is not None:
+        how = f"other programs use {others:.1f} of {cores} cores"
+        busy = others > cores - current + 0.5
+    else:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        how = f"load average {load:.1f} on {cores} cores"
+        busy = load >= cores
+    if busy and current > 1:
         torch.set_num_threads(1)
-        return (f"this machine is busy (load average {load:.1f} on {cores} cores): timing with 1 CPU thread, "
-                f"since threads waiting on each other would distort every number; expect slower but steadier timings")
-    return f"{torch.get_num_threads()} CPU threads (load average {load:.1f} on {cores} cores)"
+        return (f"this machine is busy ({how}): timing with 1 CPU thread, since threads waiting on each other "
+                f"would distort every number; expect slower but steadier timings")
+    return f"{current} CPU threads ({how})"
