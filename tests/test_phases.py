@@ -347,6 +347,9 @@ def test_held_out_check_runs_the_whole_loop(tiny):
     dec = sweeps.decode_sweep(tiny, [8, 32, 64], budget_s=0.05, max_repeats=3, progress=False)
     lm = latency.fit_latency_model(pre, dec)
     ho = latency.held_out_check(tiny, lm, prompt_len=20, n_out=6, repeats=2, progress=False)
+    assert (ho.others_cores is not None) == os.path.exists("/proc/stat")  # measured where the kernel says
+    assert ho.others_cores is None or ho.others_cores >= 0
+    assert ho.threads == torch.get_num_threads()
     assert ho.measured_s > 0 and ho.measured_ttft_s > 0 and ho.measured_itl_s > 0
     assert ho.predicted_s == pytest.approx(lm.total(20, 6))
     assert math.isfinite(ho.error) and "held-out" in str(ho)

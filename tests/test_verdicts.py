@@ -33,6 +33,17 @@ def test_held_out_verdict_says_whether_the_fit_holds_and_why():
     assert "load average" not in str(_held_out(5.7, 10.0, load=0.5))
 
 
+def test_held_out_verdict_blames_other_programs_only_when_they_took_a_core():
+    def held(others, load, threads=2):
+        return latency.HeldOut(100, 50, 10.0, 0.3, 0.1, 5.7, 0.2, 0.09, load, 2, others, threads)
+
+    own = str(held(0.05, load=2.4))  # a load of 2.4 that this process's own two threads made
+    assert "does NOT hold" in own and "busy" not in own and "load average" not in own
+    busy = str(held(1.6, load=3.5))
+    assert "busy (other programs used 1.6 of its 2 cores)" in busy
+    assert "busy" not in str(held(0.9, load=2.0, threads=1))  # one thread still had a core to itself
+
+
 def test_ab_answer_widens_its_claim_when_the_fit_failed():
     ab = {"A": dict(ttft_s=2, decode_s=1, total_s=3, prompt_tokens=4000, output_tokens=50, extrapolated=True),
           "B": dict(ttft_s=0.2, decode_s=99.8, total_s=100, prompt_tokens=400, output_tokens=2000, extrapolated=True),

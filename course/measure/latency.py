@@ -115,6 +115,8 @@ class HeldOut(Printed):
     predicted_itl_s: float
     load_average: float | None = None  # 1-minute load average over the check (None where unknown)
     cores: int | None = None
+    others_cores: float | None = None  # other programs' CPU use during the runs, in cores (None where unknown)
+    threads: int = 1  # this process's CPU threads during the runs
     tolerance: float = 0.2  # the fit "holds" when it is within this share of the measured time
 
     @property
@@ -132,10 +134,15 @@ class HeldOut(Printed):
         if self.holds:
             return (f"the fit holds: within {abs(self.error):.0%} of a run it never saw "
                     f"(tolerance {self.tolerance:.0%}), so its predictions can be used as they are")
-        busy = (self.load_average is not None and self.cores and self.load_average > self.cores)
-        why = (f"the machine was busy (load average {self.load_average:.1f} on {self.cores} cores), so the "
-               "sweeps and this run did not see the same machine" if busy else
-               "the sweeps and this run saw different conditions (other programs, CPU clock, caches)")
+        if self.others_cores is not None:  # measured: other programs took a core this process's threads needed
+            busy = bool(self.cores) and self.others_cores > self.cores - self.threads + 0.5
+            how = f"other programs used {self.others_cores:.1f} of its {self.cores} cores"
+        else:  # the load average counts this process too
+            busy = self.load_average is not None and bool(self.cores) and self.load_average > self.cores
+            how = f"load average {self.load_average:.1f} on {self.cores} cores"
+        why = (f"the machine was busy ({how}), so the sweeps and this run did not see the same machine" if busy
+               else "the sweeps and this run saw different conditions (CPU clock, caches, other programs' "
+               "memory traffic)")
         return (f"the fit does NOT hold: it is off by {self.error:+.0%} on a run it never saw. Most likely "
                 f"{why}. Treat every prediction below as uncertain by at least ±{abs(self.error):.0%}, or "
                 "re-run sections 2 and 7 on a quieter machine")
@@ -144,7 +151,8 @@ class HeldOut(Printed):
         return dict(heldout_prompt=self.prompt_len, heldout_new=self.n_out, heldout_measured_s=self.measured_s,
                     heldout_predicted_s=self.predicted_s, heldout_error=self.error,
                     heldout_ttft_ms=self.measured_ttft_s * 1e3, heldout_itl_ms=self.measured_itl_s * 1e3,
-                    heldout_holds=self.holds, heldout_load_average=self.load_average)
+                    heldout_holds=self.holds, heldout_load_average=self.load_average,
+                    heldout_others_cores=self.others_cores)
 
     def __str__(self) -> str:
         return (f"held-out run: {self.prompt_len}-token prompt, {self.n_out} tokens out\n"
@@ -165,8 +173,14 @@ def held_out_check(model, latency: LatencyModel, prompt_len: int, n_out: int, re
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     check_lengths("prompt_len + n_out", [prompt_len + n_out], model.config.max_seq_len)
+    import torch
+
+    from course.measure.threads import cpu_clock, others_busy
+
     ids = random_prompt(model, prompt_len, seed)[0].tolist()
+    clock = cpu_clock()
     runs = [generate(model, ids, n_out) for _ in tqdm(range(repeats), desc="held-out runs", disable=not progress)]
+    others = others_busy(clock, cpu_clock())
     run = sorted(runs, key=lambda g: g.total_time)[len(runs) // 2]
     mid_context = prompt_len + (n_out - 2) / 2
     try:
@@ -175,7 +189,8 @@ def held_out_check(model, latency: LatencyModel, prompt_len: int, n_out: int, re
         load = None
     return HeldOut(prompt_len, n_out, median(g.total_time for g in runs), run.time_to_first_token,
                    run.mean_inter_token_latency, latency.total(prompt_len, n_out), latency.ttft(prompt_len),
-                   latency.itl(mid_context), load, os.cpu_count())
+                   latency.itl(mid_context), load, os.cpu_count(), others,
+                   torch.get_num_threads() if model.device.type == "cpu" else 1)
 
 
 def checkpoint_ab(latency: LatencyModel, requests: dict | None = None) -> dict:
