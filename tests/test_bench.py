@@ -247,3 +247,25 @@ def test_batch_summary_says_how_busy_other_programs_were():
     assert f"other programs used {busy:.2f} of" in text.lower() and "timings are inflated" in text
     item["others_cores"] = 0.0
     assert "timings are inflated" not in batch_summary(item)
+
+
+def test_serving_items_time_the_lessons_compiled_engine_beside_eager(one_thread):
+    """batching and serving run the eager model and FastModel(model, any_shape=True) side by side; the targets
+    read the compiled rows, and the compiled server's tokens are the eager server's."""
+    from course.cli import bench_serving
+
+    ctx = bench._Context(torch.device("cpu"), bench.FULL, True, print, "tiny")  # tiny model: small trace sizes
+    batching = bench_serving.bench_batching(ctx)
+    assert batching["primary"] == bench_serving.ANY_SHAPE and set(batching["engines"]) == {"eager",
+                                                                                           bench_serving.ANY_SHAPE}
+    by_engine = {e: [r for r in batching["rows"] if r["engine"] == e] for e in batching["engines"]}
+    assert [r["batch"] for r in by_engine["eager"]] == [r["batch"] for r in by_engine[bench_serving.ANY_SHAPE]]
+    assert "compiled, any shape: at context" in bench_serving._batching_text(batching)
+    serving = bench_serving.bench_serving(ctx)
+    assert serving["primary"] == bench_serving.ANY_SHAPE and serving["engines_agree"]
+    for summary in serving["engines"].values():
+        assert summary["outputs_identical"] and summary["throughput_ratio"] > 0
+    assert serving["compiled_over_eager"] > 0
+    assert f"took {serving['compiled_over_eager']:.2f}× the" in bench_serving._serving_text(serving)
+    assert ctx.serving_engine("float32") is ctx.serving_engine("float32")  # one engine, compiled once
+    assert ctx.serving_engine("float32").model is ctx.model("float32")

@@ -131,6 +131,16 @@ class Context:
             self._fast[dtype] = FastModel(self.model(dtype))  # shares the eager model's weights
         return self._fast[dtype]
 
+    def serving_engine(self, dtype: str):
+        """The serving lesson's engine: FastModel(model, any_shape=True), compiled groups of layers for any batch,
+        context and paged batch (course.engine.fast), sharing the eager model's weights."""
+        key = ("any shape", dtype)
+        if key not in self._fast:
+            from course.engine.fast import FastModel
+
+            self._fast[key] = FastModel(self.model(dtype), any_shape=True)
+        return self._fast[key]
+
     def engines(self, dtype: str) -> dict:
         engines = {"eager": self.model(dtype)}
         if self.compile and not self.quick:
