@@ -84,9 +84,10 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, d] · weightᵀ → [B, N] on course.engine.row_product's CPU kernel inside a compiled step (one row or
     a batch: each weight row is read once, prefetched ahead, and serves every sequence; above 16 rows the
-    kernel calls BLAS). On the course's CPUs it came closer to the streaming-read floor than Inductor's streamed
-    reduction at B = 1, and at B = 8 it kept the step near its B = 1 time where BLAS did not (`kvcourse bench`
-    measures both: decode_floor, decode_batch, with BLAS and the kernel side by side). Eagerly: F.linear."""
+    kernel calls BLAS). At B = 8 it kept the step near its B = 1 time where BLAS did not. At B = 1, in three runs
+    on a Sapphire Rapids host, Inductor's streamed reduction was 0.2–2.1 ms faster with 1 thread and 2.2–2.6 ms
+    with 2 (the kernel was chosen on earlier runs); `kvcourse bench` measures both side by side (decode_floor,
+    decode_batch). Eagerly: F.linear."""
     if torch.compiler.is_compiling():
         return torch.ops.kvcourse.row_product(x, weight)
     return F.linear(x, weight)
