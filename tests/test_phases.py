@@ -75,6 +75,16 @@ def test_steady_threads_drops_to_one_thread_on_a_busy_machine(monkeypatch, threa
     assert thread_calls == [1] and "busy" in note and "1.8 of 2 cores" in note
 
 
+def test_steady_threads_keeps_one_thread_per_free_core(monkeypatch, thread_calls):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(threads, "sample_others", lambda: 0.7)  # a browser playing a video, say
+    note = threads.steady_threads("cpu")
+    assert thread_calls == [7] and "7 CPU thread(s), one per free core" in note
+    monkeypatch.setattr(threads, "sample_others", lambda: 0.3)  # less than half a core: all 8 stay
+    assert "8 CPU threads" in threads.steady_threads("cpu") and thread_calls == [7]
+
+
 def test_steady_threads_leaves_an_idle_machine_alone(monkeypatch, thread_calls):
     monkeypatch.setattr(threads, "sample_others", lambda: 0.1)
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (9.5, 9.0, 8.0))  # this process's own past work

@@ -253,7 +253,7 @@ def floor_summary(rows: list[dict]) -> str:
         parts.append(f"Eager with 2 threads is {verdict} than with 1 ({two:.1f} vs {one:.1f} ms)"
                      + ("." if two < one else ": each of its many small operations pays the threads' start and "
                         "join, which on a busy machine means waiting for a descheduled partner (so the lessons' "
-                        "steady_threads picks 1 thread when other programs leave no core free); the compiled "
+                        "steady_threads keeps one thread per core other programs leave free); the compiled "
                         "step runs far fewer, larger kernels."))
     return " ".join(parts)
 

@@ -67,12 +67,12 @@ def sample_others(seconds: float = 0.25) -> float | None:
 def steady_threads(device="cpu", threads: int | None = None) -> str:
     """Choose PyTorch's CPU thread count for timing, and say why.
 
-    PyTorch splits each operation across its threads and waits for the slowest. When other programs
-    already keep the cores busy, a descheduled thread stalls every operation, and timings balloon by
-    several times; one thread is then far steadier. Busy means: other programs use more than the cores
-    this process's threads would leave them, plus half a core (measured over a quarter of a second, see
-    `others_busy`; where that cannot be read, a 1-minute load average of at least the number of cores).
-    `threads` (or the environment variable KVCOURSE_THREADS) overrides the choice.
+    PyTorch splits each operation across its threads and waits for the slowest. When other programs keep
+    some cores busy, a thread that lands on one of them is descheduled and stalls every operation; timings
+    then balloon by several times. So the count is cut to the cores other programs leave free (rounded, at
+    least 1), measured over a quarter of a second (`others_busy`); where that cannot be read, a 1-minute load
+    average of at least the number of cores means 1 thread. `threads` (or the environment variable
+    KVCOURSE_THREADS) overrides the choice.
     """
     if torch.device(device).type != "cpu":
         return f"timing on {device}; CPU threads left at {torch.get_num_threads()}"
@@ -88,13 +88,13 @@ def steady_threads(device="cpu", threads: int | None = None) -> str:
     others = sample_others()
     if others is not None:
         how = f"other programs use {others:.1f} of {cores} cores"
-        busy = others > cores - current + 0.5
+        fits = max(1, min(current, int(cores - others + 0.5)))  # one thread per core they leave free
     else:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         how = f"load average {load:.1f} on {cores} cores"
-        busy = load >= cores
-    if busy and current > 1:
-        torch.set_num_threads(1)
-        return (f"this machine is busy ({how}): timing with 1 CPU thread, since threads waiting on each other "
-                f"would distort every number; expect slower but steadier timings")
+        fits = 1 if load >= cores else current
+    if fits < current:
+        torch.set_num_threads(fits)
+        return (f"this machine is busy ({how}): timing with {fits} CPU thread(s), one per free core, since "
+                f"threads waiting on each other would distort every number; expect slower but steadier timings")
     return f"{current} CPU threads ({how})"
