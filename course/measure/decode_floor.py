@@ -36,13 +36,15 @@ def fairness(threads: int, others: float | None = None, cores: int | None = None
     """Was the machine quiet enough for a `threads`-thread timing to be fair, and the sentence that says so.
 
     others: cores' worth of CPU that other programs used during the timing (course.measure.threads.others_busy).
-    Fair when they left a core for every thread, give or take a quarter of a core (the system's own daemons):
-    others <= cores - threads + 0.25. Where that could not be measured, the 1-minute load average stands in,
+    Fair when they left a core for every thread (course.measure.threads.free_cores, the rule the lessons'
+    steady_threads uses too). Where that could not be measured, the 1-minute load average stands in,
     which counts this process too: fair when load <= cores - threads + 1.
     """
+    from course.measure.threads import free_cores
+
     cores = cores or os.cpu_count() or 1
     if others is not None:
-        fair = others <= cores - threads + 0.25
+        fair = free_cores(others, cores) >= threads
         what = f"other programs used {others:.2f} of {cores} cores during these timings"
     else:
         load = _load() if load is None else load
@@ -111,11 +113,15 @@ def _decode_setup(ctx: Context, engine, batch: int, context: int, compiled: bool
     return lambda: decode_one_token(engine, token, context, cache)
 
 
-def _after_probe(step) -> None:
-    """One untimed step right after a bandwidth probe: the probe streams 2 × its buffer through memory and frees
-    it, and the first step after it measured about 6 ms slower than the next ones (51–54 against 45–48 ms, the
-    course model at 1 thread), which would land on whichever configuration is timed first in a round."""
-    step()
+def _probe(ctx: Context, first_step) -> float:
+    """The streaming-read bandwidth (bytes/s), then one untimed step: the probe streams 2 × its buffer through
+    memory and frees it, and the first step after it measured about 6 ms slower than the next ones (51–54 against
+    45–48 ms, the course model at 1 thread), which would land on whichever configuration is timed first."""
+    from course.measure.timing import memory_bandwidth
+
+    read = memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3).read_bytes_per_s
+    first_step()
+    return read
 
 
 def _time(fn, device, n: int) -> list[float]:
@@ -206,9 +212,7 @@ def bench_decode_floor(ctx: Context) -> dict:
                 _with_threads(n)
                 loads[n].append(_load())
                 clock = cpu_clock()
-                probes[n].append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
-                                 .read_bytes_per_s)
-                _after_probe(next(iter(engines.values()))[0])
+                probes[n].append(_probe(ctx, next(iter(engines.values()))[0]))
                 for name, (fn, nbytes) in engines.items():
                     t = _time(fn, ctx.device, steps)
                     times[(n, name)] += t
@@ -304,9 +308,7 @@ def bench_decode_batch(ctx: Context) -> dict:
         for _ in ctx.progress(range(max(2, ctx.sizes.get("rounds", 5) - 2)), "batch rounds"):
             loads.append(_load())
             clock = cpu_clock()
-            probes.append(memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
-                          .read_bytes_per_s)
-            _after_probe(configs[0]["step"])
+            probes.append(_probe(ctx, configs[0]["step"]))
             for cfg in configs:
                 cfg["times"] += _time(cfg["step"], ctx.device, 2)
             busy = others_busy(clock, cpu_clock())

@@ -17,6 +17,7 @@ from course.engine.generate import generate
 from course.measure.costs import check_lengths
 from course.measure.sweeps import Sweep, random_prompt
 from course.measure.display import Printed
+from course.measure.threads import free_cores
 
 # The checkpoint of lesson 01: (A) a long prompt and a short answer, (B) a short prompt and a long answer.
 
@@ -135,7 +136,7 @@ class HeldOut(Printed):
             return (f"the fit holds: within {abs(self.error):.0%} of a run it never saw "
                     f"(tolerance {self.tolerance:.0%}), so its predictions can be used as they are")
         if self.others_cores is not None:  # measured: other programs took a core this process's threads needed
-            busy = bool(self.cores) and self.others_cores > self.cores - self.threads + 0.5
+            busy = bool(self.cores) and free_cores(self.others_cores, self.cores) < self.threads
             how = f"other programs used {self.others_cores:.1f} of its {self.cores} cores"
         else:  # the load average counts this process too
             busy = self.load_average is not None and bool(self.cores) and self.load_average > self.cores

@@ -64,6 +64,13 @@ def sample_others(seconds: float = 0.25) -> float | None:
     return others_busy(before, cpu_clock())
 
 
+def free_cores(others: float, cores: int | None = None) -> int:
+    """The cores other programs using `others` cores' worth of CPU leave free, rounded (half a core left is a
+    core): how many threads get a core of their own beside them (0: none)."""
+    cores = cores or os.cpu_count() or 1
+    return max(0, int(cores - others + 0.5))
+
+
 def steady_threads(device="cpu", threads: int | None = None) -> str:
     """Choose PyTorch's CPU thread count for timing, and say why.
 
@@ -88,7 +95,7 @@ def steady_threads(device="cpu", threads: int | None = None) -> str:
     others = sample_others()
     if others is not None:
         how = f"other programs use {others:.1f} of {cores} cores"
-        fits = max(1, min(current, int(cores - others + 0.5)))  # one thread per core they leave free
+        fits = max(1, min(current, free_cores(others, cores)))  # one thread per core they leave free
     else:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         how = f"load average {load:.1f} on {cores} cores"
