@@ -11,7 +11,8 @@ import warnings
 import pytest
 import torch
 
-from course.engine.fast import DecodeStep, FastModel, decode_step, stream_product, streamed_linear
+from course.engine.fast import (DecodeStep, FastModel, block_weights, decode_step, fused_block_weights, stream_product,
+                               streamed_linear)
 from course.engine.generate import decode_one_token, generate, prefill
 from course.engine.kv_cache import KVCache
 from course.engine.model import tiny_model
@@ -72,6 +73,45 @@ def test_step_function_matches_the_model_at_per_sequence_positions(one_thread):
         torch.testing.assert_close(got[b:b + 1], want, atol=1e-5, rtol=1e-5)
         for layer, solo_layer in zip(batch.layers, cache.layers):  # the step wrote the same K/V where they belong
             torch.testing.assert_close(layer.k[b, :, :len(p) + 1], solo_layer.k[0, :, :len(p) + 1])
+
+
+def test_fused_weights_are_views_of_the_models_own_parameters_and_decode_the_same(one_thread):
+    model = tiny_model(seed=1)
+    prompt = torch.tensor([[5, 9, 2, 7]])
+    with torch.inference_mode():
+        before = model(prompt).clone()
+    originals = [t.clone() for t in block_weights(model.layers[0])]
+    fused = [fused_block_weights(layer, rehome=True) for layer in model.layers]  # re-homed as on a GPU
+    att, ff = model.layers[0].attention, model.layers[0].feed_forward
+    wqkv, wo, w13 = fused[0][:3]
+    d, nq, nkv = model.config.dim, att.wq.weight.shape[0], att.wk.weight.shape[0]
+    assert wqkv.shape == (nq + 2 * nkv, d) and w13.shape == (2 * ff.w_gate.weight.shape[0], d)
+    # the parameters now live inside the fused tensors (no second copy), with their values unchanged
+    assert att.wq.weight.data_ptr() == wqkv.data_ptr() and att.wv.weight.data_ptr() == wqkv[nq + nkv:].data_ptr()
+    assert ff.w_up.weight.data_ptr() == w13[ff.w_gate.weight.shape[0]:].data_ptr() and wo is not None
+    for now, then in zip(block_weights(model.layers[0]), originals):
+        assert torch.equal(now, then)
+    assert fused_block_weights(model.layers[0])[0].data_ptr() == wqkv.data_ptr()  # the second time: no copy
+    assert len(fused_block_weights(tiny_model(seed=2).layers[0])) == 9  # on the CPU, never a plain copy
+    with torch.no_grad():
+        att.wk.weight.mul_(2)  # an in-place change of a parameter is seen through the fused view
+    assert torch.equal(wqkv[nq:nq + nkv], att.wk.weight)
+    with torch.no_grad():
+        att.wk.weight.div_(2)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(prompt), before, atol=0, rtol=0)  # the eager model is unchanged
+    prompts = [[5, 9, 2], list(range(7, 20))]
+    batch = _stack(model, [c for _, c in _solo_caches(model, prompts)])
+    twin = _stack(model, [c for _, c in _solo_caches(model, prompts)])
+    tokens, positions = torch.tensor([[11], [12]]), torch.tensor([len(p) for p in prompts])
+    with torch.inference_mode():
+        got = decode_step(model, tokens, positions, [l.k for l in batch.layers], [l.v for l in batch.layers],
+                          weights=fused)
+        want = decode_step(model, tokens, positions, [l.k for l in twin.layers], [l.v for l in twin.layers])
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(batch.layers, twin.layers):  # and wrote the same K and V
+        torch.testing.assert_close(a.k, b.k, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(a.v, b.v, atol=1e-6, rtol=1e-6)
 
 
 def test_step_function_decodes_a_subset_of_cache_rows(one_thread):

@@ -18,11 +18,12 @@ def test_kernel_equals_blas_for_every_batch_size(d):
     g = torch.Generator().manual_seed(d)
     for N in (1, 2, 17, 130):  # odd row counts: the last row is a tile of its own
         w = torch.randn(N, d, generator=g)
-        for B in (1, 2, 3, 7, 8, 9, 15, 16, 17, 33):  # 8-row tiles, remainders, and BLAS above 16 rows
+        for B in (1, 2, 3, 7, 8, 9, 15, 16, 17, 33, 64):  # 8-row tiles, remainders, beyond 16 rows
             x = torch.randn(B, d, generator=g)
-            got = row_product.row_product(x, w)
-            assert got.shape == (B, N) and got.dtype == torch.float32
-            torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-5)
+            for above in (16, 1 << 30):  # BLAS above 16 rows (Intel CPUs), the kernel at every batch (elsewhere)
+                got = row_product.row_product(x, w, above)
+                assert got.shape == (B, N) and got.dtype == torch.float32
+                torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-5)
 
 
 @needs_kernel
@@ -58,10 +59,24 @@ def test_kernel_refuses_what_it_cannot_compute():
 @needs_kernel
 def test_kernel_runs_inside_a_full_graph_with_a_symbolic_batch():
     w = torch.randn(48, 32)
-    f = torch.compile(lambda x: torch.ops.kvcourse.row_product(torch.relu(x), w) * 2, fullgraph=True, dynamic=True)
-    for B in (2, 5, 11):
+    f = torch.compile(lambda x: torch.ops.kvcourse.row_product(torch.relu(x), w, 3) * 2, fullgraph=True, dynamic=True)
+    for B in (2, 5, 11):  # the kernel, then BLAS (above 3 rows)
         x = torch.randn(B, 32)
         torch.testing.assert_close(f(x), F.linear(torch.relu(x), w) * 2, atol=1e-4, rtol=1e-5)
+
+
+def test_blas_takes_over_above_16_rows_on_intel_cpus_only_unless_told(monkeypatch):
+    monkeypatch.delenv("KVCOURSE_BLAS_ABOVE", raising=False)
+    monkeypatch.setattr("course.engine.device.cpu_vendor", lambda: "GenuineIntel")
+    assert row_product.blas_above() == 16
+    monkeypatch.setattr("course.engine.device.cpu_vendor", lambda: "AuthenticAMD")
+    assert row_product.blas_above() > 64  # every decode batch on the kernel
+    monkeypatch.setenv("KVCOURSE_BLAS_ABOVE", "8")
+    assert row_product.blas_above() == 8
+    for bad in ("many", "-1"):
+        monkeypatch.setenv("KVCOURSE_BLAS_ABOVE", bad)
+        with pytest.raises(ValueError, match="KVCOURSE_BLAS_ABOVE"):
+            row_product.blas_above()
 
 
 def test_turned_off_it_says_so_and_the_step_uses_blas(monkeypatch):

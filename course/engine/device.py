@@ -87,6 +87,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as /proc/cpuinfo names it (GenuineIntel, AuthenticAMD, ...); None where it does not say."""
+    for line in (_cpuinfo() or "").splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
 def cpu_flags() -> frozenset[str] | None:
     """The instruction-set flags the first CPU advertises (x86 'flags', Arm 'Features'); None where
     /proc/cpuinfo cannot be read (not Linux)."""

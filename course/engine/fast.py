@@ -20,10 +20,14 @@ matrix-vector product (GEMV) that should run at memory speed. Where the BLAS cal
 reaches only a fraction of the memory bandwidth for a single row, the same product written as a
 reduction, `(x * W).sum(-1)`, becomes one vectorised Inductor loop that streams each weight row once.
 On a CPU in float32, where course.engine.row_product's kernel builds (a C++ compiler and AVX-512), the step
-calls that kernel from inside the graph for one row and for batches up to 16: each weight row is read once,
-prefetched ahead of the arithmetic, and serves every sequence, so a step of 8 costs little more than a step
-of 1. Larger batches use BLAS's matrix-matrix product, and so do batches where the kernel is missing (one
-row then takes the streamed reduction above). The per-call
+calls that kernel from inside the graph for batches of 2 or more: each weight row is read once, prefetched
+ahead of the arithmetic, and serves every sequence, so a step of 8 costs little more than a step of 1 (one
+row keeps the streamed reduction, which measured faster there). On Intel CPUs batches above 16 use BLAS's
+matrix-matrix product instead (course.engine.row_product.blas_above), and so do batches where the kernel is
+missing. On the CPU the weights are first moved into one
+buffer on huge pages (course.engine.arena; the model's own parameters become views of it), which puts each
+layer's q, k and v weights side by side, so they are read as one weight, and its gate and up weights as
+one: 4 products per layer instead of 7 (gpt-fast's Llama fuses wq, wk, wv the same way). The per-call
 work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
 skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
 safe here because every call is shaped the same as its warm-up. On CUDA the step is captured as a CUDA
@@ -42,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course.engine import row_product
 from course.engine.kv_cache import BatchPositions, KVCache
 from course.engine.model import Transformer, apply_rope
 from course.engine.paged import PagedBatch, gather_blocks, write_slots
@@ -76,20 +81,38 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Inductor's code for the streamed form with a symbolic batch size measured many times slower in the whole
     step (`kvcourse bench`, decode_batch). Run eagerly, always F.linear (the streamed form would materialise a
     [N, B, d] product)."""
-    if torch.compiler.is_compiling() and x.shape[0] == 1:
+    if torch.compiler.is_compiling() and _one_row(x):
         return stream_product(x, weight)
     return F.linear(x, weight)
 
 
+def _one_row(x: torch.Tensor) -> bool:
+    """x holds one row for certain: True in the B = 1 graph; False for a symbolic batch (B >= 2, or the any-shape
+    path's unbacked batch, where asking `x.shape[0] == 1` would be a data-dependent question the compiler rejects)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(x.shape[0] == 1)
+
+
 def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [B, d] · weightᵀ → [B, N] on course.engine.row_product's CPU kernel inside a compiled step (one row or
-    a batch: each weight row is read once, prefetched ahead, and serves every sequence; above 16 rows the
-    kernel calls BLAS). At B = 8 it kept the step near its B = 1 time where BLAS did not. At B = 1, in three runs
-    on a Sapphire Rapids host, Inductor's streamed reduction was 0.2–2.1 ms faster with 1 thread and 2.2–2.6 ms
-    with 2 (the kernel was chosen on earlier runs); `kvcourse bench` measures both side by side (decode_floor,
-    decode_batch). Eagerly: F.linear."""
+    a batch: each weight row is read once, prefetched ahead, and serves every sequence; above
+    row_product.BLAS_ABOVE rows, 16 on Intel CPUs, the kernel calls BLAS). At B = 8 it kept the step near its
+    B = 1 time where BLAS did not. Eagerly: F.linear."""
     if torch.compiler.is_compiling():
-        return torch.ops.kvcourse.row_product(x, weight)
+        return torch.ops.kvcourse.row_product(x, weight, row_product.BLAS_ABOVE)
+    return F.linear(x, weight)
+
+
+def batch_row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """row_linear for a batch, Inductor's streamed reduction (stream_product) for one row. For one sequence the
+    streamed reduction, fused with its neighbours, beat the kernel on the course's Sapphire Rapids hosts (in
+    separate runs, side by side: 0.2–2.1 ms per step with 1 thread, 2.2–2.6 with 2) and on an AMD EPYC (2.5 ms
+    with 1 thread, 2.0 with 2); `kvcourse bench`, decode_floor, times both. Eagerly: F.linear."""
+    if torch.compiler.is_compiling():
+        if _one_row(x):
+            return stream_product(x, weight)
+        return torch.ops.kvcourse.row_product(x, weight, row_product.BLAS_ABOVE)
     return F.linear(x, weight)
 
 
@@ -123,13 +146,20 @@ def decode_block(x: torch.Tensor, w: tuple[torch.Tensor, ...], eps: float, k_cac
     pools [N_blocks, block_size, H_kv, D_h], rows are the pool slots this step writes (block · block_size +
     offset), and attention reads each sequence's blocks in table order (a gathered copy, S = n_blocks · block_size).
     """
-    wq, wk, wv, wo, w_gate, w_up, w_down, norm_att, norm_ffn = w
     B, D_h = x.shape[0], k_cache.shape[-1]
     G = n_heads // n_kv_heads  # query heads per KV head
-    h = rms_norm(x, norm_att, eps)  # [B, d]
-    q = apply_rope(linear(h, wq).view(B, n_heads, D_h), cos, sin)  # [B, H, D_h]
-    k = apply_rope(linear(h, wk).view(B, n_kv_heads, D_h), cos, sin)  # [B, H_kv, D_h]
-    v = linear(h, wv).view(B, n_kv_heads, D_h)
+    h = rms_norm(x, w[-2], eps)  # [B, d]
+    if len(w) == 6:  # fused (fused_block_weights): one product for q, k and v, one for gate and up
+        wqkv, wo, w13, w_down = w[:4]
+        qkv = linear(h, wqkv)  # [B, (H + 2 H_kv) D_h]
+        nq, nkv = n_heads * D_h, n_kv_heads * D_h
+        q, k, v = qkv[:, :nq], qkv[:, nq:nq + nkv], qkv[:, nq + nkv:]
+    else:
+        wq, wk, wv, wo, w_gate, w_up, w_down = w[:7]
+        q, k, v = linear(h, wq), linear(h, wk), linear(h, wv)
+    q = apply_rope(q.reshape(B, n_heads, D_h), cos, sin)  # [B, H, D_h]
+    k = apply_rope(k.reshape(B, n_kv_heads, D_h), cos, sin)  # [B, H_kv, D_h]
+    v = v.reshape(B, n_kv_heads, D_h)
     if table is not None:  # paged: write each sequence's slot, then gather its blocks
         write_slots(k_cache, rows, k)
         write_slots(v_cache, rows, v)
@@ -143,8 +173,14 @@ def decode_block(x: torch.Tensor, w: tuple[torch.Tensor, ...], eps: float, k_cac
     scores = (q.float() @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(D_h)) + hidden  # [B, H_kv, G, S]
     out = torch.softmax(scores, dim=-1).to(x.dtype) @ v_cache  # [B, H_kv, G, D_h]
     x = x + linear(out.reshape(B, n_heads * D_h), wo)
-    h = rms_norm(x, norm_ffn, eps)
-    return x + linear(F.silu(linear(h, w_gate)) * linear(h, w_up), w_down)  # SwiGLU
+    h = rms_norm(x, w[-1], eps)
+    if len(w) == 6:
+        gate_up = linear(h, w13)  # [B, 2 F]
+        hidden_ff = w13.shape[0] // 2
+        gate, up = gate_up[:, :hidden_ff], gate_up[:, hidden_ff:]
+    else:
+        gate, up = linear(h, w_gate), linear(h, w_up)
+    return x + linear(F.silu(gate) * up, w_down)  # SwiGLU
 
 
 def block_weights(layer: nn.Module) -> tuple[torch.Tensor, ...]:
@@ -152,6 +188,56 @@ def block_weights(layer: nn.Module) -> tuple[torch.Tensor, ...]:
     att, ff = layer.attention, layer.feed_forward
     return (att.wq.weight, att.wk.weight, att.wv.weight, att.wo.weight, ff.w_gate.weight, ff.w_up.weight,
             ff.w_down.weight, layer.attention_norm.weight, layer.ffn_norm.weight)
+
+
+def _side_by_side(ts: list[torch.Tensor]) -> torch.Tensor | None:
+    """One [sum of rows, d] view over 2-D tensors that lie one after another in the same memory, else None."""
+    first = ts[0]
+    offset = first.storage_offset()
+    for t in ts:
+        if not (t.is_contiguous() and t.dim() == 2 and t.shape[1] == first.shape[1] and t.dtype == first.dtype
+                and t.device == first.device and t.storage_offset() == offset
+                and t.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()):
+            return None
+        offset += t.numel()
+    return first.as_strided((sum(t.shape[0] for t in ts), first.shape[1]), (first.shape[1], 1))
+
+
+@torch.no_grad()
+def fused(params: list[nn.Parameter], rehome: bool | None = None) -> torch.Tensor | None:
+    """The rows of `params` (weights [N_i, d]) as one [sum N_i, d] tensor that the parameters are views of.
+
+    Where they already lie one after another (a CPU model packed by course.engine.arena.pack_parameters), the
+    view over them, no copy. Otherwise, with rehome (the default off the CPU), the parameters are re-homed in
+    place: their values are copied into one new buffer and each becomes a view of its rows (the values, and so
+    the eager model's output, do not change; the memory they held is freed unless something else holds it).
+    On the CPU a plain copy is not made (on small pages it measured slower than the original): None.
+    """
+    view = _side_by_side([p.detach() for p in params])
+    if view is not None:
+        return view
+    if not (params[0].device.type != "cpu" if rehome is None else rehome):
+        return None
+    buffer = torch.cat([p.detach() for p in params])
+    start = 0
+    for p in params:
+        p.data = buffer[start:start + p.shape[0]]
+        start += p.shape[0]
+    return buffer
+
+
+def fused_block_weights(layer: nn.Module, rehome: bool | None = None) -> tuple[torch.Tensor, ...]:
+    """A TransformerBlock's tensors with q, k and v as one weight and gate and up as one (see `fused`):
+    (wqkv, wo, w_gate_up, w_down, attention norm, ffn norm), so that a step makes 4 products per layer, not 7:
+    fewer kernel calls, each reading one longer stretch of memory (gpt-fast's Llama fuses wq, wk, wv the same
+    way). Where they cannot be fused without a copy, block_weights' nine tensors (decode_block takes either)."""
+    att, ff = layer.attention, layer.feed_forward
+    qkv = fused([att.wq.weight, att.wk.weight, att.wv.weight], rehome)
+    gate_up = fused([ff.w_gate.weight, ff.w_up.weight], rehome)
+    if qkv is None or gate_up is None:
+        return tuple(t.detach() for t in block_weights(layer))
+    return (qkv.detach(), att.wo.weight.detach(), gate_up.detach(), ff.w_down.weight.detach(),
+            layer.attention_norm.weight.detach(), layer.ffn_norm.weight.detach())
 
 
 def step_inputs(model: Transformer, positions: torch.Tensor, S: int):
@@ -165,12 +251,13 @@ def step_inputs(model: Transformer, positions: torch.Tensor, S: int):
 
 def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tensor,
                 ks: list[torch.Tensor], vs: list[torch.Tensor], rows: torch.Tensor | None = None,
-                linear=streamed_linear) -> torch.Tensor:
+                linear=streamed_linear, weights: list[tuple[torch.Tensor, ...]] | None = None) -> torch.Tensor:
     """One decode step for B sequences, each at its own position; writes the cache in place.
 
     tokens [B, 1] (the latest token of each sequence), positions [B] (where it goes), ks / vs: every
     layer's preallocated cache buffers [B_cache, H_kv, S, D_h]; rows [B]: the cache row of each sequence
-    (None: rows 0..B-1, the whole cache). Returns next-token logits [B, V] in float32.
+    (None: rows 0..B-1, the whole cache); weights: each layer's tensors (block_weights or fused_block_weights;
+    None: block_weights of the model's layers). Returns next-token logits [B, V] in float32.
     Key j of sequence b is attended to iff j <= positions[b]: the buffer's length S never changes, so
     neither do the shapes of this function, whatever the context.
     """
@@ -179,8 +266,10 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
     gather = rows is not None
     rows = torch.arange(tokens.shape[0], device=tokens.device) if rows is None else rows
     x = model.tok_embeddings(tokens[:, 0])  # [B, d]
-    for layer, k_cache, v_cache in zip(model.layers, ks, vs):
-        x = decode_block(x, block_weights(layer), c.norm_eps, k_cache, v_cache, rows, positions, cos, sin, hidden,
+    if weights is None:
+        weights = [block_weights(layer) for layer in model.layers]
+    for w, k_cache, v_cache in zip(weights, ks, vs):
+        x = decode_block(x, w, c.norm_eps, k_cache, v_cache, rows, positions, cos, sin, hidden,
                          c.n_heads, c.n_kv_heads, gather, linear)
     return linear(rms_norm(x, model.norm.weight, c.norm_eps), model.output.weight).float()  # [B, V]
 
@@ -233,11 +322,17 @@ class DecodeStep:
     stay the default: they are the fastest for one sequence. A paged
     batch's block table grows with its longest sequence, so paged batches always take the any-shape path.
     On CUDA the any-shape path runs without CUDA graphs (a graph is recorded per shape).
+
+    fuse (default True): q|k|v and gate|up read as one weight each (fused_block_weights; on the CPU after
+    course.engine.arena.pack_parameters moved the model's weights into one huge-page buffer, elsewhere by
+    re-homing each group's parameters into one tensor). one_row_kernel: B = 1 on the row kernel too, instead of
+    Inductor's streamed reduction (the bench times the two side by side).
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
                  skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream",
-                 row_kernel: bool | None = None, any_shape: bool = False):
+                 row_kernel: bool | None = None, any_shape: bool = False, fuse: bool = True,
+                 one_row_kernel: bool = False):
         if product not in ("stream", "blas"):
             raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
         self._linear = streamed_linear if product == "stream" else blas_linear
@@ -246,15 +341,22 @@ class DecodeStep:
         self.row_kernel = False
         if product == "stream" and compile and row_kernel is not False and model.device.type == "cpu" \
                 and model.dtype == torch.float32:
-            from course.engine import row_product
-
             self.row_kernel = row_product.available()
             if row_kernel and not self.row_kernel:
                 raise RuntimeError(f"the batched decode kernel is not available: {row_product.why_not()}")
-            if self.row_kernel:
-                self._linear = row_linear
+            if self.row_kernel:  # one row: Inductor's streamed reduction, unless one_row_kernel (the kernel there too)
+                self._linear = row_linear if one_row_kernel else batch_row_linear
         self.product = product
         self.model = model
+        # fuse: the weights in one huge-page buffer on the CPU (course.engine.arena: the model's own parameters
+        # become views of it, values unchanged), q, k, v read as one weight and gate, up as one (fused_block_weights)
+        self.fuse = fuse
+        if fuse and model.device.type == "cpu":
+            from course.engine.arena import pack_parameters
+
+            pack_parameters(model)
+        self._layer_weights = [fused_block_weights(layer) if fuse else tuple(t.detach() for t in block_weights(layer))
+                               for layer in model.layers]
         self.compiled = compile
         if mode is None:
             mode = "reduce-overhead" if model.device.type == "cuda" else "default"
@@ -365,8 +467,8 @@ class DecodeStep:
             if self.compiled and self.dynamic_batch and B >= 2:  # one graph for every batch of 2 or more
                 for t in (tokens, positions, *ks, *vs, *(() if rows is None else (rows,))):
                     torch._dynamo.mark_dynamic(t, 0)
-            if self.mode == "reduce-overhead":  # CUDA graphs may then write the cache buffers in place
-                for t in ks + vs:
+            if self.mode == "reduce-overhead":  # CUDA graphs may then write the cache buffers in place, and
+                for t in ks + vs + [w for ws in self._layer_weights for w in ws]:  # read the weights where they are
                     torch._dynamo.mark_static_address(t)
             out = self._run(tokens, positions, ks, vs, rows)
             self._warm.add(key)
@@ -374,7 +476,7 @@ class DecodeStep:
         if self.skip_guards:
             try:
                 with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
+                    out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights)
                 return out.clone() if self.mode == "reduce-overhead" else out  # CUDA graphs reuse the output
             except RuntimeError as exc:  # these inputs differ from every warm-up in a way the key missed:
                 if "skip_guard_eval_unsafe" not in str(exc):  # check the guards from now on
@@ -418,7 +520,7 @@ class DecodeStep:
             else:
                 self._block, self._head = decode_blocks, lm_head
             # plain tensors (no copies): the group takes its layers' weights as inputs, every group of the same shapes
-            weights = [tuple(t.detach() for t in block_weights(layer)) for layer in self.model.layers]
+            weights = [tuple(t.detach() for t in w) for w in self._layer_weights]
             g = self._group = layer_group(len(weights))
             self._weights = [tuple(weights[i:i + g]) for i in range(0, len(weights), g)]
             self._head_weights = (self.model.norm.weight.detach(), self.model.output.weight.detach())
@@ -476,12 +578,12 @@ class DecodeStep:
 
     def _run(self, tokens, positions, ks, vs, rows):
         try:
-            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear)
+            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights)
         except Exception as exc:
             if self._fn is decode_step:
                 raise
             self._decode_eagerly(exc)
-            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear)
+            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights)
         return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
 
     def _decode_eagerly(self, exc: Exception) -> None:

@@ -1,10 +1,11 @@
 // y[b, n] = sum_d x[b, d] * w[n, d] for a few rows of x (decode: one row per sequence of the batch).
 //
-// Decode multiplies B row vectors by every weight matrix. BLAS (MKL here) handles B = 1 at memory speed and
-// large B as a matrix-matrix product, but for 2 <= B <= 16 its kernels measured 1.5-2.5x the one-row time
-// on this course's CPUs although the weights are read once either way. This kernel reads each weight row
-// once, while it is in L1 multiplies it with every row of x, and prefetches the weight rows PF ahead so the
-// memory stream never waits for the arithmetic. Built at first use by course/engine/row_product.py.
+// Decode multiplies B row vectors by every weight matrix. BLAS (MKL here) handles large B as a matrix-matrix
+// product, but for 2 <= B <= 16 its kernels measured 1.5-2.5x the one-row time on this course's CPUs although
+// the weights are read once either way. This kernel reads each weight row once, while it is in L1 multiplies
+// it with every row of x, and prefetches the weight rows PF ahead so the memory stream never waits for the
+// arithmetic; above `blas_above` rows of x it calls BLAS (course/engine/row_product.py chooses the number).
+// Built at first use by course/engine/row_product.py.
 //
 // The prefetches go to L2 (_MM_HINT_T1), 8 rows ahead: on a Sapphire Rapids core, against 16 rows into L1
 // (the first version), every weight matrix of the course model's step took 47.5 ms instead of 51.5 for one row
@@ -95,7 +96,7 @@ static void rows(const float* W, const float* X, float* Y, int64_t n0, int64_t n
   }
 }
 
-at::Tensor row_product(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor row_product(const at::Tensor& x, const at::Tensor& w, int64_t blas_above) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1),
               "row_product: x must be [B, d] and w [N, d]; got ", x.sizes(), " and ", w.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat && x.device().is_cpu() &&
@@ -103,7 +104,7 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& w) {
   auto xc = x.contiguous();
   auto wc = w.contiguous();
   const int64_t B = xc.size(0), D = xc.size(1), N = wc.size(0);
-  if (B > 16) return at::linear(xc, wc);  // from here on BLAS's matrix-matrix kernels are faster
+  if (B > blas_above) return at::linear(xc, wc);  // from here on BLAS's matrix-matrix kernels are faster
   auto y = at::empty({B, N}, xc.options());
   const float* W = wc.data_ptr<float>();
   const float* X = xc.data_ptr<float>();
@@ -132,7 +133,7 @@ bool vectorised() {
 }
 
 TORCH_LIBRARY(kvcourse, m) {
-  m.def("row_product(Tensor x, Tensor w) -> Tensor");
+  m.def("row_product(Tensor x, Tensor w, int blas_above) -> Tensor");
   m.def("row_product_vectorised() -> bool", &vectorised);
 }
 TORCH_LIBRARY_IMPL(kvcourse, CPU, m) { m.impl("row_product", &row_product); }

@@ -12,7 +12,7 @@ took 1.5–2.5× the one-row time (`kvcourse bench`, decode_batch, shows BLAS an
 row_product.cpp keeps two weight rows in registers, multiplies them with every row of x (AVX-512 where
 the CPU has it), and prefetches the rows 8 ahead into L2 so the memory stream keeps going while it computes;
 with several threads each claims 32 rows at a time, so no core waits for a slower one at the end of a
-product; above 16 rows of x it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
+product; above blas_above() rows of x (16 on Intel CPUs, none elsewhere) it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
 
 The kernel is compiled for this machine's CPU (-march=native) by torch.utils.cpp_extension into the
 course's cache folder (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), one build per CPU kind and
@@ -89,9 +89,37 @@ def _build() -> str | None:
     return None
 
 
+INTEL_BLAS_ABOVE = 16  # GenuineIntel: MKL's matrix-matrix product was faster than the kernel above 16 rows of x
+OTHER_BLAS_ABOVE = 1 << 30  # elsewhere the kernel at every batch (AMD EPYC: 1.6-2.3x faster than BLAS up to 64)
+
+
+def blas_above() -> int:
+    """Rows of x above which the kernel hands the product to BLAS. The CPU build of torch calls Intel's MKL, whose
+    matrix-matrix kernels beat this one above 16 rows on the course's Intel Xeons (Sapphire Rapids) but not on
+    its AMD EPYCs, where the kernel was 1.6-2.3x faster than BLAS at 8 to 64 rows, all of a step's products, at
+    1 and 2 threads (MKL picks its code paths for the CPU it finds; see the oneMKL developer guide, "Instruction
+    Set Specific Dispatching on Intel Architectures"). KVCOURSE_BLAS_ABOVE=n overrides. available() sets
+    BLAS_ABOVE to this number, which the compiled step passes to the kernel."""
+    env = os.environ.get("KVCOURSE_BLAS_ABOVE")
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise ValueError(f"KVCOURSE_BLAS_ABOVE must be a whole number of rows, got {env!r}") from None
+        if n < 0:
+            raise ValueError(f"KVCOURSE_BLAS_ABOVE must be 0 or more rows, got {n}")
+        return n
+    from course.engine.device import cpu_vendor
+
+    return INTEL_BLAS_ABOVE if cpu_vendor() == "GenuineIntel" else OTHER_BLAS_ABOVE
+
+
+BLAS_ABOVE = INTEL_BLAS_ABOVE  # set by available(); read by course.engine.fast inside the compiled graph
+
+
 def _register_fake() -> None:
     @torch.library.register_fake("kvcourse::row_product")
-    def _(x, w):  # the output's shape and dtype, for torch.compile
+    def _(x, w, blas_above):  # the output's shape and dtype, for torch.compile
         return x.new_empty(x.shape[0], w.shape[0])
 
 
@@ -99,6 +127,8 @@ def available() -> bool:
     """True when torch.ops.kvcourse.row_product is loaded and vectorised for this CPU (builds it the first time)."""
     with _lock:
         if "why" not in _state:
+            global BLAS_ABOVE
+            BLAS_ABOVE = blas_above()  # a bad KVCOURSE_BLAS_ABOVE fails here, before anything is built
             why = _build()
             if why is None:
                 _register_fake()
@@ -112,6 +142,7 @@ def why_not() -> str | None:
     return _state["why"]
 
 
-def row_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [B, d] · wᵀ ([N, d]) → [B, N] with the kernel (float32 on the CPU; call available() first)."""
-    return torch.ops.kvcourse.row_product(x, w)
+def row_product(x: torch.Tensor, w: torch.Tensor, above: int | None = None) -> torch.Tensor:
+    """x [B, d] · wᵀ ([N, d]) → [B, N] with the kernel (float32 on the CPU; call available() first); BLAS above
+    `above` rows of x (None: blas_above())."""
+    return torch.ops.kvcourse.row_product(x, w, BLAS_ABOVE if above is None else above)

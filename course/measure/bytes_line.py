@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course.engine.config import ModelConfig
-from course.engine.fast import block_weights, decode_block, rms_norm, step_inputs, streamed_linear
+from course.engine.fast import decode_block, fused_block_weights, rms_norm, step_inputs, streamed_linear
 from course.engine.model import Transformer, rope_tables
 from course.measure.costs import decode_cost, dtype_bytes as _dtype_bytes
 from course.measure.timing import Stopwatch, memory_bandwidth
@@ -102,7 +102,11 @@ class BlockwiseStep:
                         torch.zeros(shape, dtype=model.dtype, device=model.device)) for _ in range(c.n_layers)]
         # Plain tensors, not nn.Parameters: TorchDynamo keeps a parameter's shape static, and one compiled
         # block must serve every model shape.
-        self.weights = [tuple(t.detach() for t in block_weights(layer)) for layer in model.layers]
+        if model.device.type == "cpu":  # one huge-page buffer, as the lessons' compiled step has (course.engine.arena)
+            from course.engine.arena import pack_parameters
+
+            pack_parameters(model)
+        self.weights = [fused_block_weights(layer) for layer in model.layers]  # q|k|v and gate|up as one weight each
         self.norm_weight, self.head_weight = model.norm.weight.detach(), model.output.weight.detach()
         self.positions = torch.tensor([context], device=model.device)  # every step rewrites the last slot
         self.rows = torch.zeros(1, dtype=torch.long, device=model.device)
