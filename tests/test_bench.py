@@ -237,6 +237,29 @@ def test_fairness_counts_other_programs_not_this_one():
     assert _busy_text(dict(others_cores=None, load_average=1.9, fair=False)) == "load 1.9 (not fair)"
 
 
+def test_floor_summary_says_why_eager_did_not_gain_from_a_second_thread_from_its_own_rows():
+    from course.measure.decode_floor import BLAS_PRODUCTS, floor_summary
+
+    def rows(eager1, eager2, blas1, blas2, fair=True):
+        out = []
+        for n, e, b in ((1, eager1, blas1), (2, eager2, blas2)):
+            for engine, ms in (("eager", e), (BLAS_PRODUCTS, b)):
+                out.append(dict(threads=n, engine=engine, ms_per_step=ms, floor_ms=20.0, bytes_per_step=5.4e8,
+                                read_bytes_per_s=2.7e10, x_floor=ms / 20.0, fairness="fair", fair=fair or n == 1))
+        return out
+
+    text = floor_summary(rows(41.2, 41.5, 33.0, 32.6))  # BLAS itself did not speed up
+    assert "is about as fast as with 1 (41.5 vs 41.2 ms)" in text and "32.6 ms with 2 threads against 33.0" in text
+    text = floor_summary(rows(41.2, 40.6, 33.0, 32.6))  # 1.5 % is not a gain
+    assert "is about as fast as with 1 (40.6 vs 41.2 ms)" in text and "BLAS library" in text
+    text = floor_summary(rows(41.2, 45.0, 33.0, 18.0))  # BLAS did: the step's small operations are to blame
+    assert "is slower than with 1" in text and "small operations" in text and "BLAS library" not in text
+    text = floor_summary(rows(41.2, 60.0, 33.0, 40.0, fair=False))
+    assert "other programs held the cores" in text
+    text = floor_summary(rows(41.2, 30.0, 33.0, 18.0))
+    assert "is faster than with 1 (30.0 vs 41.2 ms)." in text and "BLAS library" not in text
+
+
 def test_batch_summary_says_how_busy_other_programs_were():
     from course.measure.decode_floor import batch_summary
 

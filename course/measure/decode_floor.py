@@ -23,6 +23,9 @@ import time
 from course.measure.bench import Context, Target, bench_item
 
 CONTEXT = 64
+ROW_KERNEL = "compiled, batch kernel for the row"  # decode_floor's row with course.engine.row_product at B = 1
+BLAS_PRODUCTS = "eager's products alone (BLAS)"  # every weight matrix times one row through F.linear
+SAME = 0.03  # two step times within 3 % of each other are "about as fast"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_BATCHES = (1, 2, 4)
 
@@ -184,14 +187,23 @@ def bench_decode_floor(ctx: Context) -> dict:
             for t in tensors:
                 t.sum()
 
-    engines = {"eager": (_decode_setup(ctx, model, 1, CONTEXT, compiled=False), weight_bytes + kv_bytes)}
+    linears = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    one_row = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in linears}
+
+    def blas_products():
+        with torch.inference_mode():
+            for w in linears:
+                torch.nn.functional.linear(one_row[w.shape[1]], w)
+
+    engines = {"eager": (_decode_setup(ctx, model, 1, CONTEXT, compiled=False), weight_bytes + kv_bytes),
+               BLAS_PRODUCTS: (blas_products, float(sum(w.numel() * w.element_size() for w in linears)))}
     if ctx.compile and not ctx.quick:
         engines["compiled"] = (_decode_setup(ctx, model, 1, CONTEXT, compiled=True), weight_bytes + kv_bytes)
-        if ctx.fast("float32").step.row_kernel:  # the same graph with Inductor's streamed reduction, beside it
+        if ctx.fast("float32").step.row_kernel:  # the same graph on the batch kernel (row_product), beside it
             from course.engine.fast import DecodeStep
 
-            engines["compiled, streamed reduction"] = (
-                _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=DecodeStep(model, row_kernel=False)),
+            engines[ROW_KERNEL] = (
+                _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=DecodeStep(model, one_row_kernel=True)),
                 weight_bytes + kv_bytes)
     engines["torch sum of weights"] = (sum_all, float(sum_bytes))
     thread_counts = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
@@ -253,13 +265,26 @@ def floor_summary(rows: list[dict]) -> str:
                      + f" — {engines[0]['fairness']}.")
     if (1, "eager") in by and (2, "eager") in by:
         one, two = by[(1, "eager")]["ms_per_step"], by[(2, "eager")]["ms_per_step"]
-        verdict = "faster" if two < one else "not faster"
-        parts.append(f"Eager with 2 threads is {verdict} than with 1 ({two:.1f} vs {one:.1f} ms)"
-                     + ("." if two < one else ": each of its many small operations pays the threads' start and "
-                        "join, which on a busy machine means waiting for a descheduled partner (so the lessons' "
-                        "steady_threads keeps one thread per core other programs leave free); the compiled "
-                        "step runs far fewer, larger kernels."))
+        gained = two < one * (1 - SAME)
+        verdict = "faster than" if gained else ("about as fast as" if two <= one * (1 + SAME) else "slower than")
+        parts.append(f"Eager with 2 threads is {verdict} with 1 ({two:.1f} vs {one:.1f} ms)"
+                     + ("." if gained else ": " + _eager_threads_why(by)))
     return " ".join(parts)
+
+
+def _eager_threads_why(by: dict) -> str:
+    """Why eager did not gain from a second thread, from the rows: a busy machine, BLAS's products themselves,
+    or the step's many small operations."""
+    if not by[(2, "eager")].get("fair", True):
+        return ("other programs held the cores, so its threads waited for a descheduled partner at every "
+                "operation (the lessons' steady_threads keeps one thread per core other programs leave free).")
+    p1, p2 = by.get((1, BLAS_PRODUCTS)), by.get((2, BLAS_PRODUCTS))
+    if p1 and p2 and p2["ms_per_step"] >= 0.9 * p1["ms_per_step"]:
+        return (f"its matrix products alone (BLAS, what F.linear calls) took {p2['ms_per_step']:.1f} ms with 2 threads "
+                f"against {p1['ms_per_step']:.1f} with 1, so the BLAS library did not spread a one-row product over "
+                "the second core on this CPU; the compiled step's own kernels do.")
+    return ("each of its many small operations pays the threads' start and join; the compiled step runs far "
+            "fewer, larger kernels.")
 
 
 # --- decode_batch ----------------------------------------------------------------------------------------------
