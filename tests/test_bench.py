@@ -250,6 +250,11 @@ def test_floor_summary_says_why_eager_did_not_gain_from_a_second_thread_from_its
 
     text = floor_summary(rows(41.2, 41.5, 33.0, 32.6))  # BLAS itself did not speed up
     assert "is about as fast as with 1 (41.5 vs 41.2 ms)" in text and "32.6 ms with 2 threads against 33.0" in text
+    assert "compiled step" not in text  # no compiled rows: nothing said of them
+    both = rows(41.2, 41.5, 33.0, 32.6) + [dict(threads=n, engine="compiled", ms_per_step=ms, floor_ms=20.0,
+                                                 bytes_per_step=5.4e8, read_bytes_per_s=2.7e10, x_floor=ms / 20.0,
+                                                 fairness="fair", fair=True) for n, ms in ((1, 19.3), (2, 17.7))]
+    assert "the compiled step, on its own kernels, did (17.7 vs 19.3 ms)." in floor_summary(both)
     text = floor_summary(rows(41.2, 40.6, 33.0, 32.6))  # 1.5 % is not a gain
     assert "is about as fast as with 1 (40.6 vs 41.2 ms)" in text and "BLAS library" in text
     text = floor_summary(rows(41.2, 45.0, 33.0, 18.0))  # BLAS did: the step's small operations are to blame

@@ -279,10 +279,13 @@ def _eager_threads_why(by: dict) -> str:
         return ("other programs held the cores, so its threads waited for a descheduled partner at every "
                 "operation (the lessons' steady_threads keeps one thread per core other programs leave free).")
     p1, p2 = by.get((1, BLAS_PRODUCTS)), by.get((2, BLAS_PRODUCTS))
-    if p1 and p2 and p2["ms_per_step"] >= 0.9 * p1["ms_per_step"]:
+    if p1 and p2 and p2["ms_per_step"] >= (1 - SAME) * p1["ms_per_step"]:
+        c1, c2 = by.get((1, "compiled")), by.get((2, "compiled"))
+        compiled = (f"; the compiled step, on its own kernels, did ({c2['ms_per_step']:.1f} vs {c1['ms_per_step']:.1f} ms)"
+                    if c1 and c2 and c2["ms_per_step"] < (1 - SAME) * c1["ms_per_step"] else "")
         return (f"its matrix products alone (BLAS, what F.linear calls) took {p2['ms_per_step']:.1f} ms with 2 threads "
                 f"against {p1['ms_per_step']:.1f} with 1, so the BLAS library did not spread a one-row product over "
-                "the second core on this CPU; the compiled step's own kernels do.")
+                f"the second core on this CPU{compiled}.")
     return ("each of its many small operations pays the threads' start and join; the compiled step runs far "
             "fewer, larger kernels.")
 
