@@ -88,10 +88,17 @@ def pack_parameters(model: nn.Module) -> bool:
     arena = huge_page_tensor(sum(sizes), params[0].dtype)
     if arena is None:
         return False
+    move_into(params, arena, sizes)
+    return True
+
+
+@torch.no_grad()
+def move_into(params: list[nn.Parameter], flat: torch.Tensor, sizes: list[int] | None = None) -> None:
+    """Copy each parameter into the next stretch of the 1-D tensor `flat` (sizes[i] elements for parameter i; None:
+    exactly its own, so that they lie back to back) and make the parameter a view of it, in place."""
     start = 0
-    for p, size in zip(params, sizes):
-        home = arena[start:start + p.numel()].view(p.shape)
+    for i, p in enumerate(params):
+        home = flat[start:start + p.numel()].view(p.shape)
         home.copy_(p.detach())
         p.data = home
-        start += size
-    return True
+        start += p.numel() if sizes is None else sizes[i]

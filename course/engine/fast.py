@@ -218,11 +218,11 @@ def fused(params: list[nn.Parameter], rehome: bool | None = None) -> torch.Tenso
         return view
     if not (params[0].device.type != "cpu" if rehome is None else rehome):
         return None
-    buffer = torch.cat([p.detach() for p in params])
-    start = 0
-    for p in params:
-        p.data = buffer[start:start + p.shape[0]]
-        start += p.shape[0]
+    from course.engine.arena import move_into
+
+    first = params[0]
+    buffer = first.detach().new_empty(sum(p.shape[0] for p in params), first.shape[1])
+    move_into(params, buffer.view(-1))
     return buffer
 
 
@@ -520,7 +520,7 @@ class DecodeStep:
             else:
                 self._block, self._head = decode_blocks, lm_head
             # plain tensors (no copies): the group takes its layers' weights as inputs, every group of the same shapes
-            weights = [tuple(t.detach() for t in w) for w in self._layer_weights]
+            weights = self._layer_weights
             g = self._group = layer_group(len(weights))
             self._weights = [tuple(weights[i:i + g]) for i in range(0, len(weights), g)]
             self._head_weights = (self.model.norm.weight.detach(), self.model.output.weight.detach())

@@ -187,7 +187,7 @@ def bench_decode_floor(ctx: Context) -> dict:
             for t in tensors:
                 t.sum()
 
-    linears = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = _linear_weights(model)
     one_row = {w.shape[1]: torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in linears}
 
     def blas_products():
@@ -363,6 +363,13 @@ def bench_decode_batch(ctx: Context) -> dict:
     return out
 
 
+def _linear_weights(model) -> list:
+    """Every weight matrix a decode step multiplies by (the tied head once: one nn.Linear holds it)."""
+    import torch
+
+    return [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
 def _head_products(model, repeats: int = 3) -> list[dict]:
     """The products of M rows with every weight matrix of one step (the step's matrix work), M = 1, 2, 4, 8, 16:
     BLAS (F.linear, what the eager step calls) and, where it builds, course.engine.row_product's kernel (what
@@ -373,7 +380,7 @@ def _head_products(model, repeats: int = 3) -> list[dict]:
 
     from course.engine import row_product
 
-    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weights = _linear_weights(model)
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     kernel = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and row_product.available()
     kinds = {"blas": F.linear, **({"row kernel": row_product.row_product} if kernel else {})}
