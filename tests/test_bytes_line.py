@@ -169,3 +169,17 @@ def test_lesson_01_section_prints_the_verdict_of_its_own_values(capsys):
     check_printed(capsys.readouterr().out, line)
     assert [p.name for p in line.points] == list(BL.default_shapes("cpu"))
     assert len(line.points) >= 3 and line.wall_s < 600
+
+
+def test_the_compiled_blockwise_step_takes_the_row_kernel_on_the_cpu_and_agrees_with_eager():
+    from course.engine import row_product
+    from course.engine.fast import row_linear, streamed_linear
+
+    config = ModelConfig.from_name("tiny").with_(n_layers=2)
+    model = BL.random_model(config, seed=2, context=8)
+    eager = BL.BlockwiseStep(model, context=8, compile=False)
+    assert eager.linear is streamed_linear  # eagerly that is F.linear
+    step = BL.BlockwiseStep(model, context=8, compile=True)
+    assert step.linear is (row_linear if row_product.available() else streamed_linear)
+    with torch.fx.experimental._config.patch(use_duck_shape=False):
+        torch.testing.assert_close(step(), eager(), atol=1e-4, rtol=1e-4)

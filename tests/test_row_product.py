@@ -13,7 +13,8 @@ needs_kernel = pytest.mark.skipif(not row_product.available(), reason=f"no row k
 
 
 @needs_kernel
-@pytest.mark.parametrize("d", [576, 64, 24, 1])  # multiples of 16 take the vector path, the others the portable one
+@pytest.mark.parametrize("d", [576, 80, 64, 48, 24, 1])  # multiples of 16 (of 32 or not: the one-row loop takes 32
+# at a time) take the vector path, the others the portable one
 def test_kernel_equals_blas_for_every_batch_size(d):
     g = torch.Generator().manual_seed(d)
     for N in (1, 2, 17, 130):  # odd row counts: the last row is a tile of its own

@@ -108,7 +108,8 @@ def batch_row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """row_linear for a batch, Inductor's streamed reduction (stream_product) for one row. For one sequence the
     streamed reduction, fused with its neighbours, beat the kernel on the course's Sapphire Rapids hosts (in
     separate runs, side by side: 0.2–2.1 ms per step with 1 thread, 2.2–2.6 with 2) and on an AMD EPYC (2.5 ms
-    with 1 thread, 2.0 with 2); `kvcourse bench`, decode_floor, times both. Eagerly: F.linear."""
+    with 1 thread, 2.0 with 2; since the kernel reads one row as a single stream, within a millisecond either
+    way there); `kvcourse bench`, decode_floor, times both. Eagerly: F.linear."""
     if torch.compiler.is_compiling():
         if _one_row(x):
             return stream_product(x, weight)

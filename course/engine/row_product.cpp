@@ -77,7 +77,39 @@ static void rows_tile(const float* W, const float* X, float* Y, int64_t n0, int6
   }
 }
 
+// One row of x: the weight rows one after another, so the matrix is read as one sequential stream, with two
+// accumulators (two independent chains of FMAs) and a prefetch ONE_PF floats (1 KB) ahead in that stream.
+// On an AMD EPYC (Zen 4), 1 thread, every weight matrix of the course model's step: 22.8 ms against 30.7 for
+// the two-row tile below (whose two interleaved streams and far prefetches suit Sapphire Rapids), with the
+// streaming-read floor at 22.2 ms; 2 threads 16.8 against 21.4.
+#define ONE_PF 256
+static void one_row(const float* W, const float* x, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    const float* end = W + n1 * D;  // prefetching past the rows this thread claimed would fetch another core's
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* w = W + n * D;
+      __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+      int64_t d = 0;
+      for (; d + 32 <= D; d += 32) {
+        if (w + d + ONE_PF < end) {
+          _mm_prefetch((const char*)(w + d + ONE_PF), _MM_HINT_T1);
+          _mm_prefetch((const char*)(w + d + 16 + ONE_PF), _MM_HINT_T1);
+        }
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + d), _mm512_loadu_ps(x + d), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + d + 16), _mm512_loadu_ps(x + d + 16), acc1);
+      }
+      if (d < D) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + d), _mm512_loadu_ps(x + d), acc0);
+      Y[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    }
+    return;
+  }
+#endif
+  rows_tile<1>(W, x, Y, n0, n1, D, N, 0, n1);  // the portable path
+}
+
 static void rows(const float* W, const float* X, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N, int64_t B) {
+  if (B == 1) return one_row(W, X, Y, n0, n1, D, N);
   const int64_t chunk = 8;  // weight rows that stay in L1 while every tile of 8 rows of x passes over them
   for (int64_t c = n0; c < n1; c += chunk) {
     const int64_t ce = std::min(c + chunk, n1);
