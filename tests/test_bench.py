@@ -204,6 +204,9 @@ def test_batch_summary_explains_a_jump_and_calls_a_small_change_noise():
 
     jump = batch_summary(_batch_item(85.0))  # the step grew 35 ms, the products 30 ms of it
     assert "+30.0 ms of the step's +35.0 ms (86%)" in jump and "noise" not in jump
+    item = _batch_item(70.0)  # the step grew 20 ms, the products timed alone 30 ms: not "150 %"
+    more = batch_summary(item)
+    assert "+30.0 ms, more than the whole step's +20.0 ms" in more and "(150%)" not in more
     for ms in (51.0, 44.0):  # +1 ms, or faster: no jump to explain, and the sentence says so with the number
         text = batch_summary(_batch_item(ms))
         assert "within noise" in text and f"{ms - 50:+.1f} ms" in text and "of the step's" not in text
@@ -297,3 +300,67 @@ def test_serving_items_time_the_lessons_compiled_engine_beside_eager(one_thread)
     assert f"took {serving['compiled_over_eager']:.2f}× the" in bench_serving._serving_text(serving)
     assert ctx.serving_engine("float32") is ctx.serving_engine("float32")  # one engine, compiled once
     assert ctx.serving_engine("float32").model is ctx.model("float32")
+
+
+def test_roofline_is_the_longer_of_reading_and_arithmetic():
+    from course.measure.decode_floor import roofline_ms
+
+    assert roofline_ms(1e9, 1e9, 1e10, 1e11) == pytest.approx(100.0)  # reading 100 ms, arithmetic 10 ms
+    assert roofline_ms(1e9, 1e11, 1e10, 1e11) == pytest.approx(1000.0)  # arithmetic 1 s
+
+
+def test_batch_ceiling_finds_the_ridge_and_the_most_batching_can_give():
+    from course.measure.decode_floor import batch_ceiling
+
+    weights, kv, flops, read, peak = 500e6, 3e6, 270e6, 25e9, 100e9  # bytes, bytes/sequence, flops/token, B/s, F/s
+    by_batch = {b: weights + b * kv for b in (1, 2, 4, 8, 16, 32, 64)}
+    c = batch_ceiling(by_batch, flops, read, peak, b1_ms=25.0)
+    # arithmetic (B × 2.7 ms) passes reading ((500 + 3B) MB ÷ 25 GB/s = 20.2 ms at B = 8) between B = 4 and 8
+    assert c["ridge_batch"] == 8
+    assert c["tokens_per_s"] == pytest.approx(peak / flops)  # past the ridge every batch gives the peak's rate
+    assert c["gain"] == pytest.approx(peak / flops * 25.0 / 1e3)  # ÷ the measured B = 1 rate (40 tokens/s)
+    slow_peak = batch_ceiling(by_batch, flops, read, 1e15, b1_ms=25.0)  # arithmetic never binds
+    assert slow_peak["ridge_batch"] is None and slow_peak["batch"] == 64
+
+
+def _ceiling_rows(gain_b64):
+    rows = {1: dict(ms_per_step=20.0, tokens_per_s=50.0, x_b1_tokens=1.0, x_b1_time=1.0, roofline_ms=16.0),
+            8: dict(ms_per_step=30.0, tokens_per_s=8000 / 30, x_b1_tokens=8 * 20 / 30, x_b1_time=1.5, roofline_ms=21.6),
+            64: dict(ms_per_step=64 * 20 / gain_b64, tokens_per_s=50.0 * gain_b64, x_b1_tokens=gain_b64,
+                     x_b1_time=64 / gain_b64, roofline_ms=150.0)}
+    return rows
+
+
+def test_ceiling_sentence_says_a_target_is_out_of_reach_only_when_the_roofline_is_below_it():
+    from course.measure.decode_floor import ceiling_sentence
+
+    c = dict(read_bytes_per_s=27e9, flops_per_s=100e9, peaks={"step's product": 100e9, "BLAS square": 80e9},
+             ridge_batch=8, batch=64, tokens_per_s=370.0, gain=7.4)
+    text = ceiling_sentence(c, 270e6, _ceiling_rows(6.0), 1)
+    assert "100 GFLOP/s" in text and "step's product 100, BLAS square 80" in text and "from B = 8 on" in text
+    assert "at most 370 tokens/s (B = 64), 7.4×" in text and "6.0× (81% of that ceiling)" in text
+    assert "21.6 ms, 1.08× B = 1's measured time (measured 1.50×)" in text
+    assert "out of reach with 1 thread on this machine" in text
+    high = ceiling_sentence(dict(c, gain=14.0, tokens_per_s=700.0), 270e6, _ceiling_rows(11.0), 2)
+    assert "out of reach" not in high and "11.0× (79% of that ceiling)" in high
+
+
+def test_batch_summary_speaks_for_each_thread_count():
+    from course.measure.decode_floor import batch_summary
+
+    item = _batch_item(60.0)
+    two = [dict(r, threads=2, ms_per_step=r["ms_per_step"] * 0.7) for r in item["rows"]]
+    item["rows"] = [dict(r, threads=1) for r in item["rows"]] + two
+    item["threads"] = [1, 2]
+    item["others_cores"] = {"1": 0.05, "2": 0.9}
+    text = batch_summary(item)
+    assert "With 1 thread:" in text and "With 2 threads:" in text
+    assert "eager: B=1 50.0 ms/step" in text and "eager: B=1 35.0 ms/step" in text
+    assert "fair for 1 thread(s)" in text and "NOT fair for 2 thread(s)" in text
+
+
+def test_arithmetic_peak_measures_both_products(tiny):
+    from course.measure.decode_floor import arithmetic_peak
+
+    peaks = arithmetic_peak(tiny, repeats=2)
+    assert len(peaks) == 2 and "BLAS square" in peaks and all(v > 1e8 for v in peaks.values())

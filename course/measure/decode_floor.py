@@ -11,7 +11,9 @@ machine's bandwidth between rounds (other tenants of a shared host) cancels inst
     decode_floor   batch 1, context 64, float32: eager, compiled and torch merely summing every weight
                    (how close torch itself gets to the floor), at 1 and at 2 threads
     decode_batch   the compiled step for B = 1 … 64 sequences (per-sequence positions), and the eager model
-                   beside it: where the eager B = 1 → 2 jump comes from
+                   beside it: where the eager B = 1 → 2 jump comes from; at 1 and at 2 threads, each row also
+                   against its roofline (the floor, or the step's arithmetic at the probed peak if that is
+                   longer), and the most batching could give on that roofline
     bytes_line     ms per step against bytes per step over models of real published shapes (lesson 01)
 """
 from __future__ import annotations
@@ -290,21 +292,40 @@ def _eager_threads_why(by: dict) -> str:
             "fewer, larger kernels.")
 
 
-# --- decode_batch ----------------------------------------------------------------------------------------------
-@bench_item("decode_batch", title="Batched decode, compiled (context 64 per sequence, float32, 1 thread)",
-            columns={"engine": "{engine}", "batch": "{batch}", "ms/step": "{ms_per_step:.1f}",
+# --- decode_batch ---------------------------------------------------------------------------------------------
+def _batch_target(threads: int, name: str, what: str, op: str, bound: float, measure):
+    def target(it):
+        if not any(r.get("threads") == threads for r in it.get("rows", [])):
+            return None, "not measured"
+        value = measure(it, threads)
+        ceiling = (it.get("ceilings") or {}).get(str(threads)) or {}
+        others = _per_threads(it.get("others_cores"), threads)
+        fair, _ = fairness(threads, others, load=it.get("load_average", 0.0))
+        note = "other programs " + _busy_text(dict(others_cores=others, load_average=it.get("load_average", 0.0),
+                                                    fair=fair))
+        if name == "best_batch_tokens_x" and ceiling.get("gain"):
+            note += f"; the roofline allows {ceiling['gain']:.1f}× here"
+        return value, note
+    return Target(f"{name}_{threads}t", f"{what}, {threads} thread(s)", op, bound, target)
+
+
+@bench_item("decode_batch", title="Batched decode, compiled (context 64 per sequence, float32, 1 and 2 threads)",
+            columns={"threads": "{threads}", "engine": "{engine}", "batch": "{batch}", "ms/step": "{ms_per_step:.1f}",
                      "× B=1 time": "{x_b1_time:.2f}", "tokens/s": "{tokens_per_s:.0f}",
-                     "× B=1 tokens/s": "{x_b1_tokens:.1f}", "× floor": "{x_floor:.2f}"},
+                     "× B=1 tokens/s": "{x_b1_tokens:.1f}", "× floor": "{x_floor:.2f}",
+                     "× roofline": "{x_roofline:.2f}"},
             text=lambda it: it.get("summary", ""),
-            targets=[Target("batch8_over_batch1_time", "compiled step time at B=8 ÷ at B=1", "<=", 1.4,
-                            lambda it: (_ratio(it, "compiled", 8, "x_b1_time"), "")),
-                     Target("best_batch_tokens_x", "compiled best-batch total tokens/s ÷ B=1", ">=", 10.0,
-                            lambda it: (_best_tokens(it), ""))])
+            targets=[t for n in (1, 2) for t in (
+                _batch_target(n, "batch8_over_batch1_time", "compiled step time at B=8 ÷ at B=1", "<=", 1.4,
+                              lambda it, n: _ratio(it, "compiled", 8, "x_b1_time", n)),
+                _batch_target(n, "best_batch_tokens_x", "compiled best-batch total tokens/s ÷ B=1", ">=", 10.0,
+                              lambda it, n: _best_tokens(it, n)))])
 def bench_decode_batch(ctx: Context) -> dict:
-    """Step time and total tokens/s for B sequences decoded together, compiled and eager, one thread."""
+    """Step time and total tokens/s for B sequences decoded together, compiled and eager, at 1 and 2 threads,
+    each against its roofline: the read floor and the time the step's arithmetic takes at the machine's peak."""
     import torch
 
-    from course.measure.timing import memory_bandwidth
+    from course.measure.costs import decode_cost
 
     model = ctx.model("float32")
     batches = QUICK_BATCHES if ctx.quick else BATCHES
@@ -317,50 +338,125 @@ def bench_decode_batch(ctx: Context) -> dict:
     for B in batches:
         w, kv = _step_bytes(model.config, B, CONTEXT, model.dtype)
         if ctx.compile and not ctx.quick:
-            configs.append(dict(engine="compiled", batch=B, bytes=w + kv, times=[],
+            configs.append(dict(engine="compiled", batch=B, bytes=w + kv,
                                 step=_decode_setup(ctx, model, B, CONTEXT, compiled=True)))
-            configs.append(dict(engine="compiled, any shape", batch=B, bytes=w + kv, times=[],
+            configs.append(dict(engine="compiled, any shape", batch=B, bytes=w + kv,
                                 step=_decode_setup(ctx, model, B, CONTEXT, compiled=True, step=any_shape)))
         if B <= 8:  # the eager model beside it, where its jump happens
-            configs.append(dict(engine="eager", batch=B, bytes=w + kv, times=[],
+            configs.append(dict(engine="eager", batch=B, bytes=w + kv,
                                 step=_decode_setup(ctx, model, B, CONTEXT, compiled=False)))
     from course.measure.threads import cpu_clock, others_busy
 
+    flops_per_token = decode_cost(model.config, CONTEXT, model.dtype.itemsize).flops
+    thread_counts = (1, 2) if (os.cpu_count() or 1) >= 2 and ctx.device.type == "cpu" else (1,)
     before = torch.get_num_threads()
-    probes, loads, others = [], [], []
+    times = {(n, i): [] for n in thread_counts for i in range(len(configs))}
+    probes = {n: [] for n in thread_counts}
+    loads, others, gemv, peaks = [], {n: [] for n in thread_counts}, {}, {}
     try:
-        torch.set_num_threads(1)
+        _with_threads(1)
         for cfg in ctx.progress(configs, "batch warm-up"):  # B = 1 and B >= 2 compile one graph each
             cfg["step"](), cfg["step"]()
-        gemv = _head_products(model)
+        for n in thread_counts:
+            _with_threads(n)
+            gemv[n] = _head_products(model)
+            peaks[n] = arithmetic_peak(model)
         for _ in ctx.progress(range(max(2, ctx.sizes.get("rounds", 5) - 2)), "batch rounds"):
             loads.append(_load())
-            clock = cpu_clock()
-            probes.append(_probe(ctx, configs[0]["step"]))
-            for cfg in configs:
-                cfg["times"] += _time(cfg["step"], ctx.device, 2)
-            busy = others_busy(clock, cpu_clock())
-            if busy is not None:
-                others.append(busy)
+            for n in thread_counts:  # the thread counts take turns within each round
+                _with_threads(n)
+                clock = cpu_clock()
+                probes[n].append(_probe(ctx, configs[0]["step"]))
+                for i, cfg in enumerate(configs):
+                    times[(n, i)] += _time(cfg["step"], ctx.device, 2)
+                busy = others_busy(clock, cpu_clock())
+                if busy is not None:
+                    others[n].append(busy)
     finally:
         torch.set_num_threads(before)
-    read = statistics.median(probes)
-    rows = []
-    for cfg in configs:
-        s = statistics.median(cfg["times"])
-        rows.append(dict(engine=cfg["engine"], batch=cfg["batch"], ms_per_step=s * 1e3,
-                         tokens_per_s=cfg["batch"] / s, bytes_per_step=cfg["bytes"],
-                         floor_ms=_floor_ms(cfg["bytes"], read), x_floor=s * 1e3 / _floor_ms(cfg["bytes"], read),
-                         repeats=len(cfg["times"])))
-    for r in rows:
-        base = next(b for b in rows if b["engine"] == r["engine"] and b["batch"] == 1)
-        r["x_b1_time"] = r["ms_per_step"] / base["ms_per_step"]
-        r["x_b1_tokens"] = r["tokens_per_s"] / base["tokens_per_s"]
-    out = {"status": "ok", "rows": rows, "context": CONTEXT, "read_bytes_per_s": read,
-           "load_average": statistics.median(loads), "others_cores": statistics.median(others) if others else None,
-           "head_products": gemv}
+    rows, ceilings = [], {}
+    for n in thread_counts:
+        read = statistics.median(probes[n])
+        peak = max(peaks[n].values())
+        for i, cfg in enumerate(configs):
+            s = statistics.median(times[(n, i)])
+            roof = roofline_ms(cfg["bytes"], cfg["batch"] * flops_per_token, read, peak)
+            rows.append(dict(threads=n, engine=cfg["engine"], batch=cfg["batch"], ms_per_step=s * 1e3,
+                             tokens_per_s=cfg["batch"] / s, bytes_per_step=cfg["bytes"],
+                             floor_ms=_floor_ms(cfg["bytes"], read), x_floor=s * 1e3 / _floor_ms(cfg["bytes"], read),
+                             roofline_ms=roof, x_roofline=s * 1e3 / roof, repeats=len(times[(n, i)])))
+        mine = [r for r in rows if r["threads"] == n]
+        for r in mine:
+            base = next(b for b in mine if b["engine"] == r["engine"] and b["batch"] == 1)
+            r["x_b1_time"] = r["ms_per_step"] / base["ms_per_step"]
+            r["x_b1_tokens"] = r["tokens_per_s"] / base["tokens_per_s"]
+        compiled_b1 = next((r for r in mine if r["engine"] == "compiled" and r["batch"] == 1), mine[0])
+        ceilings[str(n)] = batch_ceiling(
+            {c["batch"]: c["bytes"] for c in configs}, flops_per_token, read, peak, compiled_b1["ms_per_step"])
+        ceilings[str(n)].update(peaks={k: v for k, v in peaks[n].items()}, read_bytes_per_s=read)
+    out = {"status": "ok", "rows": rows, "context": CONTEXT, "threads": list(thread_counts),
+           "read_bytes_per_s": {str(n): statistics.median(probes[n]) for n in thread_counts},
+           "flops_per_token": flops_per_token, "ceilings": ceilings, "load_average": statistics.median(loads),
+           "others_cores": {str(n): statistics.median(o) if o else None for n, o in others.items()},
+           "head_products": {str(n): g for n, g in gemv.items()}}
     out["summary"] = batch_summary(out)
     return out
+
+
+PEAK_ROWS, PEAK_WEIGHT_ROWS = 64, 256  # the arithmetic probe: 64 rows of x by a 256-row weight that stays in cache
+
+
+def arithmetic_peak(model, repeats: int = 5) -> dict:
+    """FLOP/s of two products with nothing to wait for from memory: the compiled batched step's own product
+    (course.engine.row_product's kernel on the CPU in float32, else F.linear) of 64 rows by a 256 × d weight
+    that stays in cache, and BLAS's 1024 × 1024 square (course.measure.timing.matmul_flops). The larger is the
+    roofline's roof: what a step of many sequences cannot beat."""
+    import torch
+    import torch.nn.functional as F
+
+    from course.engine import row_product
+    from course.measure.timing import matmul_flops, measure
+
+    p = next(model.parameters())
+    d = model.config.dim
+    w = torch.randn(PEAK_WEIGHT_ROWS, d, dtype=p.dtype, device=p.device)
+    x = torch.randn(PEAK_ROWS, d, dtype=p.dtype, device=p.device)
+    kernel = p.device.type == "cpu" and p.dtype == torch.float32 and row_product.available()
+    product = row_product.row_product if kernel else F.linear
+    reps = 50  # ~0.5 ms of arithmetic each on a CPU core: long enough to time, short enough to stay in cache
+
+    def run():
+        for _ in range(reps):
+            product(x, w)
+
+    with torch.inference_mode():
+        t = measure(run, p.device, warmup=1, repeats=repeats).median
+    step = 2 * PEAK_ROWS * PEAK_WEIGHT_ROWS * d * reps / t
+    return {"step's product" if kernel else "F.linear": step, "BLAS square": matmul_flops(p.device, dtype=p.dtype)}
+
+
+def roofline_ms(nbytes: float, flops: float, read_bytes_per_s: float, flops_per_s: float) -> float:
+    """The least time a step can take (ms): reading its bytes at the probe's rate, or its arithmetic at the peak,
+    whichever is longer (the roofline model: Williams, Waterman and Patterson, CACM 2009)."""
+    return max(nbytes / read_bytes_per_s, flops / flops_per_s) * 1e3
+
+
+def batch_ceiling(bytes_by_batch: dict, flops_per_token: float, read_bytes_per_s: float, flops_per_s: float,
+                  b1_ms: float) -> dict:
+    """The most total tokens/s any batch of those measured can give on this roofline, and that as a multiple of
+    the measured B = 1 tokens/s (1000 / b1_ms): the ceiling the best-batch gain is held to. ridge: the batch at
+    which arithmetic starts to take longer than reading (bytes grow with B too: each sequence's K and V)."""
+    best_batch, best = None, 0.0
+    ridge = None
+    for B, nbytes in sorted(bytes_by_batch.items()):
+        ms = roofline_ms(nbytes, B * flops_per_token, read_bytes_per_s, flops_per_s)
+        if ridge is None and B * flops_per_token / flops_per_s > nbytes / read_bytes_per_s:
+            ridge = B
+        if B / ms > best:
+            best_batch, best = B, B / ms
+    tokens = best * 1e3
+    return {"batch": best_batch, "tokens_per_s": tokens, "gain": tokens * b1_ms / 1e3, "ridge_batch": ridge,
+            "flops_per_s": flops_per_s}
 
 
 def _linear_weights(model) -> list:
@@ -401,18 +497,34 @@ def _head_products(model, repeats: int = 3) -> list[dict]:
     return out
 
 
-def _ratio(it, engine, batch, key):
-    r = _target_row(it, engine=engine, batch=batch)
+def _ratio(it, engine, batch, key, threads=None):
+    r = _target_row(it, engine=engine, batch=batch, **({} if threads is None else {"threads": threads}))
     return None if r is None else r[key]
 
 
-def _best_tokens(it):
-    xs = [r["x_b1_tokens"] for r in it.get("rows", []) if r["engine"] == "compiled"]
+def _best_tokens(it, threads=None):
+    xs = [r["x_b1_tokens"] for r in it.get("rows", [])
+          if r["engine"] == "compiled" and (threads is None or r.get("threads") == threads)]
     return max(xs) if xs else None
 
 
+def _per_threads(value, n):
+    """An item's per-thread-count entry ({"1": …, "2": …}); an older item's single value stands for every count."""
+    return value.get(str(n)) if isinstance(value, dict) else value
+
+
 def batch_summary(it: dict) -> str:
-    rows = it["rows"]
+    counts = it.get("threads") or sorted({r.get("threads", 1) for r in it["rows"]})
+    parts = []
+    for n in counts:
+        rows = [r for r in it["rows"] if r.get("threads", 1) == n]
+        if len(counts) > 1:
+            parts.append(f"With {n} thread{'s' if n > 1 else ''}:")
+        parts += _batch_sentences(it, n, rows)
+    return " ".join(parts)
+
+
+def _batch_sentences(it: dict, n: int, rows: list[dict]) -> list[str]:
     parts = []
     for engine in ("compiled", "compiled, any shape", "eager"):
         er = [r for r in rows if r["engine"] == engine]
@@ -430,7 +542,7 @@ def batch_summary(it: dict) -> str:
         diffs = ", ".join(f"{anys[b]['ms_per_step'] - whole[b]['ms_per_step']:+.1f} ms at B={b}" for b in both)
         parts.append(f"The serving lesson's any-shape step (compiled groups of layers, one graph for every "
                      f"batch and context) against the whole-step graphs: {diffs}.")
-    prods = it.get("head_products") or []
+    prods = _per_threads(it.get("head_products"), n) or []
     eager = {r["batch"]: r for r in rows if r["engine"] == "eager"}
     if len(prods) >= 2 and 1 in eager and 2 in eager:
         p1, p2 = prods[0]["ms"], prods[1]["ms"]
@@ -440,7 +552,10 @@ def batch_summary(it: dict) -> str:
         parts.append(f"Where the eager B = 1 → 2 step goes: BLAS's products with every weight matrix take {p1:.1f} ms "
                      f"for 1 row (its matrix-vector kernel, {prods[0]['bytes_per_s'] / 1e9:.1f} GB/s) and {p2:.1f} ms "
                      f"for 2 (a matrix-matrix kernel, {prods[1]['bytes_per_s'] / 1e9:.1f} GB/s): "
-                     + (f"{prod_jump:+.1f} ms of the step's {step_jump:+.1f} ms ({prod_jump / step_jump:.0%})."
+                     + ((f"{prod_jump:+.1f} ms of the step's {step_jump:+.1f} ms ({prod_jump / step_jump:.0%})."
+                         if prod_jump < step_jump else
+                         f"{prod_jump:+.1f} ms, more than the whole step's {step_jump:+.1f} ms (the products were timed "
+                         "alone, apart from the step), so they account for all of it.")
                         if grew else f"in this run the eager step changed by only {step_jump:+.1f} ms from B = 1 to 2 "
                         f"(under 5 % of its {eager[1]['ms_per_step']:.1f} ms, within noise), so there was no jump to "
                         "explain."))
@@ -451,9 +566,38 @@ def batch_summary(it: dict) -> str:
                      f"products of {m8['rows']} rows take {m8['kernel_ms']:.1f} ms there against BLAS's "
                      f"{m8['ms']:.1f} ms ({m8['kernel_ms'] / prods[0]['kernel_ms']:.2f}× its 1-row time, BLAS "
                      f"{m8['ms'] / prods[0]['ms']:.2f}×).")
-    fair, why = fairness(1, it.get("others_cores"), load=it["load_average"])
+    ceiling = (it.get("ceilings") or {}).get(str(n))
+    if ceiling and whole:
+        parts.append(ceiling_sentence(ceiling, it["flops_per_token"], whole, n))
+    fair, why = fairness(n, _per_threads(it.get("others_cores"), n), load=it["load_average"])
     parts.append(why[0].upper() + why[1:] + ("" if fair else "; timings are inflated") + ".")
-    return " ".join(parts)
+    return parts
+
+
+def ceiling_sentence(c: dict, flops_per_token: float, compiled: dict, threads: int) -> str:
+    """What the roofline allows at this thread count, against the compiled rows (batch → row), from the values."""
+    peaks = c.get("peaks") or {}
+    where = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in peaks.items())
+    best = max(compiled.values(), key=lambda r: r["tokens_per_s"])
+    b1 = compiled.get(1)
+    text = (f"Roofline: reading at {c['read_bytes_per_s'] / 1e9:.1f} GB/s (the probe) and multiplying at "
+            f"{c['flops_per_s'] / 1e9:.0f} GFLOP/s (the faster of: {where}), each token's "
+            f"{flops_per_token / 1e6:.0f} MFLOP make a step ")
+    text += (f"bound by arithmetic from B = {c['ridge_batch']} on" if c.get("ridge_batch")
+             else "bound by reading at every batch measured")
+    text += (f"; the batches measured can give at most {c['tokens_per_s']:.0f} tokens/s (B = {c['batch']}), "
+             f"{c['gain']:.1f}× the compiled B = 1's measured tokens/s, and the best measured is "
+             f"{best['x_b1_tokens']:.1f}× ({best['x_b1_tokens'] / c['gain']:.0%} of that ceiling)")
+    if 8 in compiled and b1:
+        roof8 = compiled[8]["roofline_ms"]
+        text += (f"; at B = 8 the roofline allows {roof8:.1f} ms, {roof8 / b1['ms_per_step']:.2f}× B = 1's measured "
+                 f"time (measured {compiled[8]['x_b1_time']:.2f}×)")
+    text += "."
+    if c["gain"] < 10:
+        text += (f" Even a step on the roofline would reach only {c['gain']:.1f}×, so the ≥ 10× target is out of "
+                 f"reach with {threads} thread{'s' if threads > 1 else ''} on this machine: its arithmetic is too "
+                 "slow beside its memory for batching to pay more.")
+    return text
 
 
 # --- bytes_line ------------------------------------------------------------------------------------------------
