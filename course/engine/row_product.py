@@ -2,7 +2,7 @@
 
     from course.engine import row_product
     if row_product.available():               # builds the C++ kernel once (seconds to a minute), then loads it
-        y = torch.ops.kvcourse.row_product(x, w)
+        y = row_product.row_product(x, w)      # torch.ops.kvcourse.row_product(x, w, blas_above) beneath
 
 Why it exists. A decode step of B sequences multiplies B row vectors by every weight matrix. The weights
 are read once whatever B is, so up to the point where arithmetic takes longer than reading, a step of
@@ -135,6 +135,12 @@ def available() -> bool:
                 _register_fake()
             _state["why"] = why
         return _state["why"] is None
+
+
+def computes(t: torch.Tensor) -> bool:
+    """True where the kernel can multiply by weights like `t`: float32 on the CPU, and the kernel loaded (built
+    the first time); elsewhere the products go to F.linear."""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and available()
 
 
 def why_not() -> str | None:

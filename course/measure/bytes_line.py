@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course.engine import row_product
 from course.engine.config import ModelConfig
-from course.engine.fast import decode_block, fused_block_weights, rms_norm, row_linear, step_inputs, streamed_linear
+from course.engine.fast import decode_block, fused_block_weights, lm_head, row_linear, step_inputs, streamed_linear
 from course.engine.model import Transformer, rope_tables
 from course.measure.costs import decode_cost, dtype_bytes as _dtype_bytes
 from course.measure.timing import Stopwatch, memory_bandwidth
@@ -94,7 +95,7 @@ class BlockwiseStep:
     head. compile=False runs the same functions eagerly.
     """
 
-    _compiled: dict = {}  # the products' function name → (compiled block, compiled head), shared by every shape
+    _compiled: dict = {}  # (kind) → compiled function, shared by every shape (the products' function is an argument)
 
     def __init__(self, model: Transformer, context: int = CONTEXT, compile: bool = True):
         c = model.config
@@ -114,20 +115,14 @@ class BlockwiseStep:
         self.positions = torch.tensor([context], device=model.device)  # every step rewrites the last slot
         self.rows = torch.zeros(1, dtype=torch.long, device=model.device)
         self.token = torch.zeros(1, dtype=torch.long, device=model.device)
-        self.linear = streamed_linear
-        if compile and model.device.type == "cpu" and model.dtype == torch.float32:
-            from course.engine import row_product
-
-            if row_product.available():
-                self.linear = row_linear
-        self.block, self.head = decode_block, _head
+        self.linear = row_linear if compile and row_product.computes(self.head_weight) else streamed_linear
+        self.block, self.head = decode_block, lm_head
         if compile:
-            key = self.linear.__name__
-            if key not in BlockwiseStep._compiled:
+            if not BlockwiseStep._compiled:
                 options = {"size_asserts": False}  # no per-call size/stride checks of every input
-                BlockwiseStep._compiled[key] = (torch.compile(decode_block, dynamic=True, options=options),
-                                                torch.compile(_head, dynamic=True, options=options))
-            self.block, self.head = BlockwiseStep._compiled[key]
+                BlockwiseStep._compiled = {"block": torch.compile(decode_block, dynamic=True, options=options),
+                                           "head": torch.compile(lm_head, dynamic=True, options=options)}
+            self.block, self.head = BlockwiseStep._compiled["block"], BlockwiseStep._compiled["head"]
         self.bytes_per_step = read_bytes(c, context, model.dtype)
 
     @torch.inference_mode()
@@ -138,11 +133,7 @@ class BlockwiseStep:
         for w, (k, v) in zip(self.weights, self.caches):
             x = self.block(x, w, c.norm_eps, k, v, self.rows, self.positions, cos, sin, hidden,
                            c.n_heads, c.n_kv_heads, False, self.linear)
-        return self.head(x, self.norm_weight, c.norm_eps, self.head_weight, self.linear)
-
-
-def _head(x, norm_weight, eps: float, weight, linear=streamed_linear):
-    return linear(rms_norm(x, norm_weight, eps), weight).float()
+        return self.head(x, self.norm_weight, self.head_weight, c.norm_eps, self.linear)
 
 
 def read_bytes(config: ModelConfig, context: int, dtype: torch.dtype) -> float:

@@ -421,7 +421,7 @@ def arithmetic_peak(model, repeats: int = 5) -> dict:
     d = model.config.dim
     w = torch.randn(PEAK_WEIGHT_ROWS, d, dtype=p.dtype, device=p.device)
     x = torch.randn(PEAK_ROWS, d, dtype=p.dtype, device=p.device)
-    kernel = p.device.type == "cpu" and p.dtype == torch.float32 and row_product.available()
+    kernel = row_product.computes(p)
     product = row_product.row_product if kernel else F.linear
     reps = 50  # ~0.5 ms of arithmetic each on a CPU core: long enough to time, short enough to stay in cache
 
@@ -478,7 +478,7 @@ def _head_products(model, repeats: int = 3) -> list[dict]:
 
     weights = _linear_weights(model)
     nbytes = sum(w.numel() * w.element_size() for w in weights)
-    kernel = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32 and row_product.available()
+    kernel = row_product.computes(weights[0])
     kinds = {"blas": F.linear, **({"row kernel": row_product.row_product} if kernel else {})}
     out = []
     for M in (1, 2, 4, 8, 16):
