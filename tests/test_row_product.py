@@ -17,9 +17,9 @@ needs_kernel = pytest.mark.skipif(not row_product.available(), reason=f"no row k
 # at a time) take the vector path, the others the portable one
 def test_kernel_equals_blas_for_every_batch_size(d):
     g = torch.Generator().manual_seed(d)
-    for N in (1, 2, 17, 130):  # odd row counts: the last row is a tile of its own
+    for N in (1, 2, 6, 17, 130):  # tiles of 6 weight rows (2 for B < 4) and the rows left over
         w = torch.randn(N, d, generator=g)
-        for B in (1, 2, 3, 7, 8, 9, 15, 16, 17, 33, 64):  # 8-row tiles, remainders, beyond 16 rows
+        for B in (1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33, 64):  # tiles of 4 rows, remainders, beyond 16 rows
             x = torch.randn(B, d, generator=g)
             for above in (16, 1 << 30):  # BLAS above 16 rows (Intel CPUs), the kernel at every batch (elsewhere)
                 got = row_product.row_product(x, w, above)

@@ -2,10 +2,18 @@
 //
 // Decode multiplies B row vectors by every weight matrix. BLAS (MKL here) handles large B as a matrix-matrix
 // product, but for 2 <= B <= 16 its kernels measured 1.5-2.5x the one-row time on this course's CPUs although
-// the weights are read once either way. This kernel reads each weight row once, while it is in L1 multiplies
-// it with every row of x, and prefetches the weight rows PF ahead so the memory stream never waits for the
+// the weights are read once either way. This kernel reads each weight row once, multiplies it with every row of
+// x while it is in cache, and prefetches the weight rows PF ahead so the memory stream never waits for the
 // arithmetic; above `blas_above` rows of x it calls BLAS (course/engine/row_product.py chooses the number).
 // Built at first use by course/engine/row_product.py.
+//
+// From 4 rows of x on, arithmetic rather than reading sets the pace, so the register tile is what counts: 6
+// weight rows by 4 rows of x (24 accumulators; 10 vector loads per 24 FMAs). On an AMD EPYC (Zen 4), all of a
+// step's products (the course model's 538 MB of weights, float32), side by side with the earlier tile of 2 weight
+// rows by 8 rows of x whose x loads the compiler had folded into both FMAs that used them (18 loads per 16 FMAs),
+// 1 thread: 28.5 against 33.7 ms at 8 rows, 51.7 against 61.8 at 16, 177.6 against 226.1 at 64; in cache 102
+// against 81 GFLOP/s (an FMA-only loop peaks at 115 on this core); 2 threads: 22.4 against 24.2 ms at 8 rows,
+// 30.5 against 35.7 at 16.
 //
 // The prefetches go to L2 (_MM_HINT_T1), 8 rows ahead: on a Sapphire Rapids core, against 16 rows into L1
 // (the first version), every weight matrix of the course model's step took 47.5 ms instead of 51.5 for one row
@@ -22,40 +30,69 @@
 #endif
 
 #define PF 8      // prefetch distance, in weight rows (into L2)
-#define CHUNK 32  // weight rows a thread claims at a time when several threads share a product
+#define WROWS 6   // weight rows in a register tile
+#define XROWS 4   // rows of x in a register tile: WROWS * XROWS = 24 accumulators, of AVX-512's 32 registers
+#define CHUNK 48  // weight rows a thread claims at a time when several threads share a product (a multiple of WROWS)
 
-// rows n0..n1 of this tile; `stop`: the end of the rows this thread claimed (prefetching past it would fetch
-// rows another core reads into this core's cache)
-template <int BT>
+#if defined(__AVX512F__)
+// The sums of 16 accumulators, each a vector of 16 partial sums, as one vector: element 4k + e holds the sum of
+// v[k + 4e]. A tree of 15 adds and 30 shuffles, where 16 separate horizontal sums (_mm512_reduce_add_ps) take
+// about 8 operations each.
+static inline __m512 sum16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // 256-bit halves: lanes 0-7 hold v[2i]'s partial sums, 8-15 v[2i + 1]'s
+    t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit quarters: quarter q holds v[4i + q]'s
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)  // pairs within each quarter q: v[8i + q]'s, then v[8i + 4 + q]'s
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+// Rows n0..n1 of the weight by rows b0..b0+BT of x, WROWS weight rows at a time: per 16 floats of d it loads
+// WROWS weight vectors and BT x vectors and makes WROWS * BT FMAs from registers. Each x vector is pinned in a
+// register (the empty asm): left to itself the compiler folded the load into every FMA that uses it, reading x
+// WROWS times, and the loads, not the FMAs, set the pace. `stop`: the end of the rows this thread claimed
+// (prefetching past it would fetch rows another core reads into this core's cache).
+template <int NW, int BT>
 static void rows_tile(const float* W, const float* X, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N,
                       int64_t b0, int64_t stop) {
 #if defined(__AVX512F__)
+  constexpr int K = NW * BT, KP = (K + 15) / 16 * 16;  // accumulators, padded to whole groups of 16
   if (D % 16 == 0) {
     int64_t n = n0;
-    for (; n + 1 < n1; n += 2) {  // two weight rows at a time, 2 * BT accumulators
-      __m512 acc0[BT], acc1[BT];
-      for (int b = 0; b < BT; ++b) { acc0[b] = _mm512_setzero_ps(); acc1[b] = _mm512_setzero_ps(); }
+    for (; n + NW <= n1; n += NW) {
+      __m512 acc[KP];
+      for (int i = 0; i < KP; ++i) acc[i] = _mm512_setzero_ps();
       const float* w0 = W + n * D;
-      const float* w1 = w0 + D;
-      const bool ahead = n + PF + 1 < stop;
+      const bool ahead = n + PF + NW < stop;
       for (int64_t d = 0; d < D; d += 16) {
-        if (ahead) {
-          _mm_prefetch((const char*)(w0 + PF * D + d), _MM_HINT_T1);
-          _mm_prefetch((const char*)(w1 + PF * D + d), _MM_HINT_T1);
+        __m512 a[NW];
+        for (int j = 0; j < NW; ++j) {
+          if (ahead) _mm_prefetch((const char*)(w0 + (PF + j) * D + d), _MM_HINT_T1);
+          a[j] = _mm512_loadu_ps(w0 + j * D + d);
         }
-        __m512 a = _mm512_loadu_ps(w0 + d), c = _mm512_loadu_ps(w1 + d);
         for (int b = 0; b < BT; ++b) {
           __m512 x = _mm512_loadu_ps(X + (b0 + b) * D + d);
-          acc0[b] = _mm512_fmadd_ps(a, x, acc0[b]);
-          acc1[b] = _mm512_fmadd_ps(c, x, acc1[b]);
+          __asm__("" : "+v"(x));
+          for (int j = 0; j < NW; ++j) acc[j * BT + b] = _mm512_fmadd_ps(a[j], x, acc[j * BT + b]);
         }
       }
-      for (int b = 0; b < BT; ++b) {
-        Y[(b0 + b) * N + n] = _mm512_reduce_add_ps(acc0[b]);
-        Y[(b0 + b) * N + n + 1] = _mm512_reduce_add_ps(acc1[b]);
+      alignas(64) float sums[KP], group[16];
+      for (int g = 0; g < KP; g += 16) {
+        _mm512_store_ps(group, sum16(acc + g));
+        for (int k = 0; k < 4; ++k)
+          for (int e = 0; e < 4; ++e) sums[g + k + 4 * e] = group[4 * k + e];
       }
+      for (int j = 0; j < NW; ++j)
+        for (int b = 0; b < BT; ++b) Y[(b0 + b) * N + n + j] = sums[j * BT + b];
     }
-    for (; n < n1; ++n) {
+    for (; n < n1; ++n) {  // the last rows, fewer than a tile
       for (int b = 0; b < BT; ++b) {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t d = 0; d < D; d += 16)
@@ -80,7 +117,7 @@ static void rows_tile(const float* W, const float* X, float* Y, int64_t n0, int6
 // One row of x: the weight rows one after another, so the matrix is read as one sequential stream, with two
 // accumulators (two independent chains of FMAs) and a prefetch ONE_PF floats (1 KB) ahead in that stream.
 // On an AMD EPYC (Zen 4), 1 thread, every weight matrix of the course model's step: 22.8 ms against 30.7 for
-// the two-row tile below (whose two interleaved streams and far prefetches suit Sapphire Rapids), with the
+// the two-row tile (whose two interleaved streams and far prefetches suit Sapphire Rapids), with the
 // streaming-read floor at 22.2 ms; 2 threads 16.8 against 21.4.
 #define ONE_PF 256
 static void one_row(const float* W, const float* x, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N) {
@@ -105,25 +142,27 @@ static void one_row(const float* W, const float* x, float* Y, int64_t n0, int64_
     return;
   }
 #endif
-  rows_tile<1>(W, x, Y, n0, n1, D, N, 0, n1);  // the portable path
+  rows_tile<1, 1>(W, x, Y, n0, n1, D, N, 0, n1);  // the portable path
 }
 
 static void rows(const float* W, const float* X, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N, int64_t B) {
   if (B == 1) return one_row(W, X, Y, n0, n1, D, N);
-  const int64_t chunk = 8;  // weight rows that stay in L1 while every tile of 8 rows of x passes over them
+  if (B < XROWS) {  // 2 or 3 rows of x: reading still takes longer than the arithmetic, and two weight streams
+    // at a time read faster than six on the AMD EPYC
+    if (B == 2) rows_tile<2, 2>(W, X, Y, n0, n1, D, N, 0, n1);
+    else rows_tile<2, 3>(W, X, Y, n0, n1, D, N, 0, n1);
+    return;
+  }
+  const int64_t chunk = WROWS;  // weight rows that stay in cache while every tile of XROWS rows of x passes over them
   for (int64_t c = n0; c < n1; c += chunk) {
     const int64_t ce = std::min(c + chunk, n1);
     int64_t b0 = 0;
-    for (; b0 + 8 <= B; b0 += 8) rows_tile<8>(W, X, Y, c, ce, D, N, b0, n1);
+    for (; b0 + XROWS <= B; b0 += XROWS) rows_tile<WROWS, XROWS>(W, X, Y, c, ce, D, N, b0, n1);
     switch (B - b0) {
       case 0: break;
-      case 1: rows_tile<1>(W, X, Y, c, ce, D, N, b0, n1); break;
-      case 2: rows_tile<2>(W, X, Y, c, ce, D, N, b0, n1); break;
-      case 3: rows_tile<3>(W, X, Y, c, ce, D, N, b0, n1); break;
-      case 4: rows_tile<4>(W, X, Y, c, ce, D, N, b0, n1); break;
-      case 5: rows_tile<5>(W, X, Y, c, ce, D, N, b0, n1); break;
-      case 6: rows_tile<6>(W, X, Y, c, ce, D, N, b0, n1); break;
-      default: rows_tile<7>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 1: rows_tile<WROWS, 1>(W, X, Y, c, ce, D, N, b0, n1); break;
+      case 2: rows_tile<WROWS, 2>(W, X, Y, c, ce, D, N, b0, n1); break;
+      default: rows_tile<WROWS, 3>(W, X, Y, c, ce, D, N, b0, n1); break;
     }
   }
 }

@@ -9,9 +9,10 @@ are read once whatever B is, so up to the point where arithmetic takes longer th
 8 sequences should cost about what a step of 1 costs. BLAS (MKL in the CPU build of torch) does not
 deliver that for 2 ≤ B ≤ 16 on the course's CPUs: its matrix-matrix kernels, built for large matrices,
 took 1.5–2.5× the one-row time (`kvcourse bench`, decode_batch, shows BLAS and this kernel side by side).
-row_product.cpp keeps two weight rows in registers, multiplies them with every row of x (AVX-512 where
-the CPU has it), and prefetches the rows 8 ahead into L2 so the memory stream keeps going while it computes
-(one row of x: the weight rows one after another, a single stream, which an AMD EPYC read near its floor);
+row_product.cpp multiplies tiles of 6 weight rows by 4 rows of x from registers (AVX-512 where the CPU has
+it; 2 weight rows at a time for 2 or 3 rows of x), and prefetches the rows 8 ahead into L2 so the memory stream
+keeps going while it computes (one row of x: the weight rows one after another, a single stream, which an AMD
+EPYC read near its floor);
 with several threads each claims 32 rows at a time, so no core waits for a slower one at the end of a
 product; above blas_above() rows of x (16 on Intel CPUs, none elsewhere) it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
 
