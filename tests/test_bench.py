@@ -364,3 +364,22 @@ def test_arithmetic_peak_measures_both_products(tiny):
 
     peaks = arithmetic_peak(tiny, repeats=2)
     assert len(peaks) == 2 and "BLAS square" in peaks and all(v > 1e8 for v in peaks.values())
+
+
+def test_batch_ratios_pair_each_round_so_a_drifting_machine_cancels():
+    """B = 8 takes 1.4× B = 1 in every round while the machine's speed drifts from round to round (another tenant);
+    within a round the two saw the same machine, so each round's ratio, and their median, is 1.4 (within the 1 %
+    spread of B = 8's two samples)."""
+    from course.measure.decode_floor import paired_ratio
+
+    speed = [1.0, 1.6, 1.1, 2.0, 1.3]  # per round, 2 samples each
+    b1 = [20e-3 * s for s in speed for _ in range(2)]
+    b8 = [28e-3 * s * (1 + 0.01 * k) for s in speed for k in range(2)]
+    assert paired_ratio(b8, b1, 2) == pytest.approx(1.407, abs=0.001)
+    assert paired_ratio(b1, b1, 2) == 1.0
+    b8[6] = 1.0  # one absurd sample moves its round's median, not the median over rounds
+    assert paired_ratio(b8, b1, 2) == pytest.approx(1.407, abs=0.001)
+    with pytest.raises(ValueError, match="whole rounds of 2"):
+        paired_ratio(b8[:-1], b1[:-1], 2)
+    with pytest.raises(ValueError, match="same whole rounds"):
+        paired_ratio(b8, b1[:-2], 2)

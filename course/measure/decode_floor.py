@@ -6,7 +6,8 @@ same number of threads between the rounds (course.measure.timing.memory_bandwidt
 reported as a multiple of its floor (× floor), measured side by side: the configurations take turns round
 after round, so a burst of load from another program hits all of them alike. In decode_floor, × floor is the
 median over the rounds of each round's step time ÷ the floor probed in that same round, so a drift of the
-machine's bandwidth between rounds (other tenants of a shared host) cancels instead of landing on one side.
+machine's bandwidth between rounds (other tenants of a shared host) cancels instead of landing on one side;
+decode_batch's × B=1 pairs each batch with B = 1 round by round the same way (paired_ratio).
 
     decode_floor   batch 1, context 64, float32: eager, compiled and torch merely summing every weight
                    (how close torch itself gets to the floor), at 1 and at 2 threads
@@ -30,6 +31,7 @@ BLAS_PRODUCTS = "eager's products alone (BLAS)"  # every weight matrix times one
 SAME = 0.03  # two step times within 3 % of each other are "about as fast"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_BATCHES = (1, 2, 4)
+STEPS_PER_ROUND = 2  # decode_batch: steps timed per configuration in each round
 
 
 def _load() -> float:
@@ -127,6 +129,20 @@ def _probe(ctx: Context, first_step) -> float:
     read = memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3).read_bytes_per_s
     first_step()
     return read
+
+
+def paired_ratio(times: list[float], base: list[float], per_round: int) -> float:
+    """Time ÷ base time, measured side by side: the median over rounds of (this round's median ÷ the base's median
+    in the same round). Both lists hold `per_round` samples per round, round after round. A shared host's speed
+    drifts between rounds (another tenant's load comes and goes); within a round both saw the same machine, so
+    the drift cancels in each round's ratio, where a ratio of the overall medians can pair one's fast round with
+    the other's slow one."""
+    if len(times) != len(base) or not times or len(times) % per_round:
+        raise ValueError(f"paired_ratio needs the same whole rounds of {per_round} samples on both sides; "
+                         f"got {len(times)} and {len(base)} samples")
+    rounds = range(0, len(times), per_round)
+    return statistics.median(statistics.median(times[k:k + per_round]) / statistics.median(base[k:k + per_round])
+                             for k in rounds)
 
 
 def _time(fn, device, n: int) -> list[float]:
@@ -368,7 +384,7 @@ def bench_decode_batch(ctx: Context) -> dict:
                 clock = cpu_clock()
                 probes[n].append(_probe(ctx, configs[0]["step"]))
                 for i, cfg in enumerate(configs):
-                    times[(n, i)] += _time(cfg["step"], ctx.device, 2)
+                    times[(n, i)] += _time(cfg["step"], ctx.device, STEPS_PER_ROUND)
                 busy = others_busy(clock, cpu_clock())
                 if busy is not None:
                     others[n].append(busy)
@@ -386,10 +402,10 @@ def bench_decode_batch(ctx: Context) -> dict:
                              floor_ms=_floor_ms(cfg["bytes"], read), x_floor=s * 1e3 / _floor_ms(cfg["bytes"], read),
                              roofline_ms=roof, x_roofline=s * 1e3 / roof, repeats=len(times[(n, i)])))
         mine = [r for r in rows if r["threads"] == n]
-        for r in mine:
-            base = next(b for b in mine if b["engine"] == r["engine"] and b["batch"] == 1)
-            r["x_b1_time"] = r["ms_per_step"] / base["ms_per_step"]
-            r["x_b1_tokens"] = r["tokens_per_s"] / base["tokens_per_s"]
+        for i, r in enumerate(mine):  # rows were appended in the order of configs
+            base = next(j for j, b in enumerate(mine) if b["engine"] == r["engine"] and b["batch"] == 1)
+            r["x_b1_time"] = paired_ratio(times[(n, i)], times[(n, base)], STEPS_PER_ROUND)
+            r["x_b1_tokens"] = r["batch"] / r["x_b1_time"]
         compiled_b1 = next((r for r in mine if r["engine"] == "compiled" and r["batch"] == 1), mine[0])
         ceilings[str(n)] = batch_ceiling(
             {c["batch"]: c["bytes"] for c in configs}, flops_per_token, read, peak, compiled_b1["ms_per_step"])
