@@ -34,10 +34,10 @@ STATUSES = ("ok", "skipped", "not available", "error")
 
 # Sizes: full run, and --quick (seconds, for the smoke test). Items may add their own keys with ctx.sizes.get(k, d).
 FULL = dict(decode_contexts=[64, 1024], prefill_tokens=[32, 128, 512, 1024], rounds=5, steps_per_round=4,
-            bandwidth_bytes=1 << 30, matmul_n=1024, hf_new_tokens=64, hf_rounds=3,
+            batch_rounds=8, bandwidth_bytes=1 << 30, matmul_n=1024, hf_new_tokens=64, hf_rounds=3,
             cache_prompt=128, cache_new=256, cache_rounds=2, load_rounds=3, widget_moves=40)
 QUICK = dict(decode_contexts=[16], prefill_tokens=[8, 32], rounds=2, steps_per_round=2,
-             bandwidth_bytes=64 << 20, matmul_n=256, hf_new_tokens=8, hf_rounds=1,
+             batch_rounds=2, bandwidth_bytes=64 << 20, matmul_n=256, hf_new_tokens=8, hf_rounds=1,
              cache_prompt=8, cache_new=8, cache_rounds=1, load_rounds=1, widget_moves=6)
 
 

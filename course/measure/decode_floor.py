@@ -377,7 +377,7 @@ def bench_decode_batch(ctx: Context) -> dict:
             _with_threads(n)
             gemv[n] = _head_products(model)
             peaks[n] = arithmetic_peak(model)
-        for _ in ctx.progress(range(max(2, ctx.sizes.get("rounds", 5) - 2)), "batch rounds"):
+        for _ in ctx.progress(range(ctx.sizes.get("batch_rounds", 8)), "batch rounds"):  # ~6 s each, both thread counts
             loads.append(_load())
             for n in thread_counts:  # the thread counts take turns within each round
                 _with_threads(n)
