@@ -167,7 +167,9 @@ def test_decode_sweep_on_tiny(tiny):
     assert sweep.phase == "decode" and all(s > 0 for s in sweep.seconds)
     assert all(len(t.times) >= 3 for t in sweep.timings)  # min_repeats: a median of at least three steps
     assert sweep.tokens_per_s == pytest.approx([1 / s for s in sweep.seconds])
-    assert set(sweep.values()) == {"decode_contexts", "decode_ms_per_token", "decode_tokens_per_s"}
+    assert set(sweep.values()) == {"decode_contexts", "decode_ms_per_token", "decode_tokens_per_s",
+                                   "decode_cache_extra_ms", "decode_cache_extra_se_ms"}
+    assert sweep.values()["decode_cache_extra_ms"] == sweep.cache_extra_ms()[0]
 
 
 def test_the_timed_decode_step_attends_over_the_prefilled_context(tiny):

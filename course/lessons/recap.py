@@ -122,7 +122,8 @@ def _prefill_decode(v):
                 f"{pre / dec:.0f}× fewer."),
         _bullet(v, "decode_ms_per_token.0 decode_contexts.0 decode_ms_per_token.-1 decode_contexts.-1",
                 lambda a, ca, b, cb: f"A decode step took {a:.1f} ms at {ca} tokens of context and {b:.1f} ms "
-                f"at {cb}: the weights dominate, the cache adds a little per token."),
+                f"at {cb}: the weights dominate, " + ("the cache adds a little per token." if b > a else
+                                                      "and timing noise hid the cache's small cost here.")),
         _bullet(v, "bandwidth_gb_s decode_floor_ms decode_ms_per_token.0", lambda bw, floor, ms:
                 f"Your memory streamed {bw:.1f} GB/s, so reading the weights bounds a step at {floor:.1f} ms; "
                 f"eager PyTorch took {ms:.1f} ms ({ms / floor:.1f}× the floor)."),

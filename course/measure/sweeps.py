@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -69,6 +70,18 @@ class Sweep:
             raise ValueError(f"{length} was not measured; measured lengths are {self.lengths}")
         return self.seconds[self.lengths.index(length)]
 
+    def cache_extra_ms(self) -> tuple[float, float]:
+        """Decode: what a step at the longest context cost over one at the shortest, in ms, and the standard error
+        of that figure. Paired: the median over rounds of the difference within each round (decode_sweep times one
+        step per context per round, back to back, so a change in the machine's speed between rounds cancels)."""
+        first, last = self.timings[0].times, self.timings[-1].times
+        diffs = [(b - a) * 1e3 for a, b in zip(first, last)]
+        if len(diffs) < 2:
+            raise ValueError(f"a paired difference needs at least 2 rounds, got {len(diffs)}")
+        mid = statistics.median(diffs)
+        mad = statistics.median(abs(d - mid) for d in diffs)
+        return mid, 1.4826 * mad * 1.2533 / len(diffs) ** 0.5  # the median's standard error, from a robust spread
+
     def values(self) -> dict:
         """Plain numbers for course.measure.results.record, keyed by phase."""
         if self.phase == "prefill":
@@ -77,7 +90,10 @@ class Sweep:
             if 256 in self.lengths:
                 out["prefill_tokens_per_s_256"] = self.tokens_per_s[self.lengths.index(256)]
             return out
-        return dict(decode_contexts=self.lengths, decode_ms_per_token=self.ms, decode_tokens_per_s=self.tokens_per_s)
+        out = dict(decode_contexts=self.lengths, decode_ms_per_token=self.ms, decode_tokens_per_s=self.tokens_per_s)
+        if len(self.lengths) >= 2 and min(len(t.times) for t in self.timings) >= 2:
+            out["decode_cache_extra_ms"], out["decode_cache_extra_se_ms"] = self.cache_extra_ms()
+        return out
 
     def __repr__(self) -> str:
         unit = "ms per prompt" if self.phase == "prefill" else "ms per token"
