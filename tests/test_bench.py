@@ -260,6 +260,17 @@ def test_floor_summary_says_why_eager_did_not_gain_from_a_second_thread_from_its
     assert "the compiled step, on its own kernels, did (17.7 vs 19.3 ms)." in floor_summary(both)
     text = floor_summary(rows(41.2, 40.6, 33.0, 32.6))  # 1.5 % is not a gain
     assert "is about as fast as with 1 (40.6 vs 41.2 ms)" in text and "BLAS library" in text
+    assert "the rest of its step" not in text  # the products explain all of it: nothing more is said
+    slower = rows(63.2, 75.3, 51.5, 55.7)  # BLAS unchanged, the rest 19.6 ms with 2 threads against 11.7 with 1
+    for r, spread in zip(slower, ([60.1, 66.0], None, [61.3, 166.9], None)):
+        if spread:
+            r["ms_rounds"] = spread
+    text = floor_summary(slower)
+    assert "is slower than with 1 (75.3 vs 63.2 ms)" in text and "55.7 ms with 2 threads against 51.5" in text
+    assert "the rest of its step (every operation but the products) took 19.6 ms with 2 threads against 11.7" in text
+    assert "ranged from 61.3 to 166.9 ms, with 1 from 60.1 to 66.0" in text
+    text = floor_summary(rows(63.2, 75.3, 51.5, 55.7))  # no rounds recorded: the rest, without their spread
+    assert "took 19.6 ms with 2 threads against 11.7 with 1: with nothing to gain" in text and "ranged" not in text
     text = floor_summary(rows(41.2, 45.0, 33.0, 18.0))  # BLAS did: the step's small operations are to blame
     assert "is slower than with 1" in text and "small operations" in text and "BLAS library" not in text
     text = floor_summary(rows(41.2, 60.0, 33.0, 40.0, fair=False))

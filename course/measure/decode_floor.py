@@ -231,6 +231,7 @@ def bench_decode_floor(ctx: Context) -> dict:
     loads = {n: [] for n in thread_counts}
     others = {n: [] for n in thread_counts}  # other programs' CPU use (cores) while each thread count was timed
     ratios = {key: [] for key in times}  # each round's step ÷ the floor probed in that round
+    round_ms = {key: [] for key in times}  # each round's median step, ms
     steps, rounds = ctx.sizes.get("steps_per_round", 4), ctx.sizes.get("rounds", 5)
     try:
         for n in thread_counts:  # warm-up (the first compiled call compiles) at each thread count
@@ -247,6 +248,7 @@ def bench_decode_floor(ctx: Context) -> dict:
                     t = _time(fn, ctx.device, steps)
                     times[(n, name)] += t
                     ratios[(n, name)].append(statistics.median(t) / (nbytes / probes[n][-1]))
+                    round_ms[(n, name)].append(statistics.median(t) * 1e3)
                 busy = others_busy(clock, cpu_clock())
                 if busy is not None:
                     others[n].append(busy)
@@ -264,6 +266,7 @@ def bench_decode_floor(ctx: Context) -> dict:
             rows.append(dict(threads=n, engine=name, ms_per_step=s * 1e3, best_ms=min(times[(n, name)]) * 1e3,
                              bytes_per_step=nbytes, read_bytes_per_s=read, floor_ms=floor,
                              x_floor=statistics.median(ratios[(n, name)]), x_floor_rounds=ratios[(n, name)],
+                             ms_rounds=round_ms[(n, name)],
                              tokens_per_s=1 / s, load_average=load, others_cores=busy, fair=fair, fairness=why,
                              repeats=len(times[(n, name)])))
     return {"status": "ok", "rows": rows, "context": CONTEXT, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
@@ -303,9 +306,25 @@ def _eager_threads_why(by: dict) -> str:
                     if c1 and c2 and c2["ms_per_step"] < (1 - SAME) * c1["ms_per_step"] else "")
         return (f"its matrix products alone (BLAS, what F.linear calls) took {p2['ms_per_step']:.1f} ms with 2 threads "
                 f"against {p1['ms_per_step']:.1f} with 1, so the BLAS library did not spread a one-row product over "
-                f"the second core on this CPU{compiled}.")
+                f"the second core on this CPU{_eager_rest(by)}{compiled}.")
     return ("each of its many small operations pays the threads' start and join; the compiled step runs far "
             "fewer, larger kernels.")
+
+
+def _eager_rest(by: dict) -> str:
+    """Where eager with 2 threads was slower than BLAS's products explain: the rest of its step (every operation
+    but the products) with each thread count, and how far its rounds with 2 threads spread."""
+    e1, e2 = by[(1, "eager")], by[(2, "eager")]
+    rest1 = e1["ms_per_step"] - by[(1, BLAS_PRODUCTS)]["ms_per_step"]
+    rest2 = e2["ms_per_step"] - by[(2, BLAS_PRODUCTS)]["ms_per_step"]
+    if rest2 <= rest1 + SAME * e1["ms_per_step"]:  # the products account for the difference
+        return ""
+    spread = e2.get("ms_rounds") or []
+    rounds = (f"; its rounds with 2 threads ranged from {min(spread):.1f} to {max(spread):.1f} ms, with 1 from "
+              f"{min(e1['ms_rounds']):.1f} to {max(e1['ms_rounds']):.1f}"
+              if len(spread) >= 2 and len(e1.get("ms_rounds") or []) >= 2 else "")
+    return (f", and the rest of its step (every operation but the products) took {rest2:.1f} ms with 2 threads against "
+            f"{rest1:.1f} with 1{rounds}: with nothing to gain in the products, the second thread only slowed the rest")
 
 
 # --- decode_batch ---------------------------------------------------------------------------------------------
