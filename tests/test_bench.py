@@ -107,6 +107,10 @@ def test_quick_suite_on_tiny_model_writes_valid_json_and_markdown(tmp_path, caps
         assert len(r["x_floor_rounds"]) == bench.QUICK["rounds"]
         assert r["x_floor"] == pytest.approx(statistics.median(r["x_floor_rounds"]))
         assert all(x > 0 for x in r["x_floor_rounds"])
+        assert len(r["ms_rounds"]) == len(r["read_rounds"]) == bench.QUICK["rounds"]  # each round's step and probe
+        assert r["read_bytes_per_s"] == pytest.approx(statistics.median(r["read_rounds"]))
+        assert min(r["ms_rounds"]) <= r["ms_per_step"] <= max(r["ms_rounds"])
+    assert "the read probe ranged from" in floor["summary"]
 
 
 @pytest.mark.slow
@@ -277,6 +281,30 @@ def test_floor_summary_says_why_eager_did_not_gain_from_a_second_thread_from_its
     assert "other programs held the cores" in text
     text = floor_summary(rows(41.2, 30.0, 33.0, 18.0))
     assert "is faster than with 1 (30.0 vs 41.2 ms)." in text and "BLAS library" not in text
+
+
+def test_an_unsteady_read_probe_is_said_beside_the_floor_and_its_targets():
+    from course.measure.decode_floor import UNSTEADY, floor_summary, steadiness
+
+    steady, text = steadiness([30e9, 31e9, 29e9])
+    assert steady and text == "the read probe ranged from 29.0 to 31.0 GB/s over 3 rounds"
+    steady, text = steadiness([28.1e9, 55.9e9, 40e9])  # today's AMD EPYC with 2 threads
+    assert not steady and "from 28.1 to 55.9 GB/s" in text and "unsteady" in text
+    assert steadiness([20e9, 20e9 * UNSTEADY])[0] and not steadiness([20e9, 20e9 * UNSTEADY * 1.01])[0]
+    assert steadiness([30e9]) == (True, "")  # one round: nothing to compare
+
+    def rows(probes):
+        return [dict(threads=1, engine=e, ms_per_step=ms, floor_ms=20.0, bytes_per_step=5.4e8, read_bytes_per_s=2.7e10,
+                     x_floor=ms / 20.0, fairness="fair", fair=True, others_cores=0.01, read_rounds=probes)
+                for e, ms in (("eager", 60.0), ("compiled", 24.0))]
+
+    quiet = floor_summary(rows([27e9, 28e9]))
+    assert "unsteady" not in quiet and "the read probe ranged from 27.0 to 28.0 GB/s over 2 rounds." in quiet
+    assert "the memory system was unsteady" in floor_summary(rows([20e9, 40e9]))
+    target = next(t for t in bench.REGISTRY["decode_floor"].targets if t.name == "compiled_1t_x_floor")
+    assert target.measure({"rows": rows([27e9, 28e9])}) == (1.2, "other programs 0.01 cores")
+    assert target.measure({"rows": rows([20e9, 40e9])}) == (
+        1.2, "other programs 0.01 cores; read probe 20.0–40.0 GB/s, unsteady")
 
 
 def test_batch_summary_says_how_busy_other_programs_were():

@@ -32,6 +32,7 @@ SAME = 0.03  # two step times within 3 % of each other are "about as fast"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_BATCHES = (1, 2, 4)
 STEPS_PER_ROUND = 2  # decode_batch: steps timed per configuration in each round
+UNSTEADY = 1.25  # read probes whose fastest round beat the slowest by more than this: an unsteady memory system
 
 
 def _load() -> float:
@@ -61,6 +62,19 @@ def fairness(threads: int, others: float | None = None, cores: int | None = None
         return True, f"{what}: fair for {threads} thread(s)"
     return False, (f"{what}: NOT fair for {threads} thread(s) (other programs hold the cores; a step's threads "
                    "wait on descheduled partners)")
+
+
+def steadiness(probes: list[float]) -> tuple[bool, str]:
+    """Did the streaming-read probe (bytes/s, one per round) hold still between rounds, and the clause that says
+    how far it moved. On a shared host other tenants' memory traffic comes and goes; every ratio to the floor is
+    paired with its own round's probe, but a probe that swings by more than UNSTEADY between rounds makes the
+    floor itself uncertain, and the report should say so beside any verdict."""
+    if len(probes) < 2:
+        return True, ""
+    lo, hi = min(probes), max(probes)
+    steady = hi <= UNSTEADY * lo
+    return steady, (f"the read probe ranged from {lo / 1e9:.1f} to {hi / 1e9:.1f} GB/s over {len(probes)} rounds"
+                    + ("" if steady else ": the memory system was unsteady, so ratios to the floor are rough"))
 
 
 def _busy_text(r: dict) -> str:
@@ -166,7 +180,12 @@ def _target_row(it, **match):
 def _floor_target(engine, threads, bound):
     def measure(it):
         r = _target_row(it, engine=engine, threads=threads)
-        return (None, "not measured") if r is None else (r["x_floor"], "other programs " + _busy_text(r))
+        if r is None:
+            return None, "not measured"
+        probes = r.get("read_rounds") or []
+        unsteady = (f"; read probe {min(probes) / 1e9:.1f}–{max(probes) / 1e9:.1f} GB/s, unsteady"
+                    if not steadiness(probes)[0] else "")
+        return r["x_floor"], "other programs " + _busy_text(r) + unsteady
     return Target(f"{engine}_{threads}t_x_floor", f"decode ctx {CONTEXT}, float32, batch 1, {threads} thread(s), "
                   f"{engine}: time ÷ streaming-read floor", "<=", bound, measure)
 
@@ -266,7 +285,7 @@ def bench_decode_floor(ctx: Context) -> dict:
             rows.append(dict(threads=n, engine=name, ms_per_step=s * 1e3, best_ms=min(times[(n, name)]) * 1e3,
                              bytes_per_step=nbytes, read_bytes_per_s=read, floor_ms=floor,
                              x_floor=statistics.median(ratios[(n, name)]), x_floor_rounds=ratios[(n, name)],
-                             ms_rounds=round_ms[(n, name)],
+                             ms_rounds=round_ms[(n, name)], read_rounds=probes[n],
                              tokens_per_s=1 / s, load_average=load, others_cores=busy, fair=fair, fairness=why,
                              repeats=len(times[(n, name)])))
     return {"status": "ok", "rows": rows, "context": CONTEXT, "weight_bytes": weight_bytes, "kv_bytes": kv_bytes,
@@ -283,7 +302,8 @@ def floor_summary(rows: list[dict]) -> str:
         parts.append(f"{n} thread(s): floor {floor:.1f} ms ({engines[0]['bytes_per_step'] / 1e6:.0f} MB at "
                      f"{engines[0]['read_bytes_per_s'] / 1e9:.1f} GB/s); "
                      + ", ".join(f"{r['engine']} {r['ms_per_step']:.1f} ms ({r['x_floor']:.2f}×)" for r in engines)
-                     + f" — {engines[0]['fairness']}.")
+                     + f" — {engines[0]['fairness']}"
+                     + (f"; {steadiness(engines[0]['read_rounds'])[1]}." if engines[0].get("read_rounds") else "."))
     if (1, "eager") in by and (2, "eager") in by:
         one, two = by[(1, "eager")]["ms_per_step"], by[(2, "eager")]["ms_per_step"]
         gained = two < one * (1 - SAME)
