@@ -55,6 +55,29 @@ def test_verdict_follows_the_values():
     assert "streams slower than the probe" in slow.verdict()
 
 
+def test_an_unsteady_probe_is_said_and_keeps_the_slope_from_being_blamed():
+    from dataclasses import replace
+
+    points = [("a", 1e9, 200.0), ("b", 2e9, 400.0), ("c", 4e9, 800.0)]  # 5 GB/s against a probe of 10
+    slow = replace(_line(points, probe=10e9), probes=[7e9, 10e9, 13e9])  # the probe swung between rounds
+    text = slow.verdict()
+    assert "the read probe ranged from 7.0 to 13.0 GB/s over 3 rounds: the memory system was unsteady" in text
+    assert "cannot say how close the slope comes" in text and "less efficiently" not in text
+    steady = replace(_line(points, probe=10e9), probes=[9.5e9, 10e9, 10.5e9])
+    assert "less efficiently" in steady.verdict() and "unsteady" not in steady.verdict()
+    on = replace(_line([("a", 1e9, 100.0), ("b", 2e9, 200.0), ("c", 4e9, 400.0)], probe=10e9), probes=[7e9, 13e9])
+    assert on.bandwidth_bound and "Decode is bandwidth-bound here" in on.verdict()
+    assert "(The read probe ranged from 7.0 to 13.0 GB/s over 2 rounds: the memory system was unsteady" in on.verdict()
+    check_printed(str(on), on)  # the lesson's checks still hold
+    assert on.values()["probes"] == [7e9, 13e9]
+    from course.measure import decode_floor  # noqa: F401  (registers the bench items)
+    from course.measure.bench import REGISTRY
+
+    target = next(t for t in REGISTRY["bytes_line"].targets if t.name == "bytes_line_bandwidth")
+    assert target.measure(on.values())[1] == "100% of the probe; read probe 7.0–13.0 GB/s, unsteady"
+    assert target.measure(replace(on, probes=[10e9, 10.2e9]).values())[1] == "100% of the probe"
+
+
 def test_which_cost_dominates_comes_from_the_fit():
     # a GPU-like line: 3 TB/s with a 4 ms fixed cost per step (launches); 0.27 GB (135M in bf16) vs 13.5 GB (7B)
     line = _line([(n, b, b / 3e12 * 1e3 + 4.0) for n, b in [("small", 0.27e9), ("mid", 2.2e9), ("big", 13.5e9)]],

@@ -38,7 +38,7 @@ from course.engine.config import ModelConfig
 from course.engine.fast import decode_block, fused_block_weights, lm_head, row_linear, step_inputs, streamed_linear
 from course.engine.model import Transformer, rope_tables
 from course.measure.costs import decode_cost, dtype_bytes as _dtype_bytes
-from course.measure.timing import Stopwatch, memory_bandwidth
+from course.measure.timing import Stopwatch, memory_bandwidth, steadiness
 
 CPU_SHAPES = ("smollm2-135m", "smollm2-360m", "tinyllama-1.1b")  # 0.5, 1.4, 4.4 GB in float32
 CPU_FULL_SHAPES = CPU_SHAPES + ("llama-3.2-1b", "smollm2-1.7b")  # + 4.9, 6.8 GB
@@ -227,7 +227,8 @@ class BytesLine:
                                  bytes_share=self.bytes_share(p), dominated_by=self.dominated_by(p))
                             for p in self.points],
                     fitted_bandwidth_bytes_per_s=self.fit.bandwidth_bytes_per_s, fixed_ms=self.fit.fixed_ms,
-                    r2=self.fit.r2, probe_bytes_per_s=self.probe_bytes_per_s, bandwidth_ratio=self.bandwidth_ratio,
+                    r2=self.fit.r2, probe_bytes_per_s=self.probe_bytes_per_s, probes=list(self.probes),
+                    bandwidth_ratio=self.bandwidth_ratio,
                     bandwidth_bound=self.bandwidth_bound, device=self.device, dtype=self.dtype,
                     threads=self.threads, compiled=self.compiled, load_average=list(self.load_average),
                     wall_s=self.wall_s)
@@ -239,6 +240,7 @@ class BytesLine:
         head = (f"Fit over {len(self.points)} models: time = bytes ÷ {fitted:.1f} GB/s + {f.fixed_ms:.2f} ms "
                 f"(R² = {f.r2:.3f}); the streaming-read probe gave {probe:.1f} GB/s, so the slope's bandwidth is "
                 f"{self.bandwidth_ratio:.0%} of the probe's.")
+        steady, probes = steadiness(self.probes)
         if self.bandwidth_bound:
             claim = ("Decode is bandwidth-bound here: step time grows in proportion to the bytes read, at the "
                      "speed this machine streams memory.")
@@ -247,6 +249,10 @@ class BytesLine:
                      "bandwidth-bound step; a busy machine (load average "
                      f"{self.load_average[0]:.1f} → {self.load_average[1]:.1f} on {os.cpu_count()} cores) "
                      "scatters the times: rerun when it is quiet.")
+        elif not steady:
+            claim = (f"The times lie on a line (time does grow with bytes), but {probes}: the memory system was "
+                     "unsteady, so this run cannot say how close the slope comes to the machine's read bandwidth; "
+                     "rerun when it is quiet.")
         else:
             side = "slower" if self.bandwidth_ratio < 1 else "faster"
             claim = (f"The times lie on a line (time does grow with bytes) but it streams {side} than the probe "
@@ -255,6 +261,8 @@ class BytesLine:
                         if side == "slower" else "part of the weights was served from a cache, not memory."))
         parts = [f"{p.name}: {self.bytes_share(p):.0%} bytes, {1 - self.bytes_share(p):.0%} fixed cost "
                  f"→ bound by {self.dominated_by(p)}" for p in self.points]
+        if not steady and (self.bandwidth_bound or not self.on_the_line):  # the verdict stands; the swing beside it
+            claim += f" ({probes[0].upper()}{probes[1:]}: the memory system was unsteady.)"
         return f"{head} {claim}\nFrom the fit: " + "; ".join(parts) + "."
 
     def __str__(self) -> str:

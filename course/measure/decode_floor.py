@@ -32,7 +32,6 @@ SAME = 0.03  # two step times within 3 % of each other are "about as fast"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 QUICK_BATCHES = (1, 2, 4)
 STEPS_PER_ROUND = 2  # decode_batch: steps timed per configuration in each round
-UNSTEADY = 1.25  # read probes whose fastest round beat the slowest by more than this: an unsteady memory system
 
 
 def _load() -> float:
@@ -62,19 +61,6 @@ def fairness(threads: int, others: float | None = None, cores: int | None = None
         return True, f"{what}: fair for {threads} thread(s)"
     return False, (f"{what}: NOT fair for {threads} thread(s) (other programs hold the cores; a step's threads "
                    "wait on descheduled partners)")
-
-
-def steadiness(probes: list[float]) -> tuple[bool, str]:
-    """Did the streaming-read probe (bytes/s, one per round) hold still between rounds, and the clause that says
-    how far it moved. On a shared host other tenants' memory traffic comes and goes; every ratio to the floor is
-    paired with its own round's probe, but a probe that swings by more than UNSTEADY between rounds makes the
-    floor itself uncertain, and the report should say so beside any verdict."""
-    if len(probes) < 2:
-        return True, ""
-    lo, hi = min(probes), max(probes)
-    steady = hi <= UNSTEADY * lo
-    return steady, (f"the read probe ranged from {lo / 1e9:.1f} to {hi / 1e9:.1f} GB/s over {len(probes)} rounds"
-                    + ("" if steady else ": the memory system was unsteady, so ratios to the floor are rough"))
 
 
 def _busy_text(r: dict) -> str:
@@ -182,12 +168,30 @@ def _floor_target(engine, threads, bound):
         r = _target_row(it, engine=engine, threads=threads)
         if r is None:
             return None, "not measured"
-        probes = r.get("read_rounds") or []
-        unsteady = (f"; read probe {min(probes) / 1e9:.1f}–{max(probes) / 1e9:.1f} GB/s, unsteady"
-                    if not steadiness(probes)[0] else "")
-        return r["x_floor"], "other programs " + _busy_text(r) + unsteady
+        return r["x_floor"], "other programs " + _busy_text(r) + _unsteady_note(r.get("read_rounds"))
     return Target(f"{engine}_{threads}t_x_floor", f"decode ctx {CONTEXT}, float32, batch 1, {threads} thread(s), "
                   f"{engine}: time ÷ streaming-read floor", "<=", bound, measure)
+
+
+def _probe_clause(probes: list[float] | None) -> str:
+    """The end of a thread count's sentence: how far its read probes moved between rounds, and what follows."""
+    from course.measure.timing import steadiness
+
+    if not probes:
+        return "."
+    steady, moved = steadiness(probes)
+    return f"; {moved}" + ("." if steady else ": the memory system was unsteady, so ratios to the floor are rough.")
+
+
+def _unsteady_note(probes: list[float] | None) -> str:
+    """'; read probe 29.2–51.6 GB/s, unsteady' for a target's note where the run's read probes swung
+    (course.measure.timing.steadiness), else ''."""
+    from course.measure.timing import steadiness
+
+    probes = probes or []
+    if steadiness(probes)[0]:
+        return ""
+    return f"; read probe {min(probes) / 1e9:.1f}–{max(probes) / 1e9:.1f} GB/s, unsteady"
 
 
 def _eager_threads_target(it):
@@ -303,7 +307,7 @@ def floor_summary(rows: list[dict]) -> str:
                      f"{engines[0]['read_bytes_per_s'] / 1e9:.1f} GB/s); "
                      + ", ".join(f"{r['engine']} {r['ms_per_step']:.1f} ms ({r['x_floor']:.2f}×)" for r in engines)
                      + f" — {engines[0]['fairness']}"
-                     + (f"; {steadiness(engines[0]['read_rounds'])[1]}." if engines[0].get("read_rounds") else "."))
+                     + _probe_clause(engines[0].get("read_rounds")))
     if (1, "eager") in by and (2, "eager") in by:
         one, two = by[(1, "eager")]["ms_per_step"], by[(2, "eager")]["ms_per_step"]
         gained = two < one * (1 - SAME)
@@ -665,7 +669,8 @@ def ceiling_sentence(c: dict, flops_per_token: float, compiled: dict, threads: i
                             lambda it: (it.get("r2"), f"{len(it.get('rows', []))} shapes")),
                      Target("bytes_line_bandwidth", "bytes line: |fitted ÷ probed bandwidth − 1|", "<=", 0.25,
                             lambda it: (abs(it["bandwidth_ratio"] - 1) if "bandwidth_ratio" in it else None,
-                                        f"{it.get('bandwidth_ratio', float('nan')):.0%} of the probe"))])
+                                        f"{it.get('bandwidth_ratio', float('nan')):.0%} of the probe"
+                                        + _unsteady_note(it.get("probes"))))])
 def bench_bytes_line(ctx: Context) -> dict:
     """course.measure.bytes_line over the default shapes (KVCOURSE_FULL=1 for the bigger ones)."""
     from course.measure.bytes_line import bytes_line
