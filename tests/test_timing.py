@@ -120,6 +120,26 @@ def test_memory_bandwidth_probe_is_positive_and_uses_the_better_figure():
     assert probe.bytes_per_s < 1e14  # a finite, physical number (100 TB/s is beyond any machine)
 
 
+def test_the_cpu_probe_reads_huge_pages_where_linux_offers_them_as_the_weights_do(monkeypatch):
+    from course.engine import arena
+
+    asked = []
+    real = arena.huge_page_tensor
+
+    def spy(numel, dtype):
+        t = real(numel, dtype)
+        asked.append(t is not None)
+        return t
+
+    monkeypatch.setattr(arena, "huge_page_tensor", spy)
+    probe = memory_bandwidth("cpu", nbytes=8 << 20, repeats=2)
+    assert len(asked) == 2 and probe.huge_pages == (all(asked) and arena.huge_pages_offered())
+    assert 0 < probe.read_bytes_per_s < 1e14 and probe.nbytes == 8 << 20
+    monkeypatch.setattr(arena, "huge_page_tensor", lambda numel, dtype: None)  # not offered: plain memory
+    plain = memory_bandwidth("cpu", nbytes=8 << 20, repeats=2)
+    assert not plain.huge_pages and 0 < plain.read_bytes_per_s < 1e14
+
+
 def test_matmul_flops_probe_is_positive_and_finite():
     flops = matmul_flops("cpu", n=128, repeats=2)
     assert 0 < flops < 1e16
