@@ -103,7 +103,8 @@ def memory_bandwidth(device: torch.device | str = "cpu", nbytes: int = 256 << 20
         src, dst = huge_page_tensor(n, torch.float32), huge_page_tensor(n, torch.float32)
     huge = src is not None and dst is not None
     if huge:
-        src.fill_(1.0), dst.zero_()  # written once, so every page is there before the timing
+        src.fill_(1.0)  # written once, so every page is there before the timing
+        dst.zero_()
     else:
         src = torch.ones(n, dtype=torch.float32, device=device)
         dst = torch.empty_like(src)
@@ -118,9 +119,9 @@ UNSTEADY = 1.25  # read probes whose fastest round beat the slowest by more than
 
 def steadiness(probes: list[float]) -> tuple[bool, str]:
     """Did the streaming-read probe (bytes/s, one per round) hold still between rounds, and the clause that says
-    how far it moved (the caller says what follows). On a shared host other tenants' memory traffic comes and goes; every ratio to the floor is
-    paired with its own round's probe, but a probe that swings by more than UNSTEADY between rounds makes the
-    floor itself uncertain, and the report should say so beside any verdict."""
+    how far it moved (the caller says what follows). On a shared host other tenants' memory traffic comes and
+    goes; every ratio to the floor is paired with its own round's probe, but a probe that swings by more than
+    UNSTEADY between rounds makes the floor itself uncertain, and the report should say so beside any verdict."""
     if len(probes) < 2:
         return True, ""
     lo, hi = min(probes), max(probes)
