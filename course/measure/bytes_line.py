@@ -240,7 +240,7 @@ class BytesLine:
         head = (f"Fit over {len(self.points)} models: time = bytes ÷ {fitted:.1f} GB/s + {f.fixed_ms:.2f} ms "
                 f"(R² = {f.r2:.3f}); the streaming-read probe gave {probe:.1f} GB/s, so the slope's bandwidth is "
                 f"{self.bandwidth_ratio:.0%} of the probe's.")
-        steady, probes = steadiness(self.probes)
+        steady, moved = steadiness(self.probes)  # moved: how far the read probe went between rounds
         if self.bandwidth_bound:
             claim = ("Decode is bandwidth-bound here: step time grows in proportion to the bytes read, at the "
                      "speed this machine streams memory.")
@@ -250,7 +250,7 @@ class BytesLine:
                      f"{self.load_average[0]:.1f} → {self.load_average[1]:.1f} on {os.cpu_count()} cores) "
                      "scatters the times: rerun when it is quiet.")
         elif not steady:
-            claim = (f"The times lie on a line (time does grow with bytes), but {probes}: the memory system was "
+            claim = (f"The times lie on a line (time does grow with bytes), but {moved}: the memory system was "
                      "unsteady, so this run cannot say how close the slope comes to the machine's read bandwidth; "
                      "rerun when it is quiet.")
         else:
@@ -262,7 +262,7 @@ class BytesLine:
         parts = [f"{p.name}: {self.bytes_share(p):.0%} bytes, {1 - self.bytes_share(p):.0%} fixed cost "
                  f"→ bound by {self.dominated_by(p)}" for p in self.points]
         if not steady and (self.bandwidth_bound or not self.on_the_line):  # the verdict stands; the swing beside it
-            claim += f" ({probes[0].upper()}{probes[1:]}: the memory system was unsteady.)"
+            claim += f" ({moved[0].upper()}{moved[1:]}: the memory system was unsteady.)"
         return f"{head} {claim}\nFrom the fit: " + "; ".join(parts) + "."
 
     def __str__(self) -> str:
