@@ -7,6 +7,7 @@ import pytest
 
 from course.paths import LESSONS
 from learner_text import assert_learner_output_clean, check_run_time, executed, flat, notebook_text
+from test_bytes_line import check_printed
 
 pytestmark = pytest.mark.slow
 NOTEBOOK = LESSONS / "01_prefill_decode.ipynb"
@@ -55,6 +56,24 @@ def test_roofs_are_the_best_the_machine_showed(run):
         assert (f"{what} roof: the probe's" in text) == (source == "probe")
         if source != "probe":
             assert f"reached by {source}" in text
+
+
+def cell_output(nb, marker: str) -> str:
+    """The text a code cell printed, found by a piece of its source."""
+    cell = next(c for c in nb.cells if c.cell_type == "code" and marker in c.source)
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def test_bytes_line_section_prints_the_verdict_of_its_own_values(run):
+    """The bytes line's cell, run as the lesson runs it (the default shapes), prints what its values say."""
+    from course.measure import bytes_line as BL
+
+    r, nb, _ = run
+    line = BL.BytesLine.from_values(r["bytes_line"])
+    check_printed(cell_output(nb, "line = bytes_line("), line)
+    assert [p.name for p in line.points] == list(BL.default_shapes("cpu"))
+    assert len(line.points) >= 3 and all(len(p.times_ms) >= 3 for p in line.points)
+    assert line.wall_s < 600
 
 
 def test_prose_follows_the_measurements(run):

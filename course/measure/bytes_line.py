@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from course.engine import row_product
+from course.engine.arena import materialize_packed
 from course.engine.config import ModelConfig
 from course.engine.fast import decode_block, fused_block_weights, lm_head, row_linear, step_inputs, streamed_linear
 from course.engine.model import Transformer, rope_tables
@@ -61,17 +62,20 @@ def random_model(config: ModelConfig, dtype: torch.dtype = torch.float32, device
                  context: int = CONTEXT) -> Transformer:
     """A course Transformer of this shape with random weights: normal(0, 0.02) numbers, norms at 1.
 
-    Built on the meta device and filled from one random block (a few seconds for 4 GB instead of a
-    minute of per-element random numbers); every tensor holds ordinary numbers, so no denormal slows it.
+    Built on the meta device, given its memory once (on the CPU one huge-page buffer, as the compiled step
+    wants it: course.engine.arena.materialize_packed) and filled from one random block (per-element random
+    numbers would take a minute for 4 GB); every tensor holds ordinary numbers, so no denormal slows it.
     The RoPE tables cover only `context` + 1 positions (a real 128k table would be bigger than the
     cache this measures).
     """
     config = config.with_(max_seq_len=context + 1)
     with torch.device("meta"):
         model = Transformer(config)
-    model = model.to(dtype).to_empty(device=device)  # allocated once, in the final dtype
-    if config.tie_embeddings:  # to_empty gives each module its own tensor: tie the head to the embedding again
-        model.output.weight = model.tok_embeddings.weight
+    model = model.to(dtype)
+    if torch.device(device).type != "cpu" or not materialize_packed(model):  # CPU: one huge-page buffer
+        model = model.to_empty(device=device)  # allocated once, in the final dtype
+        if config.tie_embeddings:  # to_empty gives each module its own tensor: tie the head to the embedding again
+            model.output.weight = model.tok_embeddings.weight
     gen = torch.Generator().manual_seed(seed)
     block = (torch.randn(1 << 20, generator=gen) * WEIGHT_STD).to(device=device, dtype=dtype)
     with torch.no_grad():
@@ -224,7 +228,8 @@ class BytesLine:
     def values(self) -> dict:
         return dict(points=[dict(name=p.name, params=p.params, bytes_per_step=p.bytes_per_step,
                                  ms_per_step=p.ms_per_step, achieved_bytes_per_s=p.achieved_bytes_per_s,
-                                 bytes_share=self.bytes_share(p), dominated_by=self.dominated_by(p))
+                                 bytes_share=self.bytes_share(p), dominated_by=self.dominated_by(p),
+                                 times_ms=list(p.times_ms))
                             for p in self.points],
                     fitted_bandwidth_bytes_per_s=self.fit.bandwidth_bytes_per_s, fixed_ms=self.fit.fixed_ms,
                     r2=self.fit.r2, probe_bytes_per_s=self.probe_bytes_per_s, probes=list(self.probes),
@@ -232,6 +237,15 @@ class BytesLine:
                     bandwidth_bound=self.bandwidth_bound, device=self.device, dtype=self.dtype,
                     threads=self.threads, compiled=self.compiled, load_average=list(self.load_average),
                     wall_s=self.wall_s)
+
+    @classmethod
+    def from_values(cls, v: dict) -> "BytesLine":
+        """The line back from its values() (as a notebook records them), with the same fit, verdict and table."""
+        points = [Point(p["name"], p["params"], p["bytes_per_step"], p["ms_per_step"], list(p.get("times_ms", [])))
+                  for p in v["points"]]
+        fit = Fit(v["fitted_bandwidth_bytes_per_s"], v["fixed_ms"], v["r2"])
+        return cls(points, v["probe_bytes_per_s"], list(v["probes"]), fit, v["device"], v["dtype"], v["threads"],
+                   v["compiled"], tuple(v["load_average"]), v["wall_s"])
 
     def verdict(self) -> str:
         """The sentence the lesson prints, generated from the fit."""
