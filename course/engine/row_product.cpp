@@ -3,8 +3,9 @@
 // Decode multiplies B row vectors by every weight matrix. BLAS (MKL here) handles large B as a matrix-matrix
 // product, but for 2 <= B <= 16 its kernels measured 1.5-2.5x the one-row time on this course's CPUs although
 // the weights are read once either way. This kernel reads each weight row once, multiplies it with every row of
-// x while it is in cache, and prefetches the weight rows PF ahead so the memory stream never waits for the
-// arithmetic; above `blas_above` rows of x it calls BLAS (course/engine/row_product.py chooses the number).
+// x while it is in cache, and (for two rows of x and more) prefetches the weight rows PF ahead so the memory
+// stream never waits for the arithmetic; above `blas_above` rows of x it calls BLAS (course/engine/row_product.py
+// chooses the number).
 // Built at first use by course/engine/row_product.py.
 //
 // From 4 rows of x on, arithmetic rather than reading sets the pace, so the register tile is what counts: 6
@@ -19,7 +20,8 @@
 // (the first version), every weight matrix of the course model's step took 47.5 ms instead of 51.5 for one row
 // of x and 58.6 instead of 66.1 for eight, with one thread (about the same with two: 26.5 vs 26.8, 36.6 vs 37.5);
 // probably because sixteen rows of 2.3 KB each, fetched into a 48 KB L1 beside x, pushed out rows
-// still in use.
+// still in use. On the AMD EPYC (Zen 4), 1 thread, 4, 12 and 16 rows ahead measured no faster than 8 (paired,
+// B = 2 to 16: 4 rows 1.02-1.65x the time, 12 and 16 rows 0.98-1.14x).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
@@ -115,24 +117,20 @@ static void rows_tile(const float* W, const float* X, float* Y, int64_t n0, int6
 }
 
 // One row of x: the weight rows one after another, so the matrix is read as one sequential stream, with two
-// accumulators (two independent chains of FMAs) and a prefetch ONE_PF floats (1 KB) ahead in that stream.
-// On an AMD EPYC (Zen 4), 1 thread, every weight matrix of the course model's step: 22.8 ms against 30.7 for
-// a tile of two weight rows (whose two interleaved streams and far prefetches suit Sapphire Rapids), with the
-// streaming-read floor at 22.2 ms; 2 threads 16.8 against 21.4.
-#define ONE_PF 256
+// accumulators (two independent chains of FMAs) and no software prefetch: the CPU's own prefetchers follow a
+// single stream. On an AMD EPYC (Zen 4), 1 thread, every weight matrix of the course model's step (538 MB, on
+// huge pages as course.engine.arena packs them), side by side with a prefetch 1 KB ahead into L2 (the earlier
+// version): 20.3 against 22.0 ms and 20.6 against 22.4 in two runs (paired 0.91 and 0.95), as fast as torch
+// summing the same weights (19.8 and 20.5 ms); with 2 threads, or on small pages, the two read alike (paired
+// 0.97-0.99). The tiles of several rows of x below keep their prefetches: without them B = 8 took twice as long.
 static void one_row(const float* W, const float* x, float* Y, int64_t n0, int64_t n1, int64_t D, int64_t N) {
 #if defined(__AVX512F__)
   if (D % 16 == 0) {
-    const float* end = W + n1 * D;  // prefetching past the rows this thread claimed would fetch another core's
     for (int64_t n = n0; n < n1; ++n) {
       const float* w = W + n * D;
       __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
       int64_t d = 0;
       for (; d + 32 <= D; d += 32) {
-        if (w + d + ONE_PF < end) {
-          _mm_prefetch((const char*)(w + d + ONE_PF), _MM_HINT_T1);
-          _mm_prefetch((const char*)(w + d + 16 + ONE_PF), _MM_HINT_T1);
-        }
         acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + d), _mm512_loadu_ps(x + d), acc0);
         acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + d + 16), _mm512_loadu_ps(x + d + 16), acc1);
       }

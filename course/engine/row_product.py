@@ -11,8 +11,8 @@ deliver that for 2 ≤ B ≤ 16 on the course's CPUs: its matrix-matrix kernels,
 took 1.5–2.5× the one-row time (`kvcourse bench`, decode_batch, shows BLAS and this kernel side by side).
 row_product.cpp multiplies tiles of 6 weight rows by 4 rows of x from registers (AVX-512 where the CPU has
 it; 2 weight rows at a time for 2 or 3 rows of x), and prefetches the rows 8 ahead into L2 so the memory stream
-keeps going while it computes (one row of x: the weight rows one after another, a single stream, which an AMD
-EPYC read near its floor);
+keeps going while it computes (one row of x: the weight rows one after another, a single stream with no software
+prefetch, which an AMD EPYC read as fast as torch sums the same weights);
 with several threads each claims 32 rows at a time, so no core waits for a slower one at the end of a
 product; above blas_above() rows of x (16 on Intel CPUs, none elsewhere) it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
 
