@@ -13,8 +13,8 @@ row_product.cpp multiplies tiles of 6 weight rows by 4 rows of x from registers 
 it; 2 weight rows at a time for 2 or 3 rows of x), and prefetches the rows 8 ahead into L2 so the memory stream
 keeps going while it computes (one row of x: the weight rows one after another, a single stream with no software
 prefetch, which an AMD EPYC read as fast as torch sums the same weights);
-with several threads each claims 32 rows at a time, so no core waits for a slower one at the end of a
-product; above blas_above() rows of x (16 on Intel CPUs, none elsewhere) it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
+with several threads each claims a share of the rows still left (large first, at least 48 at the end), so
+each core reads long stretches in sequence and no core waits for a slower one at the end of a product; above blas_above() rows of x (16 on Intel CPUs, none elsewhere) it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
 
 The kernel is compiled for this machine's CPU (-march=native) by torch.utils.cpp_extension into the
 course's cache folder (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), one build per CPU kind and
