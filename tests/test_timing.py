@@ -140,6 +140,27 @@ def test_the_cpu_probe_reads_huge_pages_where_linux_offers_them_as_the_weights_d
     assert not plain.huge_pages and 0 < plain.read_bytes_per_s < 1e14
 
 
+def test_a_read_probe_allocates_its_buffer_once_and_reads_it_at_every_call(monkeypatch):
+    from course.engine import arena
+    from course.measure.timing import ReadProbe
+
+    asked = []
+    real = arena.huge_page_tensor
+    monkeypatch.setattr(arena, "huge_page_tensor", lambda numel, dtype: asked.append(numel) or real(numel, dtype))
+    probe = ReadProbe("cpu", nbytes=8 << 20, repeats=2)
+    where = probe.buffer.data_ptr()
+    reads = [probe() for _ in range(3)]
+    assert asked == [2 << 20] and probe.buffer.data_ptr() == where  # one buffer of 8 MiB, never a second
+    assert probe.huge_pages == arena.huge_pages_offered() and torch.all(probe.buffer == 1.0)
+    assert all(0 < r < 1e14 for r in reads)
+    probe.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        probe()
+    monkeypatch.setattr(arena, "huge_page_tensor", lambda numel, dtype: None)  # not offered: plain memory
+    plain = ReadProbe("cpu", nbytes=8 << 20, repeats=2)
+    assert not plain.huge_pages and 0 < plain() < 1e14
+
+
 def test_matmul_flops_probe_is_positive_and_finite():
     flops = matmul_flops("cpu", n=128, repeats=2)
     assert 0 < flops < 1e16

@@ -39,7 +39,7 @@ from course.engine.config import ModelConfig
 from course.engine.fast import decode_block, fused_block_weights, lm_head, row_linear, step_inputs, streamed_linear
 from course.engine.model import Transformer, rope_tables
 from course.measure.costs import decode_cost, dtype_bytes as _dtype_bytes
-from course.measure.timing import Stopwatch, memory_bandwidth, steadiness
+from course.measure.timing import ReadProbe, Stopwatch, steadiness
 
 CPU_SHAPES = ("smollm2-135m", "smollm2-360m", "tinyllama-1.1b")  # 0.5, 1.4, 4.4 GB in float32
 CPU_FULL_SHAPES = CPU_SHAPES + ("llama-3.2-1b", "smollm2-1.7b")  # + 4.9, 6.8 GB
@@ -370,8 +370,7 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
                 out.append(sw.seconds * 1e3)
         return out
 
-    def probe():
-        return memory_bandwidth(device, nbytes=probe_bytes, repeats=3).read_bytes_per_s
+    probe = ReadProbe(device, nbytes=probe_bytes, repeats=3)  # one buffer, read again before every round
 
     times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
     probes, steps_bytes = [], {}
@@ -397,6 +396,7 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
         probes.append(probe())
     if bar:
         bar.close()
+    probe.close()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -96,22 +96,44 @@ def memory_bandwidth(device: torch.device | str = "cpu", nbytes: int = 256 << 20
     """
     device = torch.device(device)
     n = nbytes // 4
-    src = dst = None
-    if device.type == "cpu":
-        from course.engine.arena import huge_page_tensor
-
-        src, dst = huge_page_tensor(n, torch.float32), huge_page_tensor(n, torch.float32)
-    huge = src is not None and dst is not None
-    if huge:
-        src.fill_(1.0)  # written once, so every page is there before the timing
-        dst.zero_()
-    else:
-        src = torch.ones(n, dtype=torch.float32, device=device)
-        dst = torch.empty_like(src)
+    (src, huge_src), (dst, huge_dst) = _probe_buffer(device, n, 1.0), _probe_buffer(device, n, 0.0)
     read = measure(lambda: src.sum(), device, warmup=1, repeats=repeats)
     copy = measure(lambda: dst.copy_(src), device, warmup=1, repeats=repeats)
     return BandwidthProbe(read_bytes_per_s=src.numel() * 4 / read.median,
-                          copy_bytes_per_s=2 * src.numel() * 4 / copy.median, nbytes=n * 4, huge_pages=huge)
+                          copy_bytes_per_s=2 * src.numel() * 4 / copy.median, nbytes=n * 4,
+                          huge_pages=huge_src and huge_dst)
+
+
+def _probe_buffer(device: torch.device, n: int, value: float) -> tuple[torch.Tensor, bool]:
+    """n float32s, all `value` (written once, so every page is there before any timing); on the CPU on huge pages
+    where Linux offers them (course.engine.arena). Returns the buffer and whether it is on huge pages."""
+    if device.type == "cpu":
+        from course.engine.arena import huge_page_tensor
+
+        buffer = huge_page_tensor(n, torch.float32)
+        if buffer is not None:
+            return buffer.fill_(value), True
+    return torch.full((n,), value, dtype=torch.float32, device=device), False
+
+
+class ReadProbe:
+    """memory_bandwidth's streaming-read probe with its buffer allocated once, for a caller that probes again
+    between rounds: `probe()` → bytes/s. A fresh buffer on huge pages is faulted in by Linux at about 1 GB/s on
+    the course's AMD EPYC host (1 GiB and its copy's partner: about 2 s a probe, every time); reading an existing
+    one takes a few tenths of a second. `close()` (or dropping the probe) frees it."""
+
+    def __init__(self, device: torch.device | str = "cpu", nbytes: int = 256 << 20, repeats: int = 3):
+        self.device, self.repeats = torch.device(device), repeats
+        self.buffer, self.huge_pages = _probe_buffer(self.device, nbytes // 4, 1.0)
+
+    def __call__(self) -> float:
+        if self.buffer is None:
+            raise RuntimeError("this ReadProbe was closed: make a new one")
+        read = measure(lambda: self.buffer.sum(), self.device, warmup=1, repeats=self.repeats)
+        return self.buffer.numel() * 4 / read.median
+
+    def close(self) -> None:
+        self.buffer = None
 
 
 UNSTEADY = 1.25  # read probes whose fastest round beat the slowest by more than this: an unsteady memory system
