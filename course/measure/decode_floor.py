@@ -2,7 +2,7 @@
 
 The floor of a decode step is the time it takes just to read what the step must read once:
 (bytes of weights + bytes of the KV cache) ÷ the streaming-read bandwidth of this machine, probed with the
-same number of threads between the rounds (course.measure.timing.memory_bandwidth). Every figure below is
+same number of threads between the rounds (course.measure.timing.ReadProbe, memory_bandwidth's read). Every figure below is
 reported as a multiple of its floor (× floor), measured side by side: the configurations take turns round
 after round, so a burst of load from another program hits all of them alike. In decode_floor, × floor is the
 median over the rounds of each round's step time ÷ the floor probed in that same round, so a drift of the
@@ -86,7 +86,7 @@ def _step_bytes(config, batch: int, context: int, dtype) -> tuple[float, float]:
 def floor_ms(config, context: int, dtype, read_bytes_per_s: float, batch: int = 1) -> float:
     """The decode floor the bench reports: bytes one step reads ÷ the streaming-read bandwidth, in ms.
 
-    read_bytes_per_s: course.measure.timing.memory_bandwidth(...).read_bytes_per_s, probed with the thread count
+    read_bytes_per_s: course.measure.timing.ReadProbe's read (memory_bandwidth's), probed with the thread count
     the step runs with. Lesson 01's breakdown uses this function too, so both quote the same floor.
     """
     if read_bytes_per_s <= 0:
@@ -120,15 +120,21 @@ def _decode_setup(ctx: Context, engine, batch: int, context: int, compiled: bool
     return lambda: decode_one_token(engine, token, context, cache)
 
 
-def _probe(ctx: Context, first_step) -> float:
-    """The streaming-read bandwidth (bytes/s), then one untimed step: the probe streams 2 × its buffer through
-    memory and frees it, and the first step after it measured about 6 ms slower than the next ones (51–54 against
-    45–48 ms, the course model at 1 thread), which would land on whichever configuration is timed first."""
-    from course.measure.timing import memory_bandwidth
-
-    read = memory_bandwidth(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3).read_bytes_per_s
+def _probe(reader, first_step) -> float:
+    """The streaming-read bandwidth (bytes/s) from `reader` (a course.measure.timing.ReadProbe, one buffer for all
+    of a bench item's rounds), then one untimed step: the probe streams its buffer through memory, and the first
+    step after a probe measured about 6 ms slower than the next ones (51–54 against 45–48 ms, the course model at
+    1 thread), which would land on whichever configuration is timed first."""
+    read = reader()
     first_step()
     return read
+
+
+def _reader(ctx: Context):
+    """The read probe of a bench item's rounds: its buffer is allocated (and faulted in) once, not every round."""
+    from course.measure.timing import ReadProbe
+
+    return ReadProbe(ctx.device, nbytes=ctx.sizes["bandwidth_bytes"], repeats=3)
 
 
 def paired_ratio(times: list[float], base: list[float], per_round: int) -> float:
@@ -216,7 +222,6 @@ def bench_decode_floor(ctx: Context) -> dict:
     import torch
 
     from course.measure.threads import cpu_clock, others_busy
-    from course.measure.timing import memory_bandwidth
 
     model = ctx.model("float32")
     weight_bytes, kv_bytes = _step_bytes(model.config, 1, CONTEXT, model.dtype)
@@ -256,6 +261,7 @@ def bench_decode_floor(ctx: Context) -> dict:
     ratios = {key: [] for key in times}  # each round's step ÷ the floor probed in that round
     round_ms = {key: [] for key in times}  # each round's median step, ms
     steps, rounds = ctx.sizes.get("steps_per_round", 4), ctx.sizes.get("rounds", 5)
+    reader = _reader(ctx)
     try:
         for n in thread_counts:  # warm-up (the first compiled call compiles) at each thread count
             _with_threads(n)
@@ -266,7 +272,7 @@ def bench_decode_floor(ctx: Context) -> dict:
                 _with_threads(n)
                 loads[n].append(_load())
                 clock = cpu_clock()
-                probes[n].append(_probe(ctx, next(iter(engines.values()))[0]))
+                probes[n].append(_probe(reader, next(iter(engines.values()))[0]))
                 for name, (fn, nbytes) in engines.items():
                     t = _time(fn, ctx.device, steps)
                     times[(n, name)] += t
@@ -277,6 +283,7 @@ def bench_decode_floor(ctx: Context) -> dict:
                     others[n].append(busy)
     finally:
         torch.set_num_threads(before)
+        reader.close()
     rows = []
     for n in thread_counts:
         read = statistics.median(probes[n])
@@ -412,6 +419,7 @@ def bench_decode_batch(ctx: Context) -> dict:
     times = {(n, i): [] for n in thread_counts for i in range(len(configs))}
     probes = {n: [] for n in thread_counts}
     loads, others, gemv, peaks = [], {n: [] for n in thread_counts}, {}, {}
+    reader = _reader(ctx)
     try:
         _with_threads(1)
         for cfg in ctx.progress(configs, "batch warm-up"):  # B = 1 and B >= 2 compile one graph each
@@ -425,7 +433,7 @@ def bench_decode_batch(ctx: Context) -> dict:
             for n in thread_counts:  # the thread counts take turns within each round
                 _with_threads(n)
                 clock = cpu_clock()
-                probes[n].append(_probe(ctx, configs[0]["step"]))
+                probes[n].append(_probe(reader, configs[0]["step"]))
                 for i, cfg in enumerate(configs):
                     times[(n, i)] += _time(cfg["step"], ctx.device, STEPS_PER_ROUND)
                 busy = others_busy(clock, cpu_clock())
@@ -433,6 +441,7 @@ def bench_decode_batch(ctx: Context) -> dict:
                     others[n].append(busy)
     finally:
         torch.set_num_threads(before)
+        reader.close()
     rows, ceilings = [], {}
     for n in thread_counts:
         read = statistics.median(probes[n])
