@@ -104,9 +104,9 @@ def materialize_packed(model: nn.Module) -> bool:
     of the buffer, uninitialised, and buffers get zeroed CPU memory. Returns False, changing nothing, where the
     parameters are not all meta tensors of one dtype or huge pages are off (then use model.to_empty).
 
-    Why not to_empty and pack_parameters: on a virtual machine each 4 KB page's first touch costs a fault
-    (TinyLlama-1.1B in float32 is over a million of them), and the copy then reads it all once more; on the
-    course's AMD EPYC building and packing that model took 25 s, this about 2 s.
+    Why not to_empty and then pack_parameters: that writes every weight twice, first on small pages and then into
+    the buffer; on the course's AMD EPYC host (a virtual machine) building and packing TinyLlama-1.1B in float32
+    took 25 s that way, and 3–8 s this way, most of it Linux faulting in the buffer's huge pages.
     """
     params = _parameters(model)
     if not params or any(not p.is_meta for p in params) or len({p.dtype for p in params}) != 1:
