@@ -94,14 +94,12 @@ def memory_bandwidth(device: torch.device | str = "cpu", nbytes: int = 256 << 20
     as the weights, or a plain sum over the weights beats it. On the course's AMD EPYC host, 1 thread, a 1 GiB
     buffer on 4 KB pages read at 22–23 GB/s and the same buffer on huge pages at 26–30.
     """
-    device = torch.device(device)
-    n = nbytes // 4
-    (src, huge_src), (dst, huge_dst) = _probe_buffer(device, n, 1.0), _probe_buffer(device, n, 0.0)
-    read = measure(lambda: src.sum(), device, warmup=1, repeats=repeats)
-    copy = measure(lambda: dst.copy_(src), device, warmup=1, repeats=repeats)
-    return BandwidthProbe(read_bytes_per_s=src.numel() * 4 / read.median,
-                          copy_bytes_per_s=2 * src.numel() * 4 / copy.median, nbytes=n * 4,
-                          huge_pages=huge_src and huge_dst)
+    reader = ReadProbe(device, nbytes=nbytes, repeats=repeats)  # the read; its buffer is the copy's source
+    src, (dst, huge_dst) = reader.buffer, _probe_buffer(reader.device, nbytes // 4, 0.0)
+    read = reader()
+    copy = measure(lambda: dst.copy_(src), reader.device, warmup=1, repeats=repeats)
+    return BandwidthProbe(read_bytes_per_s=read, copy_bytes_per_s=2 * src.numel() * 4 / copy.median,
+                          nbytes=src.numel() * 4, huge_pages=reader.huge_pages and huge_dst)
 
 
 def _probe_buffer(device: torch.device, n: int, value: float) -> tuple[torch.Tensor, bool]:
