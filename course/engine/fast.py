@@ -86,6 +86,15 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
+# Inductor's CPU code recomputes a cheap elementwise input of a reduction inside the reduction's loop. Fused into a
+# one-row product, the RMSNorm of the residual stream (and the residual sums behind it) was recomputed for every
+# weight row: 3072 times per layer for gate|up, 49152 times for the LM head. Writing any elementwise expression of
+# more than 4 operations to a buffer first computes it once, and the products' inner loops read only their input
+# row and the weight. The course model, B = 1, context 64, side by side with the default on an AMD EPYC: 1 thread
+# 0.985, 0.946 and 0.913 of the time in three runs, 2 threads 0.982 (outputs bit-identical).
+COMPUTE_ONCE = {"realize_opcount_threshold": 4}
+
+
 def _one_row(x: torch.Tensor) -> bool:
     """x holds one row for certain: True in the B = 1 graph; False for a symbolic batch (B >= 2, or the any-shape
     path's unbacked batch, where asking `x.shape[0] == 1` would be a data-dependent question the compiler rejects)."""
@@ -371,7 +380,8 @@ class DecodeStep:
         self._block = self._head = self._weights = self._head_weights = None
         # Inductor's per-call checks of every input's size and stride (hundreds per step) are off: the guards
         # and this class's own checks already pin the shapes. reduce-overhead = CUDA graphs.
-        options = {"size_asserts": False, **({"triton.cudagraphs": True} if mode == "reduce-overhead" else {})}
+        options = {"size_asserts": False, **({"triton.cudagraphs": True} if mode == "reduce-overhead" else {}),
+                   **(COMPUTE_ONCE if model.device.type == "cpu" else {})}
         how = dict(options=options) if mode in ("default", "reduce-overhead") else dict(mode=mode)
         self._fn = torch.compile(decode_step, dynamic=None, fullgraph=True, **how) if compile else decode_step
         self._warm: set[tuple] = set()
