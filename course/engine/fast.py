@@ -30,7 +30,9 @@ layer's q, k and v weights side by side, so they are read as one weight, and its
 one: 4 products per layer instead of 7 (gpt-fast's Llama fuses wq, wk, wv the same way). The per-call
 work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
 skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
-safe here because every call is shaped the same as its warm-up. On CUDA the step is captured as a CUDA
+safe here because every call is shaped the same as its warm-up. With torch 2.13 on the course's AMD EPYC this
+measured no faster than checking them (side by side: 1.005 and 1.000 of the time at B = 1 with 1 and 2 threads,
+1.007 at B = 8): TorchDynamo's lookup of the compiled graph took 0.35-0.5 ms of a 21 ms step either way. On CUDA the step is captured as a CUDA
 graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds of kernel launches of a step.
 
 Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
