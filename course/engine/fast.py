@@ -32,8 +32,9 @@ work of torch.compile itself (its guards: checks that the inputs still match the
 skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
 safe here because every call is shaped the same as its warm-up. With torch 2.13 on the course's AMD EPYC this
 measured no faster than checking them (side by side: 1.005 and 1.000 of the time at B = 1 with 1 and 2 threads,
-1.007 at B = 8): TorchDynamo's lookup of the compiled graph took 0.35-0.5 ms of a 21 ms step either way. On CUDA the step is captured as a CUDA
-graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds of kernel launches of a step.
+1.007 at B = 8): TorchDynamo's lookup of the compiled graph took 0.35-0.5 ms of a 21 ms step either way. On
+CUDA the step is captured as a CUDA graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds
+of kernel launches of a step.
 
 Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
 The weights are not copied: the step reads the eager model's own parameters.
@@ -92,8 +93,9 @@ def streamed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 # one-row product, the RMSNorm of the residual stream (and the residual sums behind it) was recomputed for every
 # weight row: 3072 times per layer for gate|up, 49152 times for the LM head. Writing any elementwise expression of
 # more than 4 operations to a buffer first computes it once; the products' inner loops then read the normalised
-# row, the norm's own weights (576 numbers, from cache) and the weight matrix. The course model, B = 1, context 64, side by side with the default on an AMD EPYC: 1 thread
-# 0.985, 0.946 and 0.913 of the time in three runs, 2 threads 0.982 (outputs bit-identical).
+# row, the norm's own weights (576 numbers, from cache) and the weight matrix. The course model, B = 1, context
+# 64, side by side with the default on an AMD EPYC: 1 thread 0.985, 0.946 and 0.913 of the time in three runs,
+# 2 threads 0.982 (outputs bit-identical).
 COMPUTE_ONCE = {"realize_opcount_threshold": 4}
 
 
