@@ -140,6 +140,29 @@ def test_bytes_line_runs_end_to_end_on_tiny_shapes(one_thread):
         BL.bytes_line([t], compile=False, progress=False)
 
 
+def test_models_built_one_at_a_time_never_share_memory_with_the_probe_buffer(one_thread, monkeypatch):
+    """Models too big to hold together are built one at a time so the largest fits: the read probe's buffer is
+    freed before each is built. Together, one probe buffer serves every round and is freed at the end."""
+    live, at_build = [], []
+
+    class Probe(BL.ReadProbe):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            live.append(self)
+
+    build = BL.random_model
+    monkeypatch.setattr(BL, "ReadProbe", Probe)
+    monkeypatch.setattr(BL, "random_model", lambda *a, **k: at_build.append(
+        sum(p.buffer is not None for p in live)) or build(*a, **k))
+    t = ModelConfig.from_name("tiny")
+    shapes = [t, t.with_(name="tiny-wide", dim=96, n_heads=6, ffn_dim=256, n_layers=3)]
+    BL.bytes_line(shapes, compile=False, budget_s=0.02, probe_bytes=8 << 20, progress=False, resident_bytes=0)
+    assert at_build == [0, 0] and len(live) == 3 and all(p.buffer is None for p in live)
+    live.clear(), at_build.clear()
+    BL.bytes_line(shapes, compile=False, budget_s=0.02, probe_bytes=8 << 20, progress=False)
+    assert len(live) == 1 and live[0].buffer is None  # one buffer for all the rounds, freed at the end
+
+
 # --- lesson 01's section -----------------------------------------------------------------------------------------
 NOTEBOOK = Path(__file__).resolve().parent.parent / "lessons" / "01_prefill_decode.ipynb"
 

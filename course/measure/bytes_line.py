@@ -370,33 +370,43 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
                 out.append(sw.seconds * 1e3)
         return out
 
-    probe = ReadProbe(device, nbytes=probe_bytes, repeats=3)  # one buffer, read again before every round
+    def probe_once() -> float:
+        """A read probe whose buffer is freed at once: beside models built one at a time, so the largest never
+        shares memory with the probe's buffer."""
+        reader = ReadProbe(device, nbytes=probe_bytes, repeats=3)
+        try:
+            return reader()
+        finally:
+            reader.close()
 
     times: dict[int, list[float]] = {i: [] for i in range(len(configs))}
     probes, steps_bytes = [], {}
     if together:
-        prepared = [prepare(c) for c in configs]
-        for i, (step, _) in enumerate(prepared):
-            steps_bytes[i] = step.bytes_per_step
-        for _ in range(rounds):
-            probes.append(probe())
-            for i, (step, n) in enumerate(prepared):
-                times[i] += timed(step, max(1, -(-n // rounds)))
+        probe = ReadProbe(device, nbytes=probe_bytes, repeats=3)  # one buffer, read again before every round
+        try:
+            prepared = [prepare(c) for c in configs]
+            for i, (step, _) in enumerate(prepared):
+                steps_bytes[i] = step.bytes_per_step
+            for _ in range(rounds):
+                probes.append(probe())
+                for i, (step, n) in enumerate(prepared):
+                    times[i] += timed(step, max(1, -(-n // rounds)))
+        finally:
+            probe.close()
         if bar:
             bar.update(len(configs))
         del prepared, step
     else:
         for i, config in enumerate(configs):
-            probes.append(probe())
+            probes.append(probe_once())
             step, n = prepare(config)
             steps_bytes[i] = step.bytes_per_step
             times[i] = timed(step, n)
             del step  # free this model's weights before the next is built
             gc.collect()
-        probes.append(probe())
+        probes.append(probe_once())
     if bar:
         bar.close()
-    probe.close()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -2,11 +2,11 @@
 
 The floor of a decode step is the time it takes just to read what the step must read once:
 (bytes of weights + bytes of the KV cache) ÷ the streaming-read bandwidth of this machine, probed with the
-same number of threads between the rounds (course.measure.timing.ReadProbe, memory_bandwidth's read). Every figure below is
-reported as a multiple of its floor (× floor), measured side by side: the configurations take turns round
-after round, so a burst of load from another program hits all of them alike. In decode_floor, × floor is the
-median over the rounds of each round's step time ÷ the floor probed in that same round, so a drift of the
-machine's bandwidth between rounds (other tenants of a shared host) cancels instead of landing on one side;
+same number of threads between the rounds (course.measure.timing.ReadProbe, memory_bandwidth's read). Every
+figure below is reported as a multiple of its floor (× floor), measured side by side: the configurations take
+turns round after round, so a burst of load from another program hits all of them alike. In decode_floor,
+× floor is the median over the rounds of each round's step time ÷ the floor probed in that same round, so a
+drift of the machine's bandwidth between rounds (other tenants of a shared host) cancels instead of landing on one side;
 decode_batch's × B=1 pairs each batch with B = 1 round by round the same way (paired_ratio).
 
     decode_floor   batch 1, context 64, float32: eager, compiled and torch merely summing every weight

@@ -116,9 +116,9 @@ def _probe_buffer(device: torch.device, n: int, value: float) -> tuple[torch.Ten
 
 class ReadProbe:
     """memory_bandwidth's streaming-read probe with its buffer allocated once, for a caller that probes again
-    between rounds: `probe()` → bytes/s. A fresh buffer on huge pages is faulted in by Linux at about 1 GB/s on
-    the course's AMD EPYC host (1 GiB and its copy's partner: about 2 s a probe, every time); reading an existing
-    one takes a few tenths of a second. `close()` (or dropping the probe) frees it."""
+    between rounds: calling it returns bytes/s. Linux faulted a fresh buffer on huge pages in at 0.65–2.4 GB/s on
+    the course's AMD EPYC host (1 GiB and its copy's partner: 1–3 s a probe, every time); reading an existing one
+    takes a few tenths of a second. `close()` (or dropping the probe) frees it."""
 
     def __init__(self, device: torch.device | str = "cpu", nbytes: int = 256 << 20, repeats: int = 3):
         self.device, self.repeats = torch.device(device), repeats
