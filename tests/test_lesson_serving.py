@@ -125,7 +125,8 @@ def test_continuous_batching(results):
     s, c = run["static"], run["continuous"]
     assert c["iterations"] < s["iterations"] and c["occupancy"] > s["occupancy"]
     assert run["throughput_ratio"] == pytest.approx(c["throughput"] / s["throughput"])
-    assert run["throughput_ratio"] > 1.2  # measured on a shared machine; the bench holds the 1.5× target
+    # the speed itself is the bench's business (`kvcourse bench --only serving`, target 1.5×): a timed threshold
+    # here failed once on a busy shared machine (1.15×); the lesson's sentence follows whatever was measured
     assert c["ttft_p50"] < s["ttft_p50"]
     assert results["continuous_p95_s"] == c["latency_p95"] and results["static_p95_s"] == s["latency_p95"]
 
@@ -141,6 +142,23 @@ def test_prefix_sharing(results):
 
 
 # ---------------------------------------------------------------------------------------------- helpers, fast
+
+@pytest.mark.parametrize("ratio", [1.6, 0.9])
+def test_the_throughput_sentence_claims_a_gain_only_when_one_was_measured(ratio):
+    from types import SimpleNamespace
+
+    from course.lessons.serving_runs import batching_sentences
+
+    def result(throughput):
+        return SimpleNamespace(throughput=throughput, slot_occupancy=0.5, ttft_p50=1.0, latency_p95=2.0)
+
+    run = SimpleNamespace(static=result(10.0), continuous=result(10.0 * ratio), throughput_ratio=ratio,
+                          identical={"static": True, "continuous": True}, differing=lambda: [])
+    run.continuous.slot_occupancy = 0.9
+    first = batching_sentences(run)[0]
+    assert f"{ratio:.2f}× the throughput" in first and "busy 90% of the time against 50%" in first
+    assert ("because" in first) == (ratio > 1) and ("no gain in this run" in first) == (ratio <= 1)
+
 
 def test_published_gpu_numbers():
     from course.lessons.serving import GPUS, paper_summary
