@@ -94,7 +94,10 @@ def test_determinism_numbers(recorded):
     noise = recorded["determinism_batch_max_abs_diff"]
     assert 0 < noise < 1e-2  # low bits moved; nothing like a real change of the logits
     assert recorded["determinism_batch_frac_differ"] > 0
-    assert recorded["determinism_threads_max_abs_diff"] >= 0
+    import torch
+
+    threads = recorded["determinism_threads_max_abs_diff"]  # compared on a CPU only: a GPU's kernels ignore them
+    assert (threads >= 0) if not torch.cuda.is_available() else threads is None
     assert recorded["determinism_near_tie_flipped"] is True
     assert recorded["determinism_near_tie_margin"] < noise
     assert recorded["determinism_min_gap"] > 0

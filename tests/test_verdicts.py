@@ -84,3 +84,64 @@ def test_paper_speculative_example_lands_in_the_reported_range():
     assert expected_yield(0.8, 4) == pytest.approx(1 + 0.8 + 0.64 + 0.512 + 0.4096)
     assert 2 <= ex.speedup <= 3 and "inside the 2–3×" in str(ex)
     assert "outside" in str(paper_example(alpha=0.3))
+
+
+def _tasks(cold_texts, hot_texts, word=None):
+    from course.engine.prompts import Prompt
+    from course.lessons.sampling_demos import Task, TaskResult
+
+    q = Prompt("Which city?")
+    return [TaskResult(Task("extraction, T = 0.1", q, 0.1, must_contain=word), cold_texts),
+            TaskResult(Task("extraction, T = 1.5 (too hot)", q, 1.5, must_contain=word), hot_texts)]
+
+
+def test_task_sentences_report_what_the_samples_did():
+    from course.lessons.sampling_demos import task_sentences
+
+    lost = task_sentences(_tasks(["Tokyo"] * 4, ["Tokyo", "x", "y", "z"], "Tokyo"))[0]
+    assert "4 of 4 answers named Tokyo at T = 0.1, 1 of 4 at T = 1.5: heat cost 3 of them" in lost
+    assert "cost nothing in this run" in task_sentences(_tasks(["Tokyo"] * 4, ["tokyo!"] * 4, "Tokyo"))[0]
+    assert "every answer still differs" in task_sentences(_tasks(list("abcd"), list("abcd")))[0]
+    assert "all answers came out the same" in task_sentences(_tasks(["a"] * 4, list("abcd")))[0]
+
+
+def test_check_sentence_counts_distinct_strings_and_passes():
+    from course.lessons.sampling_demos import check_sentence
+
+    assert check_sentence([" Paris.", " Paris!", " It is Paris"], "Paris") == \
+        "The strings all differ; the check holds for each of them (names Paris)."
+    same = check_sentence([" Paris."] * 3, "Paris")
+    assert same.startswith("All the strings are the same this time")
+    assert "the check holds for 1 of 3" in check_sentence([" Paris.", " Lyon.", " Rome."], "Paris")
+
+
+def test_flip_sentence_and_the_near_tie_follow_the_numbers():
+    from course.lessons.determinism import NearTie, flip_sentence
+
+    assert "agreed bit for bit (noise 0)" in flip_sentence([0.5, 1.0], 0.0, 0.0)
+    assert "1 of 3 greedy steps had a top-two gap within the noise" in flip_sentence([1e-6, 0.5, 1.0], 1e-5, 1e-4)
+    far = flip_sentence([0.5, 1.0], 1e-5, 1e-4)
+    assert "None of the 2 greedy steps came within the noise" in far and "is unlikely" in far
+    tie = NearTie(1, 2, "a", "b", 0.1, 1e-7, -1e-7, 1, 2, " x", " y")
+    assert "two stories" in tie.verdict()
+    same = NearTie(1, 2, "a", "b", 0.1, 0.0, 0.0, 1, 1, " x", " x")
+    assert "two stories" not in same.verdict() and "one story" in same.verdict()
+
+
+def test_thread_comparison_is_skipped_off_the_cpu_and_says_so():
+    import types
+
+    import torch
+
+    from course.lessons.determinism import compare_threads, threads_summary
+
+    assert compare_threads(types.SimpleNamespace(device=torch.device("cuda")), [1, 2]) is None
+    assert "not compared on cuda" in threads_summary(None, "cuda")
+
+
+def test_gaps_figure_draws_a_noise_of_zero():
+    from course.lessons.sampling_demos import gaps_figure
+
+    fig = gaps_figure([0.01, 0.5, 2.0], 0.0)  # log10(0) raised before
+    assert "noise 0" in fig.axes[0].get_title()
+    assert gaps_figure([0.01, 0.5], 1e-6).axes[0].get_legend() is not None

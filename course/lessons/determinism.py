@@ -145,6 +145,25 @@ def across_threads(model, prompt_ids: list[int], threads: tuple[int, int] = (1, 
     return out[0], out[1]
 
 
+def compare_threads(model, prompt_ids: list[int], threads: tuple[int, int] = (1, 2)) -> LogitDiff | None:
+    """The logits at two CPU thread counts compared (across_threads), or None off the CPU: a GPU's kernels
+    do not run on torch's CPU threads, so their count cannot change its logits."""
+    if torch.device(model.device).type != "cpu":
+        return None
+    return compare_logits(*across_threads(model, prompt_ids, threads), f"{threads[0]} vs {threads[1]} CPU threads")
+
+
+def threads_summary(result: LogitDiff | None, device) -> str:
+    """compare_threads' result in words: its summary and whether the thread count mattered, or why it was skipped."""
+    if result is None:
+        return (f"CPU thread count: not compared on {device}, whose kernels do not run on torch's CPU threads "
+                "(what changes a GPU's low bits is the batch's shape, above)")
+    mattered = ("so the thread count changed the low bits here" if result.n_differ else
+                "so on this CPU the thread count did not change a single bit (its kernels split the work "
+                "without changing the order of the additions)")
+    return f"{result.summary()}\n  {mattered}"
+
+
 # -- 3. when do low bits change a token? -------------------------------------------------------------------
 def greedy_gaps(model, prompt_ids: list[int], n_new: int = 24) -> list[float]:
     """Top-1 minus top-2 logit at each of n_new greedy steps: how far each argmax was from flipping."""
@@ -181,6 +200,14 @@ class NearTie:
     @property
     def flipped(self) -> bool:
         return self.pick_alone != self.pick_batched
+
+    def verdict(self) -> str:
+        """What the constructed tie did in this run, from the picks."""
+        if self.flipped:
+            return ("Same prompt, same weights, temperature 0, two stories: the noise alone decided which token "
+                    "won, and greedy decoding followed it.")
+        return ("The two runs picked the same token even at the constructed tie (their logits agreed on this pair "
+                "to the last bit), so greedy decoding told one story here.")
 
 
 def near_tie(model, tokenizer, prompt_ids: list[int], alone: torch.Tensor, batched: torch.Tensor,
@@ -229,3 +256,22 @@ def flip_rate_estimate(gaps: list[float], noise: float, window: float = 0.1) -> 
     below = sum(g < window for g in gaps) / len(gaps)
     density = max(below, 1 / len(gaps)) / window  # at least one gap's worth: an upper-side guess, never 0
     return min(1.0, density * noise)
+
+
+def flip_sentence(gaps: list[float], noise: float, rate: float) -> str:
+    """The gaps of real greedy steps against the measured noise, and the rough flip chance, in words."""
+    if not gaps:
+        raise ValueError("need at least one greedy gap")
+    within = sum(g <= noise for g in gaps)
+    closest = min(gaps)
+    if noise == 0:
+        head = (f"The two runs agreed bit for bit (noise 0), so none of the {len(gaps)} greedy steps could flip "
+                "here; a different batch or machine can still move the low bits.")
+    elif within:
+        head = (f"{within} of {len(gaps)} greedy steps had a top-two gap within the noise ({noise:.1e}): at "
+                f"{'that step' if within == 1 else 'those steps'} this noise could flip the token.")
+    else:
+        head = (f"None of the {len(gaps)} greedy steps came within the noise: the closest gap, {closest:.4f}, "
+                f"is {closest / noise:,.0f}× the noise ({noise:.1e}).")
+    odds = "unlikely" if rate < 1e-3 else "not rare" if rate < 0.1 else "likely"
+    return f"{head} Rough chance per greedy token ≈ {rate:.0e}: a flip of any single token is {odds} at this noise."

@@ -132,6 +132,43 @@ def print_tasks(results: list[TaskResult]) -> None:
             print("   ", repr(t))
 
 
+def task_sentences(results: list[TaskResult]) -> list[str]:
+    """What the run showed, for each pair of tasks that ask the same prompt at two temperatures: how many
+    answers passed the check (checked tasks) or how many differed (the others), colder first."""
+    out, seen = [], set()
+    for r in results:
+        same = [o for o in results if o.task.prompt == r.task.prompt]
+        if len(same) != 2 or id(same[0]) in seen:
+            continue
+        seen.update(id(o) for o in same)
+        cold, hot = sorted(same, key=lambda o: o.task.temperature)
+        tc, th, n = cold.task.temperature, hot.task.temperature, len(cold.texts)
+        if cold.passed is not None:
+            word = cold.task.must_contain
+            change = (f"heat cost {cold.passed - hot.passed} of them" if hot.passed < cold.passed else
+                      "heat cost nothing in this run (a few samples are few)" if hot.passed == cold.passed else
+                      "the hotter setting did better in this run (a few samples are few)")
+            out.append(f"{cold.task.name.split(',')[0]}: {cold.passed} of {n} answers named {word} at T = {tc:g}, "
+                       f"{hot.passed} of {len(hot.texts)} at T = {th:g}: {change}.")
+        else:
+            still = ("every answer still differs" if cold.distinct == n else "all answers came out the same"
+                     if cold.distinct == 1 else "some answers repeat")
+            out.append(f"{cold.task.name.split(',')[0]}: {hot.distinct} distinct answers of {len(hot.texts)} at "
+                       f"T = {th:g}, {cold.distinct} of {n} at T = {tc:g}: at the colder setting {still}.")
+    return out
+
+
+def check_sentence(answers: list[str], word: str) -> str:
+    """How many distinct strings the samples were and how many passed the meaning check (names `word`)."""
+    n, distinct = len(answers), len(set(answers))
+    passed = sum(word.lower() in a.lower() for a in answers)
+    strings = ("The strings all differ" if distinct == n else "All the strings are the same this time"
+               if distinct == 1 else f"The {n} strings hold {distinct} distinct answers")
+    check = (f"the check holds for each of them" if passed == n else
+             f"the check holds for {passed} of {n}" if passed else "the check holds for none of them")
+    return f"{strings}; {check} (names {word})."
+
+
 # -- how close do argmax decisions come to a tie? ----------------------------------------------------------
 def gaps_figure(gaps: list[float], noise: float):
     """Histogram of top-1 minus top-2 logit gaps (log scale), with the measured noise marked."""
@@ -140,13 +177,18 @@ def gaps_figure(gaps: list[float], noise: float):
 
     fig = Figure(figsize=(8, 3))
     ax = fig.subplots()
-    lo = min(min(gaps), noise) / 2
-    bins = np.logspace(np.log10(lo), np.log10(max(gaps) * 1.5), 40)
-    ax.hist(gaps, bins=bins, color="#1f77b4")
+    positive = [x for x in (*gaps, noise) if x > 0]  # a noise (or gap) of exactly 0 has no place on a log axis
+    lo = min(positive) / 2 if positive else 1e-8
+    bins = np.logspace(np.log10(lo), np.log10(max(max(gaps), lo) * 1.5), 40)
+    ax.hist([max(g, lo) for g in gaps], bins=bins, color="#1f77b4")  # a gap of 0 lands in the first bin
     ax.set_xscale("log")
-    ax.axvline(noise, color="#d62728", ls="--", label=f"alone-vs-batched noise {noise:.1e}")
+    if noise > 0:
+        ax.axvline(noise, color="#d62728", ls="--", label=f"alone-vs-batched noise {noise:.1e}")
+    else:
+        ax.set_title("alone and batched agreed bit for bit: noise 0, not drawn on the log axis", fontsize=9)
     ax.set_xlabel("logit gap between the top two tokens at a greedy step")
     ax.set_ylabel("steps")
-    ax.legend(frameon=False, fontsize=8)
+    if noise > 0:
+        ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
     return fig
