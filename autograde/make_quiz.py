@@ -1,7 +1,7 @@
 """Write the checkpoint-quiz assignment (solutions/04_checkpoint_quiz) from course/questions.yaml.
 
-Every question marked `autograded: true` (the seed's five checkpoints) becomes one answer cell and one
-test cell. The visible part of the test only checks that the answer is one of the option letters; the
+Every question marked `autograded: true` (the five checkpoints of lessons 1-3) becomes one answer cell and
+one test cell, named by its number in the quiz (answer_1 … answer_5), not by the bank's id. The visible part of the test only checks that the answer is one of the option letters; the
 hidden part compares a digest of the answer, so neither the student version nor the feedback shows
 which letter is right. Regenerate after editing questions.yaml, then `python -m course.grade.grading exercises`:
 
@@ -24,8 +24,9 @@ from course.teach.quiz import fill_numbers, load_questions  # noqa: E402
 ASSIGNMENT, NOTEBOOK = "04_checkpoint_quiz", "checkpoint_quiz"
 
 
-def variable(question_id: str) -> str:
-    return "answer_" + question_id.replace("-", "_")
+def variable(number: int) -> str:
+    """The learner's variable for question `number` (1-based), also the answer cell's grade id."""
+    return f"answer_{number}"
 
 
 def digest(question_id: str, letter: str) -> str:
@@ -57,7 +58,7 @@ def build(questions) -> nbformat.NotebookNode:
         "KV cache, sampling) for a grade.\n\n"
         "**Time:** about 10 minutes.\n\n"
         "**How it works.** Under each question, replace the two `YOUR CODE HERE` lines with one line that sets the "
-        "variable to the letter you choose, in quotes: `" + variable(questions[0].id) + " = \"<letter>\"`. The visible check under it only "
+        "variable to the letter you choose, in quotes: `" + variable(1) + " = \"<letter>\"`. The visible check under it only "
         "confirms that your answer is one of the letters; whether it is right is checked by the grader, and "
         "the feedback says right or wrong without showing the answer. The lessons' own checkpoints (with "
         "explanations) are the place to practise first. Check the format with "
@@ -67,11 +68,11 @@ def build(questions) -> nbformat.NotebookNode:
         options = "\n".join(f"- **{o.key}.** {fill_numbers(o.text, {})}" for o in q.options)
         cells.append(new_markdown_cell(
             f"## Question {number} · from lesson `{q.lesson}`\n\n{fill_numbers(q.prompt, {})}\n\n{options}"))
-        name = variable(q.id)
+        name = variable(number)
         cells.append(_nbgrader(new_code_cell(
             f"# Your answer to question {number}: one of {', '.join(repr(k) for k in letters)}.\n"
             f"### BEGIN SOLUTION\n{name} = {q.answer!r}\n### END SOLUTION"),
-            solution=True, grade_id=f"answer_{q.id}"))
+            solution=True, grade_id=name))
         test = _nbgrader(new_code_cell(
             f"# Hint: {name} must be a string holding one letter: {', '.join(letters)}.\n"
             f"assert str({name}).strip().upper() in {letters!r}, "
@@ -83,7 +84,7 @@ def build(questions) -> nbformat.NotebookNode:
             f"assert hashlib.sha256(f\"kvcourse-quiz:{q.id}:{{_chosen}}\".encode()).hexdigest()[:24] == "
             f"{digest(q.id, q.answer)!r}, \"hint: not the best option; revisit lesson {q.lesson}\"\n"
             "### END HIDDEN TESTS"),
-            grade=True, locked=True, grade_id=f"test_{q.id}", points=1)
+            grade=True, locked=True, grade_id=f"test_{number}", points=1)
         test.metadata.update({"deletable": False, "editable": False})
         cells.append(test)
     cells.append(new_markdown_cell(

@@ -684,8 +684,9 @@ def quiz_samples() -> dict[str, Sample]:
     from course.teach.quiz import load_questions
 
     questions = load_questions().autograded()
-    name = {q.id: "answer_" + q.id.replace("-", "_") for q in questions}
-    answers = {f"answer_{q.id}": f"{name[q.id]} = {q.answer!r}" for q in questions}
+    number = {q.id: n for n, q in enumerate(questions, start=1)}  # the quiz's answer_N / test_N (make_quiz.py)
+    name = {q.id: f"answer_{number[q.id]}" for q in questions}
+    answers = {name[q.id]: f"{name[q.id]} = {q.answer!r}" for q in questions}
 
     def wrong(q):
         return next(o for o in q.options if o.key != q.answer)
@@ -696,16 +697,19 @@ def quiz_samples() -> dict[str, Sample]:
     }
     for q in questions:
         option = wrong(q)
-        samples[f"quiz-bug-{q.id}"] = Sample(f"{q.id}: picks {option.key}, '{option.text[:60]}'", "loses",
-                                             {**answers, f"answer_{q.id}": f"{name[q.id]} = {option.key!r}"})
-    samples["quiz-bug-all-a"] = Sample("answers A everywhere", "loses",
-                                       {f"answer_{q.id}": f"{name[q.id]} = 'A'" for q in questions})
+        samples[f"quiz-bug-q{number[q.id]}"] = Sample(
+            f"question {number[q.id]}: picks {option.key}, '{option.text[:60]}'", "loses",
+            {**answers, name[q.id]: f"{name[q.id]} = {option.key!r}"})
+    for letter in "ABC":  # one letter everywhere: never full marks, whichever letter
+        samples[f"quiz-bug-all-{letter.lower()}"] = Sample(f"answers {letter} everywhere", "loses",
+                                                          {name[q.id]: f"{name[q.id]} = {letter!r}" for q in questions})
+    first = questions[0]
     samples["quiz-bug-option-text"] = Sample("writes the option's text instead of its letter", "loses", {
-        **answers, f"answer_{questions[0].id}": f"{name[questions[0].id]} = {questions[0].correct.text!r}"})
+        **answers, name[first.id]: f"{name[first.id]} = {first.correct.text!r}"})
     samples["quiz-alt-lowercase"] = Sample("lower-case letters with spaces", "full", {
-        f"answer_{q.id}": f"{name[q.id]} = ' {q.answer.lower()} '" for q in questions})
+        name[q.id]: f"{name[q.id]} = ' {q.answer.lower()} '" for q in questions})
     samples["quiz-alt-computed"] = Sample("letters computed from option numbers", "full", {
-        f"answer_{q.id}": f"options = 'ABCDEFGH'\n{name[q.id]} = options[{'ABCDEFGH'.index(q.answer)}]"
+        name[q.id]: f"options = 'ABCDEFGH'\n{name[q.id]} = options[{'ABCDEFGH'.index(q.answer)}]"
         for q in questions})
     samples["adv-read-solutions"] = Sample("reads the solutions through course.paths and runs their answers", "zero",
                                            blank=True, honest="blank", edits=[add_cell_first(ATTACK_SOLUTIONS.format(

@@ -12,8 +12,7 @@ import re
 _RNG_SEED = re.compile(
     r"seed\s*=|seed\s+\d|seed\)|seeded|manual_seed|--seed|"
     r"\b(?:a|new|random|same|fixed|different|its|own|the RNG|generator) seed\b|"
-    r"\bseed (?:pins|fixes|helps|shown|repeats|argument)\b|"
-    r"\bseed-\d+\b", re.I)  # question ids (seed-1 … seed-5): opaque keys that saved progress and exercise 04 use
+    r"\bseed (?:pins|fixes|helps|shown|repeats|argument)\b", re.I)
 _ANY_SEED = re.compile(r"\bseeds?\b|seed(?:'s|_)", re.I)
 
 

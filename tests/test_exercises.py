@@ -108,12 +108,26 @@ def test_quiz_answers_are_not_in_the_student_version():
 
     text = (EXERCISES / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb").read_text()
     questions = load_questions().autograded()
-    assert sorted(q.id for q in questions) == [f"seed-{i}" for i in range(1, 6)], "the seed's five checkpoints"
-    for q in questions:
-        assert make_quiz.variable(q.id) in text
-        assert f"{make_quiz.variable(q.id)} = {q.answer!r}" not in text
+    assert len(questions) == 5 and {q.lesson for q in questions} == {"01_prefill_decode", "02_kv_cache", "03_sampling"}
+    for number, q in enumerate(questions, start=1):
+        assert make_quiz.variable(number) in text
+        assert f"{make_quiz.variable(number)} = {q.answer!r}" not in text
         assert make_quiz.digest(q.id, q.answer) not in text, "the answer's digest lives in the hidden tests only"
         assert q.correct.explanation[:40] not in text, "explanations would give the answer away"
+
+
+def test_the_graded_quiz_speaks_to_learners_and_its_answers_are_spread():
+    """The learner's variables and the feedback's labels are question numbers, never the bank's ids; no one
+    letter answers most of the quiz (answering one letter everywhere scores at most 40 %)."""
+    from collections import Counter
+
+    from course.teach.quiz import load_questions
+
+    text = (EXERCISES / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb").read_text()
+    questions = load_questions().autograded()
+    assert not re.search(r"seed[-_]\d", text), "the bank's old ids reach the learner"
+    assert [f"answer_{n}" in text and f"test_{n}" in text for n in range(1, 6)] == [True] * 5
+    assert max(Counter(q.answer for q in questions).values()) <= 2
 
 
 def test_quiz_source_is_generated_from_questions_yaml():

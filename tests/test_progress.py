@@ -23,8 +23,8 @@ def test_round_trip_survives_a_new_process(tmp_path):
     script = textwrap.dedent(f"""
         from course.teach.progress import ProgressStore
         s = ProgressStore({str(path)!r})
-        s.record_answer("02_kv_cache", "seed-2", "B", False)
-        s.record_answer("02_kv_cache", "seed-2", "A", True)
+        s.record_answer("02_kv_cache", "kv-70b", "B", False)
+        s.record_answer("02_kv_cache", "kv-70b", "A", True)
         s.record_answer("02_kv_cache", "kv-1", "A", True)
         s.record_self_assessment("02_kv_cache", "getting there")
         s.record_card_view("02_kv_cache", "interview-3")
@@ -36,8 +36,8 @@ def test_round_trip_survives_a_new_process(tmp_path):
     store = ProgressStore(path)
     answers = store.answers("02_kv_cache")
     assert [(a["question_id"], a["choice"], a["correct"]) for a in answers] == [
-        ("seed-2", "B", False), ("seed-2", "A", True), ("kv-1", "A", True)]
-    assert store.latest_answers()["seed-2"]["choice"] == "A"
+        ("kv-70b", "B", False), ("kv-70b", "A", True), ("kv-1", "A", True)]
+    assert store.latest_answers()["kv-70b"]["choice"] == "A"
     assert store.self_assessment("02_kv_cache") == "Getting there"
     assert store.self_assessment("03_sampling") is None
     assert store.cards_seen("02_kv_cache") == {"interview-3"}
@@ -62,7 +62,7 @@ def test_latest_self_assessment_wins_and_levels_are_normalised(tmp_path):
 
 @pytest.mark.parametrize("call, match", [
     (lambda s: s.record_self_assessment("03_sampling", "expert"), "level must be one of"),
-    (lambda s: s.record_answer("", "seed-1", "A", True), "lesson must be a non-empty string"),
+    (lambda s: s.record_answer("", "prefill-ab", "A", True), "lesson must be a non-empty string"),
     (lambda s: s.record_exercise_check("kv_cache", 8, 7), r"passed must be an integer in \[0, total=7\]"),
     (lambda s: s.record_exercise_check("kv_cache", 1, -1), "total must be an integer >= 0"),
 ])
@@ -154,7 +154,7 @@ def test_file_with_someone_elses_schema_is_moved_aside(tmp_path):
 def test_file_corrupted_mid_session_recovers_on_next_write(tmp_path):
     path = tmp_path / "p.sqlite"
     store = ProgressStore(path)
-    store.record_answer("03_sampling", "seed-4", "B", True)
+    store.record_answer("03_sampling", "sampling-golden", "B", True)
     for side in ("-wal", "-shm"):
         Path(str(path) + side).unlink(missing_ok=True)
     path.write_bytes(b"\x00garbage" * 1000)
@@ -205,9 +205,9 @@ def test_cli_prints_a_per_lesson_summary(progress_file, capsys):
     from course.teach.quiz import load_questions
 
     store = ProgressStore(progress_file)
-    store.record_answer("01_prefill_decode", "seed-1", "A", False)
-    store.record_answer("01_prefill_decode", "seed-1", "B", True)
-    store.record_answer("01_prefill_decode", "seed-3", "B", True)
+    store.record_answer("01_prefill_decode", "prefill-ab", "A", False)
+    store.record_answer("01_prefill_decode", "prefill-ab", "B", True)
+    store.record_answer("01_prefill_decode", "prefill-bound", "B", True)
     store.record_self_assessment("01_prefill_decode", "Confident")
     store.record_card_view("01_prefill_decode", "interview-2")
     store.record_exercise_check("memory_formula", 6, 6)
@@ -292,3 +292,23 @@ def test_a_file_that_is_not_progress_is_never_touched(tmp_path):
     assert any(issubclass(w.category, ProgressFileWarning) and "not a progress file" in str(w.message)
                for w in caught)
     assert store.not_saved and "left untouched" in store.not_saved
+
+
+def test_answers_saved_under_a_renamed_question_read_back_under_its_new_id_and_letters(tmp_path):
+    """Progress saved before the checkpoint questions were renamed (and three reordered) is not lost: it reads
+    back under the new id, with the letter of the same option in the new order."""
+    from course.teach.progress import RENAMED, ProgressStore
+    from course.teach.quiz import answer, load_questions
+
+    bank = load_questions()
+    store = ProgressStore(tmp_path / "p.sqlite")
+    old_id, (new_id, letters) = next((k, v) for k, v in RENAMED.items() if v[1] != {c: c for c in v[1]})
+    q = bank.question(new_id)
+    old_letter = next(o for o, n in letters.items() if n == q.answer)  # the right option, in the old order
+    assert old_letter != q.answer
+    store.record_answer(q.lesson, old_id, old_letter, True)
+    got = store.latest_answers()
+    assert old_id not in got and got[new_id]["choice"] == q.answer and got[new_id]["correct"] is True
+    assert bank.question(old_id) is q  # an old notebook's answer("<old id>", …) still finds it
+    assert answer(old_id, old_letter, store=store) is True  # … and its letter means the same option
+    assert all(bank.question(n) for n, _ in RENAMED.values())

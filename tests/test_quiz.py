@@ -52,14 +52,14 @@ def test_every_question_is_well_formed(bank):
 
 def test_seed_checkpoints_and_interview_questions_are_all_there(bank):
     seed = {q.id: q for q in bank.questions if q.source == "seed"}
-    assert sorted(seed) == [f"seed-{i}" for i in range(1, 6)]
+    assert sorted(seed) == sorted(["prefill-ab", "prefill-bound", "kv-70b", "kv-beam", "sampling-golden"])
     assert all(q.autograded for q in seed.values())
     assert [q.id for q in bank.autograded()] == sorted(seed, key=[q.id for q in bank.questions].index)
     # the seed's facts, checked through the options marked correct
-    assert "40 GB" in seed["seed-2"].correct.text
-    assert "beam width" in seed["seed-5"].correct.text
-    assert "bandwidth" in seed["seed-3"].correct.text
-    assert "B" in seed["seed-1"].correct.text.split(",")[0]
+    assert "40 GB" in seed["kv-70b"].correct.text
+    assert "beam width" in seed["kv-beam"].correct.text
+    assert "bandwidth" in seed["prefill-bound"].correct.text
+    assert "B" in seed["prefill-ab"].correct.text.split(",")[0]
     assert len([c for c in bank.cards if c.source == "seed"]) >= 8
     assert {c.lesson for c in bank.cards} <= set(bank.lessons)
 
@@ -75,7 +75,7 @@ def test_worked_numbers_in_the_questions_match_course_memory():
     assert kv_bytes_per_token("llama-2-70b", "float16") == 327_680
     assert kv_bytes_per_token("llama-2-7b", "float16") == 524_288
     assert kv_bytes_per_token("smollm2-135m", "float16") == 23_040  # kv-1's correct option
-    assert 327_680 * 32_000 * 4 / 1e9 == pytest.approx(41.9, abs=0.1)  # seed-2: "about 40 GB"
+    assert 327_680 * 32_000 * 4 / 1e9 == pytest.approx(41.9, abs=0.1)  # kv-70b: "about 40 GB"
 
 
 def _valid_data():
@@ -89,14 +89,14 @@ def _first(data, qid):
 
 
 @pytest.mark.parametrize("break_it, message", [
-    (lambda d: _first(d, "seed-1").update(answer="D"), "must name exactly one option"),
-    (lambda d: _first(d, "seed-1")["options"][2].update(key="B"), "must have key 'C'"),
-    (lambda d: _first(d, "seed-1")["options"][0].update(explanation=""), "has no explanation"),
-    (lambda d: _first(d, "seed-1")["options"][0].pop("explanation"), "has no explanation"),
-    (lambda d: _first(d, "seed-1").update(lesson="05_nowhere"), "lesson '05_nowhere' is not one of"),
-    (lambda d: _first(d, "kv-1").update(id="seed-1"), "duplicate id"),
-    (lambda d: _first(d, "seed-1").update(answer="A"), "must start with 'Right'"),
-    (lambda d: _first(d, "seed-1").update(options=_first(d, "seed-1")["options"][:1]), "between 2 and"),
+    (lambda d: _first(d, "prefill-ab").update(answer="D"), "must name exactly one option"),
+    (lambda d: _first(d, "prefill-ab")["options"][2].update(key="B"), "must have key 'C'"),
+    (lambda d: _first(d, "prefill-ab")["options"][0].update(explanation=""), "has no explanation"),
+    (lambda d: _first(d, "prefill-ab")["options"][0].pop("explanation"), "has no explanation"),
+    (lambda d: _first(d, "prefill-ab").update(lesson="05_nowhere"), "lesson '05_nowhere' is not one of"),
+    (lambda d: _first(d, "kv-1").update(id="prefill-ab"), "duplicate id"),
+    (lambda d: _first(d, "prefill-ab").update(answer="A"), "must start with 'Right'"),
+    (lambda d: _first(d, "prefill-ab").update(options=_first(d, "prefill-ab")["options"][:1]), "between 2 and"),
     (lambda d: _first(d, "kv-2").update(prompt="cache {cache_speedup:.1f} and {oops"), "malformed placeholder"),
     (lambda d: _first(d, "kv-2").update(prompt="x [[ no number here]]"), "cites no measured value"),
     (lambda d: _first(d, "kv-2").update(prompt="x {cache_speedup:.1z}"), "bad format spec"),
@@ -116,7 +116,7 @@ def test_loading_a_broken_file_names_every_problem(tmp_path):
     import yaml
 
     data = _valid_data()
-    _first(data, "seed-2")["answer"] = "Z"
+    _first(data, "kv-70b")["answer"] = "Z"
     data["questions"][0]["lesson"] = "nope"
     path = tmp_path / "q.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -221,7 +221,7 @@ def test_lesson_notebook_ends_with_its_checkpoint(lesson):
 
 # ---------------------------------------------------------------------- widgets, driven programmatically
 def test_question_widget_wrong_then_right(bank, store):
-    q = bank.question("seed-2")
+    q = bank.question("kv-70b")
     w = QuestionWidget(q, number=1, store=store)
     assert w.check() is None and "Pick an option first" in w.feedback.value
     assert store.answers() == []
@@ -241,7 +241,7 @@ def test_question_widget_wrong_then_right(bank, store):
         assert _plain(o.explanation)[:40] in _plain(w.feedback.value)
     saved = store.answers("02_kv_cache")
     assert [(a["question_id"], a["choice"], a["correct"]) for a in saved] == [
-        ("seed-2", wrong.key, False), ("seed-2", q.answer, True)]
+        ("kv-70b", wrong.key, False), ("kv-70b", q.answer, True)]
     with pytest.raises(ValueError, match="choice must be one of"):
         w.choose("Z")
 
@@ -255,7 +255,7 @@ def _plain(html_text: str) -> str:
 def test_explanations_cite_the_number_just_measured(bank, store):
     from course.measure.results import record
 
-    q = bank.question("seed-1")
+    q = bank.question("prefill-ab")
     w = QuestionWidget(q, store=store, values=lambda: quiz.measured_values("01_prefill_decode", store))
     w.choose(q.answer)
     assert "predicted" not in w.check().explanation  # nothing measured: the clause is left out
@@ -359,23 +359,23 @@ def test_text_mode_prints_and_answers_in_code(bank, monkeypatch, capsys):
     quiz.checkpoint("01_prefill_decode")
     quiz.self_assessment("01_prefill_decode")
     out = capsys.readouterr().out
-    assert "seed-1" in out and "answer('seed-1', LETTER)" in out and "New to it" in out
+    assert "prefill-ab" in out and "answer('prefill-ab', LETTER)" in out and "New to it" in out
     assert not any(e[:50] in out for e in _explanations(bank, "01_prefill_decode"))
 
-    q = bank.question("seed-1")
-    assert quiz.answer("seed-1", q.answer) is True
+    q = bank.question("prefill-ab")
+    assert quiz.answer("prefill-ab", q.answer) is True
     assert quiz.fill_numbers(q.correct.explanation, {})[:50] in capsys.readouterr().out
     quiz.show_answer("interview-1")
     assert bank.card("interview-1").answer[:50] in capsys.readouterr().out
     quiz.self_assessment("01_prefill_decode", level="Confident")
     store = ProgressStore()  # the default file, from KVCOURSE_PROGRESS
-    assert store.latest_answers()["seed-1"]["correct"] is True
+    assert store.latest_answers()["prefill-ab"]["correct"] is True
     assert store.self_assessment("01_prefill_decode") == "Confident"
     assert store.cards_seen() == {"interview-1"}
     with pytest.raises(ValueError, match=r"choice must be one of \['A', 'B', 'C'\]"):
-        quiz.answer("seed-1", "E")
-    with pytest.raises(ValueError, match="question_id 'seed-9' is not in"):
-        quiz.answer("seed-9", "A")
+        quiz.answer("prefill-ab", "E")
+    with pytest.raises(ValueError, match="question_id 'no-such-9' is not in"):
+        quiz.answer("no-such-9", "A")
 
 
 def test_a_broken_progress_file_never_stops_the_quiz(bank, tmp_path):
@@ -407,7 +407,7 @@ def test_headless_notebook_prints_the_quiz_as_text(run_notebook, tmp_path, bank)
     outputs = executed.cells[-1].outputs
     texts = [o["data"]["text/plain"] for o in outputs if o.get("output_type") == "display_data"]
     assert len(texts) == 2, outputs
-    assert "Checkpoint — " in texts[0] and "seed-2" in texts[0] and "4.5× at the longest" in texts[0]
+    assert "Checkpoint — " in texts[0] and "kv-70b" in texts[0] and "4.5× at the longest" in texts[0]
     assert "Self-assessment" in texts[1]
     assert all("application/vnd.jupyter.widget-view+json" in o["data"] for o in outputs
                if o.get("output_type") == "display_data")

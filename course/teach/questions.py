@@ -99,7 +99,9 @@ class QuestionBank:
         return [c for c in self.cards if lesson_id is None or c.lesson == lesson_id]
 
     def question(self, question_id: str) -> Question:
-        return self._by_id(self.questions, "question_id", question_id)
+        from course.teach.progress import RENAMED  # an old id (a notebook saved before the rename) still works
+
+        return self._by_id(self.questions, "question_id", RENAMED.get(question_id, (question_id,))[0])
 
     def card(self, card_id: str) -> Card:
         return self._by_id(self.cards, "card_id", card_id)

@@ -28,7 +28,7 @@ notebook viewer on the web, a front end without the widget manager) keeps the te
 (plain ``python``) the text is printed. Setting KVCOURSE_QUIZ=text forces plain printed text, for
 terminals and editors whose widget support is missing or broken.
 
-Without widgets a learner answers in code: ``answer("seed-1", "B")`` prints right/wrong and the
+Without widgets a learner answers in code: ``answer("prefill-ab", "B")`` prints right/wrong and the
 explanation and saves it; ``show_answer("interview-1")`` reveals a flip card;
 ``self_assessment("02_kv_cache", level="Confident")`` saves a self-assessment.
 """
@@ -123,7 +123,11 @@ def interview_cards(lesson_id: str | None = None, *, store: ProgressStore | None
 def answer(question_id: str, choice: str, *, store: ProgressStore | None = None) -> bool:
     """Answer a checkpoint question without widgets: prints right/wrong and why, saves it, returns
     whether it was right."""
+    from course.teach.progress import RENAMED
+
     q = load_questions().question(question_id)
+    if question_id in RENAMED and isinstance(choice, str):  # an old id: its letters are the old order's
+        choice = RENAMED[question_id][1].get(choice.strip().upper(), choice)
     result = grade(q, choice, measured_values(q.lesson, store), store=store or default_store())
     print(result.text)
     return result.correct
