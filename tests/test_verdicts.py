@@ -145,3 +145,16 @@ def test_gaps_figure_draws_a_noise_of_zero():
     fig = gaps_figure([0.01, 0.5, 2.0], 0.0)  # log10(0) raised before
     assert "noise 0" in fig.axes[0].get_title()
     assert gaps_figure([0.01, 0.5], 1e-6).axes[0].get_legend() is not None
+
+
+def test_speculative_cost_sentences_follow_the_ratios_and_the_device():
+    from course.engine.model import tiny_model
+    from course.lessons.speculative import Costs, cost_sentences, draft_weight_share
+
+    model = tiny_model()
+    dear = cost_sentences(Costs(1e-3, {1: 1.6e-3, 4: 2e-3}, {1: 0.8e-3}), model, 1)
+    assert dear[0].startswith("A pass over k + 1 = 5 tokens cost 2.00× one step on this CPU: not free.")
+    assert "the draft is not cheap here" in dear[1] and "(1 block + the" in dear[1]
+    assert f"predict {draft_weight_share(model, 1):.2f}" in dear[1]
+    free = cost_sentences(Costs(1e-3, {4: 1.05e-3}, {1: 0.2e-3}), model, 1)
+    assert "close to free" in free[0] and "not free" not in free[0] and "cheap enough" in free[1]

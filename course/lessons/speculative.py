@@ -248,6 +248,34 @@ class Costs:
         return self.draft_step[n_layers] / self.target_step
 
 
+def draft_weight_share(model, n_layers: int) -> float:
+    """Share of the target's weights a shallow draft of n_layers blocks reads per step: its blocks and the
+    output head (tied to the embedding in SmolLM2, so read by every step whatever the depth)."""
+    block = sum(p.numel() for p in model.layers[0].parameters())
+    return (n_layers * block + model.output.weight.numel()) / sum(p.numel() for p in model.parameters())
+
+
+def cost_sentences(costs: Costs, model, n_layers: int) -> list[str]:
+    """What the measured pass costs say, on this device: is a (k+1)-token pass nearly free, is the draft cheap."""
+    where = {"cpu": "on this CPU", "cuda": "on this GPU"}.get(torch.device(model.device).type, f"on {model.device}")
+    k = max(costs.verify)
+    v, c = costs.verify_ratio(k), costs.draft_ratio(n_layers)
+    params = sum(p.numel() for p in model.parameters())
+    head = model.output.weight
+    share = draft_weight_share(model, n_layers)
+    verify = (f"A pass over k + 1 = {k + 1} tokens cost {v:.2f}× one step {where}: " + (
+        "not free. One row goes through a matrix-vector kernel that streams the weights once, several rows through "
+        "a matrix-matrix kernel with more overhead per call, although the extra arithmetic is tiny "
+        f"(2 · {params / 1e6:.0f} M FLOPs per token)." if v > 1.15 else
+        "close to free, as the cost model hopes: reading the weights once serves all of them."))
+    draft = (f"The shallow draft's step cost {c:.2f}× the target's; its weights predict {share:.2f} "
+             f"({n_layers} block{'s' * (n_layers != 1)} + the {head.shape[0]:,} × {head.shape[1]:,} output head, "
+             f"{head.numel() / 1e6:.0f} M of the {params / 1e6:.0f} M parameters, read by every draft step "
+             "whatever its depth)" + (": the draft is not cheap here." if c > 0.5 else
+                                      ": cheap enough to leave room for a speedup."))
+    return [verify, draft]
+
+
 def measure_costs(model, ks, depths, context: int = 128, repeats: int = 5) -> Costs:
     """Time a target step, a verification pass for each k, and a draft step for each depth.
 
