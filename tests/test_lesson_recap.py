@@ -87,3 +87,11 @@ def test_a_lesson_can_bring_its_own_bullets():
         recap_mod.recap("05_serving", {})
     with pytest.raises(ValueError, match="unknown lesson 'nope'"):
         recap_mod.recap("nope", {})
+
+
+def test_the_cold_start_reason_names_the_device_it_ran_on():
+    v = {"start_ttft_ms": 40.0, "start_cold_ttft_ms": 900.0}
+    gpu = "\n".join(recap_mod.recap("00_start_here", {**v, "start_device": "cuda:0"}).bullets)
+    cpu = "\n".join(recap_mod.recap("00_start_here", {**v, "start_device": "cpu"}).bullets)
+    assert "GPU's kernels" in gpu and "CPU" not in gpu
+    assert "CPU's caches" in cpu and "GPU" not in cpu

@@ -94,6 +94,17 @@ def _times(a: float, b: float) -> str:
     return f"{a / b:.1f}×"
 
 
+def _cold_costs(device: str | None) -> str:
+    """What a first call pays once on this device (the recorded device string: 'cpu', 'cuda:0', 'mps')."""
+    kind = str(device or "").split(":")[0]
+    if kind == "cuda":
+        return ("loading the GPU's kernels and letting its math library pick its algorithms and allocate its "
+                "workspace")
+    if kind == "cpu":
+        return "paging the weights in from the disk cache and warming the CPU's caches"
+    return "paging the weights in and loading and warming the math library's kernels"
+
+
 def _start(v):
     return [
         _bullet(v, "start_prompt_tokens start_n_tokens start_stop_reason", lambda t, n, why:
@@ -105,8 +116,8 @@ def _start(v):
                 f"{_times(ttft, itl)} as long as a later one."),
         _bullet(v, "start_cold_ttft_ms start_ttft_ms", lambda cold, warm:
                 f"The very first call after loading (cold) took {cold:.0f} ms to its first token, "
-                + (f"{_times(cold, warm)} the warm figure: a cold start pays once for pulling the weights into "
-                   "memory and warming the CPU's caches." if cold > 1.2 * warm else
+                + (f"{_times(cold, warm)} the warm figure: a cold start pays once for "
+                   + _cold_costs(v.get("start_device")) + "." if cold > 1.2 * warm else
                    "about the same as warm: the weights were already in memory.")),
         _bullet(v, "start_model start_device", lambda name, device:
                 f"{name} ran on {device}, from a model file on your disk: nothing was downloaded."),
