@@ -333,7 +333,8 @@ CHECKS = {
               "hint: a token written to the wrong block changes every token after it"),
     ],
     "test_model_hidden": [
-        Check("MQA, block size 3, 20 greedy tokens after a 5-token prompt", greedy(7, MQA, [1, 2, 3, 4, 5], 20, 9, 3), exact,
+        Check("MQA, block size 3, 20 greedy tokens after a 5-token prompt", greedy(7, MQA, [1, 2, 3, 4, 5], 20, 9, 3),
+              exact,
               "hint: check the block boundaries with another block size"),
         Check("two requests interleaved", interleaved, exact,
               "hint: interleaved requests must each decode their solo tokens"),
