@@ -158,3 +158,29 @@ def test_speculative_cost_sentences_follow_the_ratios_and_the_device():
     assert f"predict {draft_weight_share(model, 1):.2f}" in dear[1]
     free = cost_sentences(Costs(1e-3, {4: 1.05e-3}, {1: 0.2e-3}), model, 1)
     assert "close to free" in free[0] and "not free" not in free[0] and "cheap enough" in free[1]
+
+
+def test_rounding_verdict_scales_with_the_dtype_and_the_values():
+    import torch
+
+    from course.measure.cache_speed import Equivalence, rounding_verdict
+
+    assert rounding_verdict(0.0, 10.0, torch.float32) == "bit for bit identical"
+    small = rounding_verdict(2e-6, 10.0, torch.float32)  # one float32 rounding at 10 is ~1.2e-6
+    assert small.startswith("float32 rounding") and "MORE" not in small
+    assert rounding_verdict(0.05, 10.0, torch.float32).startswith("MORE than float32 rounding explains")
+    assert rounding_verdict(0.05, 10.0, torch.bfloat16).startswith("bfloat16 rounding")  # eps 7.8e-3
+    assert "MORE" in rounding_verdict(2e-6, 1e-3, torch.float32)  # the same |Δ| is large next to tiny values
+    eq = Equivalence(24, 3e-6, True, dtype=torch.float32, logit_scale=20.0)
+    assert "float32 rounding" in eq.sentence() and "greedy tokens identical" in eq.sentence()
+    assert "NOT identical" in Equivalence(24, 0.5, False, logit_scale=20.0).sentence()
+
+
+def test_layer0_walkthrough_reads_its_differences_as_rounding():
+    from course.engine.model import tiny_model
+    from course.lessons.attention_by_hand import layer0_walkthrough
+
+    walk = layer0_walkthrough(tiny_model(), list(range(1, 12)))
+    assert walk.scale > 0 and walk.dtype is not None
+    text = walk.agreement()
+    assert "MORE" not in text and text.count("rounding") + text.count("identical") >= 2

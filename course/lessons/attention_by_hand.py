@@ -129,6 +129,18 @@ class Layer0Walkthrough:
     kv_rows_uncached: int  # K/V rows computed by the uncached loop: 1 + 2 + ... + T
     kv_rows_cached: int  # ... and by the cached loop: T
     cache_k_shape: tuple  # the layer cache's K buffer after the loop, [B, H_kv, T_max, D_h]
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    scale: float = 0.0  # largest |output| of the model's layer: what one rounding is relative to
+
+    def agreement(self) -> str:
+        """Both differences, each read against the dtype's rounding at this layer's output size."""
+        from course.measure.cache_speed import rounding_verdict
+
+        pair = rounding_verdict(self.max_diff_cached_vs_uncached, self.scale, self.dtype, self.device)
+        model = rounding_verdict(self.max_diff_vs_model, self.scale, self.dtype, self.device)
+        return (f"cached vs uncached: {self.max_diff_cached_vs_uncached:.1e}, {pair}.\n"
+                f"cached vs the model's own layer: {self.max_diff_vs_model:.1e}, {model}.")
 
 
 @torch.inference_mode()
@@ -155,7 +167,8 @@ def layer0_walkthrough(model, ids, layer: int = 0) -> Layer0Walkthrough:
         cached = attention_with_cache(attn, h[:, t - 1:t], t - 1, cos, sin, cache)  # computes 1 row
         d_pair = max(d_pair, (uncached - cached).abs().max().item())
         d_model = max(d_model, (cached - reference[:, t - 1:t]).abs().max().item())
-    return Layer0Walkthrough(T, d_pair, d_model, T * (T + 1) // 2, T, tuple(cache.k.shape))
+    return Layer0Walkthrough(T, d_pair, d_model, T * (T + 1) // 2, T, tuple(cache.k.shape), h.dtype, str(h.device),
+                             reference.abs().max().item())
 
 
 def _letters(t: torch.Tensor) -> str:

@@ -18,6 +18,29 @@ from tqdm.auto import tqdm
 from course.engine.generate import generate, prefill, teacher_forced_logits
 
 
+ROUNDING_SLACK = 256  # how many roundings' worth a reordered computation may drift: sums of hundreds of terms, layer on layer
+
+
+def rounding_unit(dtype: torch.dtype, device="cpu") -> float:
+    """Machine epsilon of the dtype the products round to: float32's, or TF32's 10 bits where CUDA allows it."""
+    if dtype == torch.float32 and torch.device(device).type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return 2.0 ** -10
+    return torch.finfo(dtype).eps
+
+
+def rounding_verdict(diff: float, scale: float, dtype: torch.dtype, device="cpu") -> str:
+    """Whether a difference |Δ| between two orders of the same arithmetic is rounding, for values up to `scale`."""
+    name = str(dtype).replace("torch.", "")
+    unit = rounding_unit(dtype, device) * max(scale, 1e-30)  # one rounding at the largest values
+    if diff == 0:
+        return "bit for bit identical"
+    if diff <= ROUNDING_SLACK * unit:
+        return (f"{name} rounding: at values up to {scale:.3g} one rounding is about {unit:.1e}, and the largest "
+                f"difference is {diff / unit:.0f} of those")
+    return (f"MORE than {name} rounding explains: {diff / unit:,.0f}× one rounding ({unit:.1e} at values up to "
+            f"{scale:.3g}), a real difference to look for")
+
+
 @dataclass
 class Equivalence:
     n_tokens: int
@@ -25,6 +48,15 @@ class Equivalence:
     tokens_identical: bool  # greedy tokens of generate(use_cache=True) == generate(use_cache=False)
     cached_tokens: list[int] = field(default_factory=list)
     uncached_tokens: list[int] = field(default_factory=list)
+    dtype: torch.dtype = torch.float32
+    device: str = "cpu"
+    logit_scale: float = 0.0  # largest |logit| compared
+
+    def sentence(self) -> str:
+        """The measured difference, read against the dtype's rounding, and whether greedy decoding agreed."""
+        return (f"Over {self.n_tokens} steps the logits differ by at most {self.max_abs_logit_diff:.2e}, which is "
+                f"{rounding_verdict(self.max_abs_logit_diff, self.logit_scale, self.dtype, self.device)}; greedy "
+                f"tokens {'identical' if self.tokens_identical else 'NOT identical'} with and without the cache.")
 
 
 @torch.inference_mode()
@@ -38,7 +70,8 @@ def check_equivalence(model, prompt_ids, n_tokens: int = 24) -> Equivalence:
     full = prefill(model, ids, cache=None, last_only=False)[0, T - 1:-1]  # [n_tokens, V]: one uncached pass
     steps = teacher_forced_logits(model, prompt_ids, cached)  # [n_tokens, V]: the cached loop, the same tokens
     diff = (steps - full).abs().max().item()
-    return Equivalence(n_tokens, diff, cached == uncached, cached, uncached)
+    return Equivalence(n_tokens, diff, cached == uncached, cached, uncached, full.dtype, str(full.device),
+                       full.abs().max().item())
 
 
 @dataclass
