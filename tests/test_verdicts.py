@@ -184,3 +184,60 @@ def test_layer0_walkthrough_reads_its_differences_as_rounding():
     assert walk.scale > 0 and walk.dtype is not None
     text = walk.agreement()
     assert "MORE" not in text and text.count("rounding") + text.count("identical") >= 2
+
+
+def test_signed_wordings_never_call_a_loss_a_saving():
+    from course.lessons.wording import duration, lower_by, speedup_trend, times_faster
+
+    assert lower_by(0.42, "TTFT") == "TTFT 42% lower"
+    assert lower_by(-0.05, "TTFT") == "TTFT 5% higher, no saving in this run"
+    assert "about the same" in lower_by(0.0, "TTFT") and "lower" not in lower_by(0.0, "TTFT")
+    assert times_faster(2.5, "the cache") == "the cache is 2.50× faster"
+    assert "SLOWER" in times_faster(0.8, "the cache") and "faster" not in times_faster(0.8, "the cache")
+    assert speedup_trend([1, 2, 3]) == "kept growing with length"
+    assert speedup_trend([3, 2, 1]) == "did NOT grow with length here"
+    assert (duration(2.345), duration(0.0123), duration(0.0043), duration(0.00027)) == \
+        ("2.35 s", "12 ms", "4.3 ms", "0.27 ms")
+
+
+def test_cache_speed_report_and_recap_follow_the_sign_and_trend():
+    from course.lessons import recap as recap_mod
+    from course.lessons.kv_lesson import SpeedReport
+
+    slow = str(SpeedReport([16, 64], [1.0, 2.0], [1.1, 2.5], [0.91, 0.8], [5.0, 20.0], True))
+    assert "the cache is SLOWER" in slow and "faster" not in slow and "did NOT grow" in slow
+    assert "the cache is 3.00× faster" in str(SpeedReport([16, 64], [2, 6], [1, 2], [2.0, 3.0], [5, 20], True))
+    bullets = "\n".join(recap_mod.recap("02_kv_cache", {"speedups": [0.9, 0.8], "speed_lengths": [16, 64]}).bullets)
+    assert "did not make 64 new tokens faster" in bullets and "did NOT grow" in bullets
+    grew = "\n".join(recap_mod.recap("02_kv_cache", {"speedups": [1.5, 4.0], "speed_lengths": [16, 64]}).bullets)
+    assert "4.0× faster here; the speedup kept growing" in grew
+
+
+def test_prefix_sentences_say_higher_when_ttft_rose():
+    import types
+
+    from course.lessons import recap as recap_mod
+    from course.lessons.serving_runs import PrefixRun
+    from course.lessons.speculative_report import PrefixSummary
+
+    def served(ttft, cached):
+        return types.SimpleNamespace(ttft_p50=ttft, peak_bytes_reserved=2 << 20, peak_bytes_shared=1 << 20,
+                                     completions=[types.SimpleNamespace(cached_tokens=c) for c in cached],
+                                     outputs=lambda: [[1, 2]])
+
+    worse = " ".join(PrefixRun(served(0.0105, [0, 16]), served(0.0100, [0, 0]), 20, 16).sentences())
+    assert "with sharing 5% higher, no saving in this run" in worse and "saved" not in worse
+    assert "10 ms" in worse and "0.01 s" not in worse  # a fast machine's TTFT keeps its digits
+    better = " ".join(PrefixRun(served(0.5, [0, 16]), served(1.0, [0, 0]), 20, 16).sentences())
+    assert "50% saved" in better
+    rose = "\n".join(recap_mod.recap("04_speculative_prefix", {"prefix_token_share": 0.9,
+                                                               "prefix_prefill_saved": -0.1}).bullets)
+    assert "time to first token 10% higher, no saving" in rose and "cut" not in rose
+    row = types.SimpleNamespace(question="q?", prompt_tokens=100, reused_tokens=90, ttft_plain=0.1,
+                                ttft_cached=0.11, identical=True)
+    store = types.SimpleNamespace(stats=types.SimpleNamespace(hits=1, misses=1, bytes=1 << 20, seconds_copying=0),
+                                  max_bytes=64 << 20)
+    exp = types.SimpleNamespace(rows=[row], token_share_reused=0.9, time_share_saved=-0.1, prefix_tokens=90,
+                                entry_bytes=1 << 20, store=store)
+    text = " ".join(str(PrefixSummary(exp)).split())  # unwrapped
+    assert "time to first token was 10% higher, no saving" in text and "fell by" not in text

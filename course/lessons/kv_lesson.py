@@ -17,6 +17,7 @@ import torch
 
 from course.engine.config import ModelConfig
 from course.measure import costs
+from course.lessons.wording import speedup_trend, times_faster
 from course.measure.results import record
 
 HF_KV_POST = ("Hugging Face's post “KV Caching Explained”",
@@ -55,11 +56,8 @@ class SpeedReport:
         rows += [f"{n:>10} {a:>8.2f}s {b:>6.2f}s {s:>7.2f}× {w:>10.0f}×" for n, a, b, s, w in
                  zip(self.lengths, self.no_cache_s, self.cache_s, self.speedups, self.work_ratios)]
         name, _, quoted = HF_KV_POST
-        trend = "kept growing with length" if all(b > a for a, b in zip(self.speedups, self.speedups[1:])) \
-            else "grew overall with length, not at every step (timing noise)" \
-            if self.speedups[-1] > self.speedups[0] else "did NOT grow with length here"
-        rows += ["", wrap(f"At {self.lengths[-1]} new tokens the cache is {self.speedups[-1]:.2f}× faster here; the "
-                 f"speedup {trend}. {name} measured {quoted}× (GPT-2 on a T4 GPU)."),
+        rows += ["", wrap(f"At {self.lengths[-1]} new tokens {times_faster(self.speedups[-1], 'the cache')} here; "
+                 f"the speedup {speedup_trend(self.speedups)}. {name} measured {quoted}× (GPT-2 on a T4 GPU)."),
                  f"Same greedy tokens with and without the cache: {self.tokens_identical}."]
         return "\n".join(rows)
 

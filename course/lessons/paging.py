@@ -111,7 +111,8 @@ class PagingReport(ReservedBytes):
         return (f"{len(self.lengths)} requests, {int(self.lengths.sum()):,} tokens: used {human_bytes(self.used_bytes)}; "
                 f"preallocated {human_bytes(self.preallocated_bytes)} ({self.preallocated_waste:.0%} empty); "
                 f"paged {human_bytes(self.paged_bytes)} ({self.paged_waste:.1%} empty), "
-                f"{self.saving:.1f}× less reserved")
+                + (f"{self.saving:.1f}× less reserved" if self.saving >= 1 else
+                   f"{1 / self.saving:.1f}× MORE reserved than preallocation"))
 
 
 def simulate_paging(config="smollm2-135m", n_requests: int = 64, max_seq_len: int = 4096, block_size: int = 16,

@@ -23,6 +23,7 @@ from course.engine.kv_cache import KVCache
 from course.engine.paged import PagedKVCache, PoolExhausted, block_bytes
 from course.engine.serving import Request, ServeResult, make_trace, memory_on_mix, serve, solo_outputs
 from course.lessons.paging import ReservedBytes, sample_request_lengths
+from course.lessons.wording import SAME, duration, lower_by
 from course.measure.costs import MiB, kv_bytes_per_token
 from course.measure.display import Printed
 
@@ -409,8 +410,10 @@ class PrefixRun:
             f"{hits} of {len(self.cached_tokens)} requests found the system prompt's full blocks in the pool "
             f"and prefilled only the rest: up to {max(self.cached_tokens)} of the {self.prefix_tokens} system-prompt "
             f"tokens came from shared blocks (whole {self.block_size}-token blocks only).",
-            f"Median time to first token {self.shared.ttft_p50:.2f} s with sharing against "
-            f"{self.unshared.ttft_p50:.2f} s without: {self.ttft_saved:.0%} saved. At the peak, sharing held "
+            f"Median time to first token {duration(self.shared.ttft_p50)} with sharing against "
+            f"{duration(self.unshared.ttft_p50)} without: "
+            + (f"{self.ttft_saved:.0%} saved" if self.ttft_saved >= SAME else lower_by(self.ttft_saved, "with sharing"))
+            + f". At the peak, sharing held "
             f"{self.shared.peak_bytes_reserved / MiB:.1f} MiB of cache against {self.unshared.peak_bytes_reserved / MiB:.1f}"
             f" MiB, {self.shared.peak_bytes_shared / MiB:.1f} MiB of it counted once for several requests. "
             f"Answers identical: {self.identical}.",
@@ -451,6 +454,6 @@ def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: Batchi
         f"Continuous batching: {run.throughput_ratio:.2f}× static batching's throughput, latency p95 "
         f"{c.latency_p95:.1f} s against {run.static.latency_p95:.1f} s; outputs equal the solo runs: "
         f"{all(run.identical.values())}.",
-        f"Prefix sharing: median time to first token {prefix.ttft_saved:.0%} lower, "
+        f"Prefix sharing: median {lower_by(prefix.ttft_saved, 'time to first token')}, "
         f"{prefix.shared.peak_bytes_shared / MiB:.1f} MiB counted once at the peak.",
     ]

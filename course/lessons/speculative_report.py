@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from course.engine.config import ModelConfig
 from course.lessons.kv_lesson import wrap
+from course.lessons.wording import SAME, lower_by
 from course.measure.costs import weights_bytes
 
 PAPER_SPEEDUPS = ("Leviathan et al. (2023)", "Chen et al. (2023)", 2.0, 3.0)
@@ -132,8 +133,10 @@ class PrefixSummary:
         copied = (f"copying stored rows took {s.seconds_copying * 1e3:.0f} ms in total" if s.seconds_copying else
                   "nothing was copied: each hit's block table points at the stored blocks")
         lines += ["", f"store: {s.hits} hits, {s.misses} miss(es), {s.bytes / 2**20:.1f} MiB held; {copied}",
-                  wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and time to first token fell "
-                  f"by {saved:.0%}: the time saved {'trails' if saved < share else 'matches or beats'} the token share. "
+                  wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and " + (
+                  f"time to first token fell by {saved:.0%}: the time saved "
+                  f"{'trails' if saved < share else 'matches or beats'} the token share. " if saved >= SAME else
+                  f"{lower_by(saved, 'time to first token was')}. ") +
                   f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)"),
                   wrap(f"The price is memory: {e.entry_bytes / 2**20:.1f} MiB for {e.prefix_tokens} tokens "
                   f"({per_token / 1024:.0f} KiB per token in float32, 2·L·H_kv·D_h·4 bytes), so the "
