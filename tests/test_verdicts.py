@@ -241,3 +241,13 @@ def test_prefix_sentences_say_higher_when_ttft_rose():
                                 entry_bytes=1 << 20, store=store)
     text = " ".join(str(PrefixSummary(exp)).split())  # unwrapped
     assert "time to first token was 10% higher, no saving" in text and "fell by" not in text
+
+
+@pytest.mark.parametrize("ratio, words", [(1.03, "within 5 %"), (0.97, "within 5 %"), (1.2, "SLOWER"),
+                                          (0.8, "faster, but by less"), (0.5, "faster by about what the bytes")])
+def test_bf16_verdict_never_calls_a_slower_step_faster(ratio, words):
+    side = profile.DtypeComparison(16, ("float32", "bfloat16"), (0.1, 0.1 * ratio), (0.08, 0.08), (5.4e8, 2.7e8),
+                                   True, "cpu", ("avx512_bf16",))
+    assert words in side.verdict
+    if ratio > 1:
+        assert "faster" not in side.verdict

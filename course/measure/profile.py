@@ -169,6 +169,9 @@ class DtypeComparison(Printed):
         if self.slowdown > 1.05:
             return (f"{b} was SLOWER although it reads {1 / self.bandwidth_prediction:.0f}× fewer bytes - "
                     f"its kernels here cost more than the bytes they save")
+        if self.slowdown >= 0.95:  # within 5 % either way: neither faster nor slower
+            return (f"{b} ran within 5 % of {a} ({self.slowdown:.2f}×) although it reads "
+                    f"{1 / self.bandwidth_prediction:.0f}× fewer bytes - the bytes do not set this step's time here")
         if self.slowdown > self.bandwidth_prediction * 1.25:
             return f"{b} was faster, but by less than the bytes alone predict - the step is not purely bandwidth-bound"
         return f"{b} was faster by about what the bytes predict - the step behaves as bandwidth-bound"
