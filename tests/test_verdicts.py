@@ -251,3 +251,28 @@ def test_bf16_verdict_never_calls_a_slower_step_faster(ratio, words):
     assert words in side.verdict
     if ratio > 1:
         assert "faster" not in side.verdict
+
+
+def _sweep(ms_by_batch, predicted_ms_by_batch):
+    from course.engine.config import ModelConfig
+    from course.lessons.serving import BatchSweep, SweepPoint, batch_cost
+    from course.measure.timing import Timing
+
+    config = ModelConfig.from_name("smollm2-135m")
+    sweep = BatchSweep(roofline.Machine("cpu", "float32", 10e9, 50e9))
+    for (b, ms), pred in zip(ms_by_batch.items(), predicted_ms_by_batch):
+        sweep.points.append(SweepPoint(b, 64, Timing([ms / 1e3]), pred / 1e3, batch_cost(config, b, 64, 4)))
+    return sweep
+
+
+def test_batch_sweep_says_when_no_step_doubled():
+    from course.lessons.serving import sweep_sentences
+
+    flat = _sweep({1: 10.0, 4: 12.0, 16: 15.0, 64: 19.0}, [10, 10.5, 11, 14])
+    text = " ".join(sweep_sentences(flat))
+    assert not flat.knee_found(64) and "(this machine's knee)" not in text
+    assert "No step cost twice B = 1's up to B = 64" in text and "the prediction puts it beyond B = 64" in text
+    assert flat.values()["64"]["knee_found"] is False
+    bent = _sweep({1: 10.0, 4: 12.0, 16: 25.0, 64: 90.0}, [10, 11, 21, 80])
+    assert "first cost twice B = 1's at B = 16 (this machine's knee) (the prediction says B = 16)" in \
+        " ".join(sweep_sentences(bent))

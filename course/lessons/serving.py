@@ -24,6 +24,7 @@ from course.engine.kv_cache import BatchPositions, KVCache
 from course.measure.costs import GB, Cost, GiB, decode_cost, kv_bytes_per_token, weights_bytes, weights_read_bytes
 from course.measure.roofline import Machine
 from course.measure.timing import Stopwatch, Timing
+from course.lessons.wording import duration
 from course.measure.display import Printed
 
 # ---------------------------------------------------------------------------------------------
@@ -144,6 +145,25 @@ class BatchSweep(Printed):
         rows = self.at(context)
         return next((p.batch for p in rows if p.predicted_s >= 2 * rows[0].predicted_s), rows[-1].batch)
 
+    def knee_found(self, context: int) -> bool:
+        """Did some measured step cost twice B = 1's? If not, knee() is only the largest B measured."""
+        rows = self.at(context)
+        return any(p.seconds >= 2 * rows[0].seconds for p in rows)
+
+    def predicted_knee_found(self, context: int) -> bool:
+        rows = self.at(context)
+        return any(p.predicted_s >= 2 * rows[0].predicted_s for p in rows)
+
+    def knee_sentence(self, context: int) -> str:
+        """Where the step first cost twice B = 1's, measured and predicted, or that it never did up to the largest B."""
+        top = self.at(context)[-1].batch
+        measured = (f"The step first cost twice B = 1's at B = {self.knee(context)} (this machine's knee)"
+                    if self.knee_found(context) else
+                    f"No step cost twice B = 1's up to B = {top}, the largest measured: the knee lies beyond it")
+        predicted = (f"the prediction says B = {self.predicted_knee(context)}" if self.predicted_knee_found(context)
+                     else f"the prediction puts it beyond B = {top} too")
+        return f"{measured} ({predicted})."
+
     def values(self) -> dict:
         out = {}
         for c in self.contexts:
@@ -153,6 +173,7 @@ class BatchSweep(Printed):
                                tokens_per_s=[p.tokens_per_s for p in rows],
                                intensity=[p.cost.intensity for p in rows],
                                knee=self.knee(c), predicted_knee=self.predicted_knee(c),
+                               knee_found=self.knee_found(c), predicted_knee_found=self.predicted_knee_found(c),
                                best_batch=self.best(c).batch, speedup=self.speedup(c))
         return out
 
@@ -228,11 +249,10 @@ def sweep_sentences(sweep: BatchSweep) -> list[str]:
         one = rows[0]
         verdict = ("still rising at the largest batch measured" if best.batch == rows[-1].batch
                    else f"falling again beyond B = {best.batch}")
-        out.append(f"C = {c}: one step for B = 1 took {one.seconds * 1e3:.0f} ms ({one.tokens_per_s:.1f} tokens/s); "
-                   f"the best batch, B = {best.batch}, took {best.seconds * 1e3:.0f} ms per step for "
+        out.append(f"C = {c}: one step for B = 1 took {duration(one.seconds)} ({one.tokens_per_s:.1f} tokens/s); "
+                   f"the best batch, B = {best.batch}, took {duration(best.seconds)} per step for "
                    f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}. "
-                   f"The step first cost twice B = 1's at B = {sweep.knee(c)} "
-                   f"(the prediction says B = {sweep.predicted_knee(c)}).")
+                   + sweep.knee_sentence(c))
         ratios = [(p.seconds / p.predicted_s, p.batch) for p in rows]
         (lo, b_lo), (hi, b_hi) = min(ratios), max(ratios)
         out.append(f"C = {c}: measured ÷ predicted ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} (B = {b_hi}); "
@@ -258,7 +278,8 @@ def plot_batch_sweep(sweep: BatchSweep):
         bs = [p.batch for p in rows]
         left.plot(bs, [p.seconds * 1e3 for p in rows], "o-", color=color, label=f"C = {c}: measured")
         left.plot(bs, [p.predicted_s * 1e3 for p in rows], "--", color=color, alpha=0.7, label=f"C = {c}: predicted")
-        left.axvline(sweep.knee(c), color=color, ls=":", lw=1)
+        if sweep.knee_found(c):  # no line where no step doubled: the largest B is not a knee
+            left.axvline(sweep.knee(c), color=color, ls=":", lw=1)
         right.plot(bs, [p.tokens_per_s for p in rows], "o-", color=color, label=f"C = {c}")
         right.plot(bs, [p.batch / p.predicted_s for p in rows], "--", color=color, alpha=0.7)
     left.set(xscale="log", yscale="log", xlabel="batch B (sequences per step)", ylabel="ms per decode step",

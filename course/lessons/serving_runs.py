@@ -444,7 +444,9 @@ def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: Batchi
     c = run.continuous
     return [
         f"Batching decode: at C = {contexts[0]}, B = {c0['best_batch']} gave {c0['speedup']:.1f}× the total tokens/s "
-        f"of B = 1; a step first cost twice B = 1's at B = {c0['knee']} (this machine's knee), "
+        f"of B = 1; " + (f"a step first cost twice B = 1's at B = {c0['knee']} (this machine's knee), "
+                         if c0.get("knee_found", True) else
+                         f"no step cost twice B = 1's up to B = {c0['batch'][-1]} (the knee lies beyond), ")
         + ", ".join(f"C = {k}: {sweep_values[k]['speedup']:.1f}× at B = {sweep_values[k]['best_batch']}"
                     for k in contexts[1:]) + ".",
         f"The cache is the limit: a {fit.budget_bytes / MiB:.0f} MiB budget held {fit.paged_requests} requests of the "
