@@ -276,3 +276,11 @@ def test_batch_sweep_says_when_no_step_doubled():
     bent = _sweep({1: 10.0, 4: 12.0, 16: 25.0, 64: 90.0}, [10, 11, 21, 80])
     assert "first cost twice B = 1's at B = 16 (this machine's knee) (the prediction says B = 16)" in \
         " ".join(sweep_sentences(bent))
+
+
+def test_crossover_example_reaches_the_crossover():
+    from course.lessons.serving import crossover_sentence
+
+    text = crossover_sentence({"kv_bytes_per_token": 30 * 1024, "weight_bytes": 540 * 2**20, "crossover_tokens": 11_500})
+    assert "(e.g. 23 requests of 512 tokens)" in text  # 22 × 512 = 11,264 would stay below 11,500
+    assert "(e.g. 2 requests" in crossover_sentence({"kv_bytes_per_token": 1, "weight_bytes": 1, "crossover_tokens": 1024})

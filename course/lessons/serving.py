@@ -408,6 +408,15 @@ def cache_vs_weights(config: ModelConfig, dtype_bytes: float = 4) -> dict:
     return dict(weight_bytes=w, kv_bytes_per_token=per_token, crossover_tokens=math.ceil(w / per_token))
 
 
+def crossover_sentence(crossing: dict, request_tokens: int = 512) -> str:
+    """cache_vs_weights in words, with the number of `request_tokens`-token requests that reaches the crossover
+    (rounded up: fewer would stay below it)."""
+    n = crossing["crossover_tokens"]
+    return (f"{crossing['kv_bytes_per_token'] / 1024:.0f} KiB of cache per token against "
+            f"{crossing['weight_bytes'] / 2**20:.0f} MiB of weights: past B·T = {n:,} resident tokens (e.g. "
+            f"{math.ceil(n / request_tokens)} requests of {request_tokens} tokens) the cache is the bigger of the two.")
+
+
 def plot_cache_vs_weights(config: ModelConfig, contexts: Sequence[int] = (512, 2048, 8192),
                           batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128), dtype_bytes: float = 4):
     """Bytes of cache against B for a few contexts, with the weights as a flat line: where they cross."""
