@@ -438,3 +438,19 @@ def test_interview_answers_quote_the_recorded_numbers():
 # --- the lesson, end to end ---------------------------------------------------------------------------
 
 # The lesson notebook's own run and prose checks live in tests/test_lesson_prefill_decode.py.
+
+
+def test_interview_answers_follow_the_measured_bounds():
+    memory = prefill_decode.interview_answers(_recorded_like(
+        decode_bound="memory", prefill_lengths=[16, 256, 1024], prefill_bounds=["memory", "memory", "memory"]))
+    assert "memory is the wall the step hits first" in memory and "compute-bound instead" not in memory
+    assert "up to T = 1,024, the longest prompt measured, it stayed below this machine's ridge" in memory
+    crossed = prefill_decode.interview_answers(_recorded_like(
+        prefill_lengths=[16, 256], prefill_bounds=["memory", "compute"]))
+    assert "crossed the ridge at T = 256" in crossed
+    everywhere = prefill_decode.interview_answers(_recorded_like(prefill_lengths=[64, 512],
+                                                                 prefill_bounds=["compute", "compute"]))
+    assert "every prompt measured, T = 64 to 512, was compute-bound instead" in everywhere
+    compute = prefill_decode.interview_answers(_recorded_like(decode_bound="compute", decode_intensity=3.0))
+    assert "memory is the wall" not in compute and "above this machine's ridge" in compute
+    assert "decode measured compute-bound" in compute

@@ -53,6 +53,21 @@ def plot_token_timeline(gen: Generation, tokenizer=None, ax=None):
     return fig
 
 
+def _prefill_bound_clause(v: dict) -> str:
+    """Where the measured prefill points fell against the ridge (prefill_bounds, per prefill_lengths)."""
+    bounds, lengths = v.get("prefill_bounds"), v.get("prefill_lengths")
+    if not bounds or not lengths or len(bounds) != len(lengths):
+        return ", towards compute-bound as the prompt grows"
+    compute = [t for t, b in zip(lengths, bounds) if b == "compute"]
+    if len(compute) == len(lengths):
+        return f": every prompt measured, T = {lengths[0]:,} to {lengths[-1]:,}, was compute-bound instead"
+    if compute:
+        return (f": the measured prompts crossed the ridge at T = {compute[0]:,} and were compute-bound from "
+                "there on")
+    return (f", yet up to T = {lengths[-1]:,}, the longest prompt measured, it stayed below this machine's ridge: "
+            "memory-bound here too")
+
+
 def interview_answers(v: dict) -> str:
     """The lesson's two interview answers, phrased with the values the notebook record()ed (keys as there)."""
     decode_ms = v["decode_ms_per_token"]
@@ -66,23 +81,29 @@ def interview_answers(v: dict) -> str:
         f"{v['decode_tokens_per_s'][0]:,.0f} tokens/s for decode, so one output token costs about as much time as "
         f"{prompt_per_output:,.0f} prompt tokens. The first token is slow only because it pays for the whole "
         f"prompt at once; a longer prompt lengthens the wait (TTFT), more output lengthens the stream.")
+    ridge = v["ridge_flop_per_byte"]
+    decode_memory = v.get("decode_bound", "memory" if v["decode_intensity"] < ridge else "compute") == "memory"
     second = (
         "Q: Why is decode memory-bandwidth-bound?\n"
         f"A: One decode step reads every weight ({v['weight_mb']:.0f} MB here in {v.get('dtype', 'this dtype')}) "
         f"plus the K and V of every cached token ({v['kv_mb_at_max_context']:.1f} MB at "
         f"{v['decode_contexts'][-1]:,} tokens) to do only {v['decode_gflop']:.2f} GFLOP: "
-        f"{v['decode_intensity']:.2f} FLOPs per byte, below this machine's ridge of "
-        f"{v['ridge_flop_per_byte']:.1f} FLOPs per byte. The arithmetic would take "
+        f"{v['decode_intensity']:.2f} FLOPs per byte, {'below' if v['decode_intensity'] < ridge else 'above'} this "
+        f"machine's ridge of {ridge:.1f} FLOPs per byte. The arithmetic would take "
         f"{v['decode_gflop'] / v['matmul_gflop_s'] * 1e3:.1f} ms at {v['matmul_gflop_s']:.0f} GFLOP/s, moving the bytes "
-        f"{v['decode_floor_ms']:.1f} ms at {v['bandwidth_gb_s']:.1f} GB/s, so memory is the wall the step hits first, "
-        + (f"and the cache raises it as the context grows ({decode_ms[0]:.1f} → {decode_ms[-1]:.1f} ms per token "
-           f"from {v['decode_contexts'][0]:,} to {v['decode_contexts'][-1]:,} tokens). "
-           if decode_ms[-1] > decode_ms[0] else
-           f"and the cache raises it as the context grows - though here the cache at {v['decode_contexts'][-1]:,} "
-           f"tokens is small next to the weights, and timing noise hid its cost ({decode_ms[0]:.1f} → "
-           f"{decode_ms[-1]:.1f} ms per token). ")
-        + f"Prefill reads the same "
-        f"weights once for all T tokens, so its FLOPs per byte grow with T and it is compute-bound instead.")
+        f"{v['decode_floor_ms']:.1f} ms at {v['bandwidth_gb_s']:.1f} GB/s, so "
+        + (("memory is the wall the step hits first, "
+            + (f"and the cache raises it as the context grows ({decode_ms[0]:.1f} → {decode_ms[-1]:.1f} ms per token "
+               f"from {v['decode_contexts'][0]:,} to {v['decode_contexts'][-1]:,} tokens). "
+               if decode_ms[-1] > decode_ms[0] else
+               f"and the cache raises it as the context grows - though here the cache at {v['decode_contexts'][-1]:,} "
+               f"tokens is small next to the weights, and timing noise hid its cost ({decode_ms[0]:.1f} → "
+               f"{decode_ms[-1]:.1f} ms per token). "))
+           if decode_memory else
+           "on this machine's measured roofs the arithmetic, not memory, is the wall the step hits first: in this "
+           "run decode measured compute-bound, and the question's premise does not hold here. ")
+        + "Prefill reads the same weights once for all T tokens, so its FLOPs per byte grow with T"
+        + _prefill_bound_clause(v) + ".")
     if "breakdown_step_ms" in v:
         second += (
             f"\n   Honest footnote: the measured step ({v['breakdown_step_ms']:.1f} ms) is "
