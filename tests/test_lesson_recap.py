@@ -95,3 +95,15 @@ def test_the_cold_start_reason_names_the_device_it_ran_on():
     cpu = "\n".join(recap_mod.recap("00_start_here", {**v, "start_device": "cpu"}).bullets)
     assert "GPU's kernels" in gpu and "CPU" not in gpu
     assert "CPU's caches" in cpu and "GPU" not in cpu
+
+
+def test_the_draft_bullet_names_the_depth_that_ran():
+    v = {"shallow_acceptance_rate": 0.3, "shallow_speedup": 0.7}
+    four = "\n".join(recap_mod.recap("04_speculative_prefix", {**v, "draft_layers": 4}).bullets)
+    assert "shallow 4-layer draft" in four and "8-layer" not in four and "does not pay" in four
+    assert "8-layer" not in "\n".join(recap_mod.recap("04_speculative_prefix", v).bullets)
+
+
+def test_the_ab_bullet_keeps_the_digits_of_a_fast_machine():
+    text = str(recap_mod.recap("01_prefill_decode", {"ab_A_total_s": 0.12, "ab_B_total_s": 3.4}))
+    assert "3.40 s for B's" in text and "120 ms for A's" in text and " 0 s" not in text

@@ -284,3 +284,18 @@ def test_crossover_example_reaches_the_crossover():
     text = crossover_sentence({"kv_bytes_per_token": 30 * 1024, "weight_bytes": 540 * 2**20, "crossover_tokens": 11_500})
     assert "(e.g. 23 requests of 512 tokens)" in text  # 22 × 512 = 11,264 would stay below 11,500
     assert "(e.g. 2 requests" in crossover_sentence({"kv_bytes_per_token": 1, "weight_bytes": 1, "crossover_tokens": 1024})
+
+
+def test_batching_sentences_show_fast_latencies_in_ms():
+    import types
+
+    from course.lessons.serving_runs import batching_sentences
+
+    def served(ttft, p95, tps, busy):
+        return types.SimpleNamespace(ttft_p50=ttft, latency_p95=p95, throughput=tps, slot_occupancy=busy)
+
+    run = types.SimpleNamespace(static=served(0.021, 0.09, 900.0, 0.6), continuous=served(0.004, 0.08, 1100.0, 0.9),
+                                throughput_ratio=1100 / 900, identical={0: True}, differing=lambda: [])
+    text = " ".join(batching_sentences(run))
+    assert "median: 4.0 ms against 21 ms; latency p95: 80 ms against 90 ms (no worse" in text
+    assert "0.0 s" not in text

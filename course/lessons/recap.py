@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from course.lessons.wording import SAME, lower_by, speedup_trend
+from course.lessons.wording import SAME, duration, lower_by, speedup_trend
 from course.measure.results import record, recorded
 from course.paths import LESSONS
 
@@ -144,8 +144,8 @@ def _prefill_decode(v):
                 else f"The fitted latency model missed a run it never saw by {err:+.0%}, so its "
                      "extrapolations carry at least that error on this machine."),
         _bullet(v, "ab_A_total_s ab_B_total_s", lambda a, b:
-                f"Request {'B' if b > a else 'A'} is the slower one: {b:.0f} s for B's 2,000 output tokens "
-                f"against {a:.0f} s for A's 4,000-token prompt." + (" Output tokens dominate." if b > a else "")),
+                f"Request {'B' if b > a else 'A'} is the slower one: {duration(b)} for B's 2,000 output tokens "
+                f"against {duration(a)} for A's 4,000-token prompt." + (" Output tokens dominate." if b > a else "")),
     ]
 
 
@@ -207,6 +207,12 @@ def _sampling(v):
     ]
 
 
+def _draft_depth(v) -> str:
+    """'8-layer' from the recorded draft_layers; 'early-exit' when it was not recorded."""
+    n = v.get("draft_layers")
+    return f"{n}-layer" if n else "early-exit"
+
+
 def _speculative(v):
     return [
         _bullet(v, "greedy_identical_all", lambda same:
@@ -218,7 +224,7 @@ def _speculative(v):
         _bullet(v, "acceptance_rate spec_speedup", lambda a, s:
                 f"Prompt lookup on the copy task kept {a:.0%} of its guesses: {s:.2f}× plain decoding."),
         _bullet(v, "shallow_acceptance_rate shallow_speedup", lambda a, s:
-                f"The shallow 8-layer draft kept {a:.0%} and ran at {s:.2f}×: it "
+                f"The shallow {_draft_depth(v)} draft kept {a:.0%} and ran at {s:.2f}×: it "
                 f"{'pays' if s > 1 else 'does not pay'} here."),
         _bullet(v, "prefix_token_share prefix_prefill_saved", lambda share, saved:
                 f"Prefix caching reused {share:.0%} of each prompt: {lower_by(saved, 'time to first token')}."),

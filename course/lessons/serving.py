@@ -463,8 +463,8 @@ def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
     per_token = kv_bytes_per_token(model.config, torch.empty((), dtype=model.dtype).element_size())
     held = len(cache.tables[0])
     print(f"prompt: {prompt!r}")
-    print(f"contiguous cache : {tok.decode(reference)!r}  ({contiguous_s:.2f} s)")
-    print(f"your paged cache : {tok.decode(mine)!r}  ({paged_s:.2f} s)")
+    print(f"contiguous cache : {tok.decode(reference)!r}  ({duration(contiguous_s)})")
+    print(f"your paged cache : {tok.decode(mine)!r}  ({duration(paged_s)})")
     print("identical tokens" if mine == reference else "the tokens differ: check update() and the gather order")
     print(f"{cache.lengths[0]} positions cached in {held} block(s) of {block_size}: "
           f"{held * block_size * per_token / 2**20:.2f} MiB "

@@ -322,8 +322,8 @@ def batching_sentences(run: BatchingRun) -> list[str]:
     return [
         f"Continuous batching produced {c.throughput:.1f} tokens/s against static batching's {s.throughput:.1f}: "
         + gain,
-        f"Time to first token, median: {c.ttft_p50:.1f} s against {s.ttft_p50:.1f} s; latency p95: "
-        f"{c.latency_p95:.1f} s against {s.latency_p95:.1f} s ({p95} for the slowest requests).",
+        f"Time to first token, median: {duration(c.ttft_p50)} against {duration(s.ttft_p50)}; latency p95: "
+        f"{duration(c.latency_p95)} against {duration(s.latency_p95)} ({p95} for the slowest requests).",
         ("Every request's tokens equal its solo greedy run, under both policies." if same else
          f"Some outputs differ from their solo runs (requests {run.differing()}): batched products add in another "
          f"order, so a near-tie between the two best tokens (float32) can flip; the rest agree."),
@@ -454,7 +454,7 @@ def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: Batchi
         f"Paging reserved {mix.paged_bytes / mix.used_bytes:.3f}× the bytes the mix used ({mix.paged_waste:.1%} wasted); "
         f"preallocation {mix.preallocated_bytes / mix.used_bytes:.2f}× ({mix.preallocated_waste:.0%} wasted).",
         f"Continuous batching: {run.throughput_ratio:.2f}× static batching's throughput, latency p95 "
-        f"{c.latency_p95:.1f} s against {run.static.latency_p95:.1f} s; outputs equal the solo runs: "
+        f"{duration(c.latency_p95)} against {duration(run.static.latency_p95)}; outputs equal the solo runs: "
         f"{all(run.identical.values())}.",
         f"Prefix sharing: median {lower_by(prefix.ttft_saved, 'time to first token')}, "
         f"{prefix.shared.peak_bytes_shared / MiB:.1f} MiB counted once at the peak.",
