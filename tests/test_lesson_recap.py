@@ -107,3 +107,18 @@ def test_the_draft_bullet_names_the_depth_that_ran():
 def test_the_ab_bullet_keeps_the_digits_of_a_fast_machine():
     text = str(recap_mod.recap("01_prefill_decode", {"ab_A_total_s": 0.12, "ab_B_total_s": 3.4}))
     assert "3.40 s for B's" in text and "120 ms for A's" in text and " 0 s" not in text
+
+
+def test_source_paths_the_lessons_cite_exist():
+    from course.paths import PROJECT_ROOT
+
+    cited = set()
+    for path in sorted(LESSONS.glob("*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            for target in re.findall(r"`((?:course|tests)/[\w/.]+\.py)`", cell.source):
+                cited.add((path.name, target))
+    assert cited  # the lessons do point at code
+    missing = [(nb, t) for nb, t in cited if not (PROJECT_ROOT / t).exists()]
+    assert not missing, missing
+    shims = [(nb, t) for nb, t in cited if "real module is" in (PROJECT_ROOT / t).read_text()[:300]]
+    assert not shims, f"cite the real module, not a compatibility shim: {shims}"
