@@ -1,7 +1,8 @@
 """Finding submissions in a folder and repairing what a student changed in the locked cells.
 
 Layouts: DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's) or DIR/<student>/<notebook>.ipynb.
-`name (1).ipynb`, the name a browser gives a re-download, is accepted with a note. A student folder (or a
+`name (1).ipynb`, the name a browser gives a re-download, is accepted with a note (the exact name wins where
+both exist: see `discover`). A student folder (or a
 student's assignment folder) without a notebook gives a "missing" submission, so no student drops out of
 the report or the CSV.
 """
@@ -45,37 +46,57 @@ def _stem(path: Path, by_stem: dict) -> tuple[str, str]:
 
 
 def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
-    """Every notebook under folder, with its student and assignment (problems noted, not raised)."""
+    """Every notebook under folder, with its student and assignment (problems noted, not raised).
+
+    One submission is graded per student, assignment and notebook. Where a student has several candidates for it,
+    the exact name in the assignment's own folder wins over a renamed copy ("name (1).ipynb"), and a copy in the
+    assignment's folder over one elsewhere; a file that is not a readable notebook loses to one that is. The others
+    are named on the graded row ("also found … : not graded"), never dropped in silence and never graded instead.
+    A notebook of one assignment inside another assignment's folder (nbgrader collects every file of a
+    submission folder) is reported on its own row and not graded as the other assignment's.
+    """
     from course.grade.files import GradingError
 
     by_stem = {nb: a for a, nbs in known.items() for nb in nbs}
     folder = Path(folder)
     if not folder.is_dir():
         raise GradingError(f"{folder} is not a folder; give the folder that holds one sub-folder per student")
-    found, seen = [], {}
+    found: list[Submission] = []
+    candidates: dict[tuple[str, str, str], list[tuple[tuple, Submission]]] = {}
     for path in sorted(folder.rglob("*.ipynb")):
         parts = path.relative_to(folder).parts
         if any(p.startswith(".") for p in parts):
             continue  # .ipynb_checkpoints and other hidden folders
         stem, note = _stem(path, by_stem)
         student = parts[0] if len(parts) > 1 else ""
-        assignment = by_stem.get(stem, parts[1] if len(parts) == 3 else "")
+        folder_assignment = parts[1] if len(parts) == 3 else ""
+        assignment = by_stem.get(stem, folder_assignment)
         sub = Submission(student, assignment, stem, path, problems=[note] if note else [])
         if len(parts) == 1 or len(parts) > 3:
             sub.problem = "misplaced: put it at DIR/<student>/<assignment>/<notebook>.ipynb"
         elif stem not in by_stem:
             sub.problem = f"unknown notebook: expected one of {sorted(by_stem)}"
-        elif (sub.student, sub.assignment, sub.notebook) in seen:
-            other = seen[sub.student, sub.assignment, sub.notebook]
-            sub.problem = f"duplicate: this student already has {other.name} for this notebook"
+        elif folder_assignment in known and folder_assignment != assignment:
+            sub.assignment = folder_assignment  # its own row, under the folder it was found in
+            sub.problem = (f"misplaced: {path.name} belongs to {assignment}, but it is in {folder_assignment}/; "
+                           f"not graded (hand it in as {assignment}/{stem}.ipynb)")
         else:
             sub.problem = invalid_reason(path)
-        if not sub.problem or not sub.problem.startswith("duplicate"):
-            seen.setdefault((sub.student, sub.assignment, sub.notebook), path)
+            rank = (bool(sub.problem), folder_assignment != assignment, bool(note), path.name)
+            candidates.setdefault((student, assignment, stem), []).append((rank, sub))
+            continue
         found.append(sub)
+    for group in candidates.values():
+        group.sort(key=lambda item: item[0])
+        chosen = group[0][1]
+        for _, other in group[1:]:
+            why = f" ({other.problem})" if other.problem else ""
+            chosen.problems.append(f"also found {other.path.relative_to(folder)}{why}: not graded, "
+                                   f"{chosen.path.name} was")
+        found.append(chosen)
     # students (or assignment folders) with no notebook at all: a "missing" row each, never silence
-    graded = {s.assignment for s in found if s.assignment}
-    have = {(s.student, s.assignment) for s in found}
+    graded = {s.assignment for s in found if s.assignment and not s.problem.startswith("misplaced")}
+    have = {(s.student, s.assignment) for s in found if not s.problem.startswith("misplaced")}
     for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
         student = student_dir.name
         expected = {d.name for d in student_dir.iterdir() if d.is_dir() and d.name in known}

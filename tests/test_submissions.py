@@ -1,0 +1,77 @@
+"""Which notebook is graded for a student: never a stray copy instead of the real one, and nothing dropped in
+silence (course/grade/submissions.py, `discover`)."""
+import json
+import shutil
+
+from course.grade import submissions
+from course.paths import PROJECT_ROOT
+
+SAMPLES = PROJECT_ROOT / "autograde" / "samples"
+KNOWN = {"01_memory_formula": ["memory_formula"], "02_kv_cache": ["kv_cache"]}
+
+
+def _put(src_student: str, assignment: str, notebook: str, dest):
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SAMPLES / src_student / assignment / f"{notebook}.ipynb", dest)
+
+
+def _rows(folder):
+    return {(s.student, s.assignment, s.notebook): s for s in submissions.discover(folder, KNOWN)}
+
+
+def test_the_exact_name_wins_over_a_re_download_whatever_the_sort_order(tmp_path):
+    # "memory_formula (1).ipynb" sorts before "memory_formula.ipynb": the stale blank copy must not be graded
+    d = tmp_path / "ann" / "01_memory_formula"
+    _put("reference", "01_memory_formula", "memory_formula", d / "memory_formula.ipynb")
+    _put("blank", "01_memory_formula", "memory_formula", d / "memory_formula (1).ipynb")
+    subs = submissions.discover(tmp_path, KNOWN)
+    graded = [s for s in subs if not s.problem]
+    assert len(graded) == 1 and graded[0].path.name == "memory_formula.ipynb"
+    assert any("memory_formula (1).ipynb" in p and "not graded" in p for p in graded[0].problems)
+    assert len(subs) == 1, "one row for the student's notebook, the copy named on it"
+
+
+def test_a_readable_copy_wins_over_a_broken_original(tmp_path):
+    d = tmp_path / "ann" / "01_memory_formula"
+    d.mkdir(parents=True)
+    (d / "memory_formula.ipynb").write_text('{"cells": [')
+    _put("reference", "01_memory_formula", "memory_formula", d / "memory_formula (1).ipynb")
+    (sub,) = [s for s in submissions.discover(tmp_path, KNOWN)]
+    assert sub.problem == "" and sub.path.name == "memory_formula (1).ipynb"
+    assert any("invalid notebook" in p for p in sub.problems)
+
+
+def test_a_notebook_in_another_assignments_folder_is_reported_not_graded_in_its_place(tmp_path):
+    # a full kv_cache.ipynb slipped into the 01 folder must not replace the student's real (blank) 02 submission
+    d = tmp_path / "ann" / "01_memory_formula"
+    _put("reference", "01_memory_formula", "memory_formula", d / "memory_formula.ipynb")
+    _put("reference", "02_kv_cache", "kv_cache", d / "kv_cache.ipynb")
+    _put("blank", "02_kv_cache", "kv_cache", tmp_path / "ann" / "02_kv_cache" / "kv_cache.ipynb")
+    rows = _rows(tmp_path)
+    real = rows["ann", "02_kv_cache", "kv_cache"]
+    assert real.problem == "" and real.path.parent.name == "02_kv_cache"
+    stray = rows["ann", "01_memory_formula", "kv_cache"]
+    assert stray.problem.startswith("misplaced") and "02_kv_cache" in stray.problem
+    assert rows["ann", "01_memory_formula", "memory_formula"].problem == ""
+
+
+def test_a_folder_holding_only_another_assignments_notebook_still_gets_its_missing_row(tmp_path):
+    _put("reference", "02_kv_cache", "kv_cache", tmp_path / "bob" / "01_memory_formula" / "kv_cache.ipynb")
+    rows = _rows(tmp_path)
+    assert rows["bob", "01_memory_formula", "memory_formula"].missing
+    assert rows["bob", "01_memory_formula", "kv_cache"].problem.startswith("misplaced")
+
+
+def test_every_file_found_is_on_some_row(tmp_path):
+    """Whatever the mix, each notebook file appears on a row: graded, reported, or named on the graded row."""
+    d = tmp_path / "cat"
+    for name in ("memory_formula.ipynb", "memory_formula (1).ipynb", "memory_formula copy.ipynb"):
+        _put("reference", "01_memory_formula", "memory_formula", d / "01_memory_formula" / name)
+    _put("reference", "02_kv_cache", "kv_cache", d / "01_memory_formula" / "kv_cache.ipynb")
+    _put("reference", "02_kv_cache", "kv_cache", d / "02_kv_cache" / "kv_cache (2).ipynb")
+    subs = submissions.discover(tmp_path, KNOWN)
+    text = json.dumps([[str(s.path), s.problem, s.problems] for s in subs])
+    for f in tmp_path.rglob("*.ipynb"):
+        assert f.name in text, f
+    keys = [(s.student, s.assignment, s.notebook) for s in subs]
+    assert len(keys) == len(set(keys)), "two rows under one key: the grader would keep only one of them"
