@@ -25,6 +25,7 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
 from course.grade.nbgrader_ext import HideHiddenTests, SafeExecute
+from course.grade.feedback_html import SanitizeMarkdown
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
 
@@ -73,4 +74,10 @@ c.Autograde.autograde_preprocessors = [
 ]
 
 # Feedback never shows hidden tests: their source is cut out and their output reduced to pass/fail.
-c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, CSSHTMLHeaderPreprocessor]
+c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, SanitizeMarkdown, CSSHTMLHeaderPreprocessor]
+
+# Feedback HTML: a student's markdown and outputs are sanitised (no <script>, no onerror=, no javascript: links),
+# keeping headings, paragraphs, lists, tables and images (course/grade/feedback_html.py says why nbconvert's own
+# filter is not enough).
+c.HTMLExporter.sanitize_html = True
+c.HTMLExporter.filters = {"clean_html": "course.grade.feedback_html.clean_html"}
