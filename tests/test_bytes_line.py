@@ -201,7 +201,8 @@ def test_the_check_catches_a_verdict_that_disagrees():
 
 def test_lesson_01_has_the_section_and_prints_the_line():
     code = _section_code()
-    assert len(code) == 2 and "bytes_line()" in code[0] and "print(line)" in code[0] and "line.plot()" in code[1]
+    assert len(code) == 2 and "print(line)" in code[0] and "line.plot()" in code[1]
+    assert "line = bytes_line(device=model.device)" in code[0], "the line is measured where the lesson's model runs"
 
 
 def test_a_line_comes_back_from_the_values_a_notebook_records():
