@@ -75,3 +75,30 @@ def test_sampling_pipeline_puts_temperature_before_the_filters():
 def test_bad_sizes_say_what_to_pass(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(9, 3), (8, 2), (4, 4)])
+def test_head_sharing_caches_only_the_kv_heads_of_each_variant(n_heads, n_kv_heads):
+    fig = diagrams.kv_head_sharing(n_heads, n_kv_heads)
+    # one cached box per K/V head: H for MHA, H_kv for GQA, 1 for MQA
+    assert len(_rects(fig, diagrams.CACHE)) == n_heads + n_kv_heads + 1
+    text = _texts(fig)
+    assert f"{n_heads} K/V heads cached" in text and f"{n_kv_heads} K/V head" in text and "1 K/V head cached" in text
+
+
+def test_head_sharing_refuses_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        diagrams.kv_head_sharing(9, 2)
+
+
+def test_every_lesson_draws_a_diagram():
+    """Each numbered lesson shows at least one conceptual picture drawn by code (lesson 05's are its block-pool
+    and batch-mask pictures, in course.lessons.serving*)."""
+    import nbformat
+
+    from course.paths import LESSONS
+
+    pictures = ("course.lessons.diagrams import", "plot_pool(", "plot_batch_mask(")
+    for path in sorted(LESSONS.glob("0*.ipynb")):
+        code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+        assert any(p in code for p in pictures), f"{path.name} draws no diagram"

@@ -7,6 +7,7 @@ Each function draws one picture a lesson points at and returns the matplotlib Fi
     cache_layout              lesson 02: the [B, H_kv, T, D_h] buffers per layer, and where a new token lands
     sampling_pipeline         lesson 03: logits → temperature → top-k / top-p → renormalise → draw
     speculative_round         lesson 04: a draft proposes k tokens, one target pass keeps a prefix of them
+    kv_head_sharing           lesson 02b: which query heads read which K/V head, for MHA, GQA and MQA
 
 The letters are the course's glossary: T prompt tokens, C cached tokens, L layers, H_kv KV heads, D_h head dim.
 """
@@ -174,5 +175,31 @@ def speculative_round(k: int = 4, accepted: int = 2):
     ax.set_xlim(-2.6, (k + 1) * 1.2 + 0.2); ax.set_ylim(-0.3, 2.9); ax.axis("off")
     ax.set_title(f"One speculative round (k = {k}): {emitted} token(s) for one read of the target's weights",
                  fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def kv_head_sharing(n_heads: int = 9, n_kv_heads: int = 3):
+    """Query heads (top) and the K/V heads they read (bottom), for MHA (one K/V head per query head), GQA
+    (n_heads / n_kv_heads query heads per K/V head) and MQA (one K/V head for all), as in Ainslie et al.,
+    "GQA" (2023), figure 2. Only the bottom row is cached: its width is the cache's H_kv."""
+    _check_positive(n_heads=n_heads, n_kv_heads=n_kv_heads)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads}), as in the model's config")
+    variants = [("MHA", n_heads), ("GQA", n_kv_heads), ("MQA", 1)]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 2.4))
+    for ax, (name, kv) in zip(axes, variants):
+        group = n_heads // kv
+        for q in range(n_heads):
+            _box(ax, q, 2, 0.8, 0.6, "white", f"q{q}", fontsize=6)
+            k = q // group
+            kx = k * (n_heads / kv) + (n_heads / kv - 0.8) / 2
+            _arrow(ax, (q + 0.4, 2), (kx + 0.4, 0.6), color="grey", style="-")
+        for k in range(kv):
+            kx = k * (n_heads / kv) + (n_heads / kv - 0.8) / 2
+            _box(ax, kx, 0, 0.8, 0.6, CACHE, "KV", fontsize=6)
+        ax.set_xlim(-0.5, n_heads + 0.2); ax.set_ylim(-0.6, 3.0); ax.axis("off")
+        ax.set_title(f"{name}: {n_heads} query heads, {kv} K/V head{'s' if kv > 1 else ''} cached", fontsize=9)
+    fig.suptitle("Only the K/V heads (blue) are cached: bytes per token = 2 · L · H_kv · D_h · dtype bytes", fontsize=10)
     fig.tight_layout()
     return fig
