@@ -22,10 +22,31 @@ def state_dir() -> Path:
 
 def jupyter_env(base: dict | None = None, state: Path | None = None) -> dict:
     """An environment whose Jupyter state lives under `state` (the course's .state/ by default)."""
+    chosen = state is None
     state = Path(state) if state else state_dir()
     env = dict(os.environ if base is None else base)
     for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
                      ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):
-        (state / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            (state / sub).mkdir(parents=True, exist_ok=True)
+            if not os.access(state / sub, os.W_OK):  # Jupyter writes its runtime files and settings here
+                raise PermissionError(13, "Permission denied", str(state / sub))
+        except OSError as exc:
+            raise ValueError(_state_problem(state / sub, exc, from_env=chosen and "KVCOURSE_STATE" in os.environ)
+                             ) from None
         env[var] = str(state / sub)
     return env
+
+
+def _state_problem(folder: Path, exc: OSError, from_env: bool) -> str:
+    """One line: which folder, what is wrong with it, and what to do."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        what = f"{blocker} is a file, not a folder"
+    elif isinstance(exc, PermissionError):
+        what = f"{next((p for p in (folder, *folder.parents) if p.exists()), folder)} is not writable by you"
+    else:
+        what = exc.strerror or str(exc)
+    fix = ("set KVCOURSE_STATE to a folder you can write to (or unset it to use the project's .state/)" if from_env
+           else "move the file out of the way or make the folder writable (or set KVCOURSE_STATE to another folder)")
+    return f"cannot use Jupyter's state folder {folder} ({what}): {fix}"

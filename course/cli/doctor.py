@@ -1,6 +1,7 @@
 """`kvcourse doctor`: is everything in place? Versions, device, the model file, and a bandwidth probe."""
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
@@ -31,6 +32,24 @@ def run(args) -> int:
     device = pick_device(args.device)
     cuda = f"CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "no CUDA GPU"
     print(f"device      {device}  ({cuda}; {torch.get_num_threads()} CPU threads)")
+    from course.measure.threads import THREADS_VAR, asked_threads
+
+    try:  # every lesson's first timing cell reads it: a bad value is found here, not there
+        threads, note = asked_threads()
+        if threads is not None:
+            print(f"threads     {note or f'{THREADS_VAR}={threads}: timing uses {threads} CPU thread(s)'}")
+    except ValueError as exc:
+        print(f"threads     WRONG — {exc}")
+        ok = False
+    from course.measure.results import FULL_VAR, full_size
+
+    try:
+        if os.environ.get(FULL_VAR, "").strip():
+            print(f"full size   {FULL_VAR}={os.environ[FULL_VAR].strip()}: notebooks run "
+                  + ("their full sweeps" if full_size() else "the quick default sizes"))
+    except ValueError as exc:
+        print(f"full size   WRONG — {exc}")
+        ok = False
     try:
         path = default_gguf_path()
         print(f"model       {path} ({path.stat().st_size / 2**20:.0f} MiB)")
@@ -63,5 +82,5 @@ def run(args) -> int:
             t0 = time.perf_counter()
             model, tok = course.load(device=device)
             print(f"load        {time.perf_counter() - t0:.1f} s  ({model.config.n_params / 1e6:.1f} M parameters)")
-    print("all good" if ok else "something is missing: see above")
+    print("all good" if ok else "something is missing or wrong: see above")
     return 0 if ok else 1

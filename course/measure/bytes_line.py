@@ -39,6 +39,7 @@ from course.engine.config import ModelConfig
 from course.engine.fast import decode_block, fused_block_weights, lm_head, row_linear, step_inputs, streamed_linear
 from course.engine.model import Transformer, rope_tables
 from course.measure.costs import decode_cost, dtype_bytes as _dtype_bytes
+from course.measure.results import full_size
 from course.measure.timing import ReadProbe, Stopwatch, steadiness
 
 CPU_SHAPES = ("smollm2-135m", "smollm2-360m", "tinyllama-1.1b")  # 0.5, 1.4, 4.4 GB in float32
@@ -52,7 +53,7 @@ R2_BOUND, BANDWIDTH_TOLERANCE = 0.98, 0.25  # what "on the line" and "the probe'
 def default_shapes(device: torch.device | str = "cpu", full: bool | None = None) -> tuple[str, ...]:
     """The presets the line is drawn through: KVCOURSE_FULL=1 (or full=True) adds the bigger ones."""
     if full is None:
-        full = os.environ.get("KVCOURSE_FULL", "") not in ("", "0")
+        full = full_size()
     if torch.device(device).type == "cuda":
         return GPU_SHAPES if full else GPU_SHAPES[:3]
     return CPU_FULL_SHAPES if full else CPU_SHAPES

@@ -32,9 +32,21 @@ def recorded() -> dict:
     return dict(_recorded)
 
 
+FULL_VAR = "KVCOURSE_FULL"
+_ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def full_size() -> bool:
-    """True when KVCOURSE_FULL=1: notebooks run their full sweeps instead of the quick default sizes."""
-    return os.environ.get("KVCOURSE_FULL", "0") not in ("", "0", "false", "no")
+    """True when KVCOURSE_FULL is 1/true/yes/on: notebooks run their full sweeps instead of the quick default
+    sizes; 0/false/no/off or unset/empty: the quick sizes. The one reader of the variable (the bytes line uses
+    it too), so no two places disagree; anything else raises ValueError rather than guessing."""
+    text = os.environ.get(FULL_VAR, "").strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise ValueError(f"{FULL_VAR} must be one of {'/'.join(_ON)} (full sweeps) or {'/'.join(_OFF[1:])} or empty "
+                     f"(quick sizes), got {os.environ[FULL_VAR]!r}: fix or unset it and restart the kernel")
 
 
 def _plain(value):

@@ -2,6 +2,7 @@
 
     others_busy      cores' worth of CPU that programs other than this one used over a stretch of time
     steady_threads   choose PyTorch's CPU thread count for timing, and say why (lessons print the reason)
+    asked_threads    the count KVCOURSE_THREADS asks for (None: unset), checked, with what happens to it
 
 The load average is no good for the question "is someone else using my cores?": it counts this process's
 own threads too, so a benchmark that has just run two threads for a minute finds a load of 2 on an empty
@@ -71,6 +72,30 @@ def free_cores(others: float, cores: int | None = None) -> int:
     return max(0, int(cores - others + 0.5))
 
 
+THREADS_VAR = "KVCOURSE_THREADS"
+
+
+def asked_threads(cores: int | None = None) -> tuple[int | None, str]:
+    """(thread count, note) from $KVCOURSE_THREADS: (None, "") when unset or empty. A count above this machine's
+    CPUs is capped to them (more threads than cores only wait on each other), and the note says so. Anything
+    but a whole number >= 1 raises ValueError naming the variable and what it may be."""
+    text = os.environ.get(THREADS_VAR, "").strip()
+    if not text:
+        return None, ""
+    cores = cores or os.cpu_count() or 1
+    try:
+        threads = int(text)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{THREADS_VAR} must be a whole number of CPU threads from 1 to {cores} (this machine's "
+                         f"CPUs), or unset for an automatic choice; got {text!r}: fix or unset it "
+                         f"(e.g. `export {THREADS_VAR}=1`, `unset {THREADS_VAR}`) and restart the kernel")
+    if threads > cores:
+        return cores, f"{THREADS_VAR}={threads} is more than this machine's {cores} CPUs: capped to {cores}"
+    return threads, ""
+
+
 def steady_threads(device="cpu", threads: int | None = None) -> str:
     """Choose PyTorch's CPU thread count for timing, and say why.
 
@@ -79,18 +104,22 @@ def steady_threads(device="cpu", threads: int | None = None) -> str:
     then balloon by several times. So the count is cut to the cores other programs leave free (rounded, at
     least 1), measured over a quarter of a second (`others_busy`); where that cannot be read, a 1-minute load
     average of at least the number of cores means 1 thread. `threads` (or the environment variable
-    KVCOURSE_THREADS) overrides the choice.
+    KVCOURSE_THREADS) overrides the choice; a count above the machine's CPUs is capped to them, and the
+    reason says so.
     """
     if torch.device(device).type != "cpu":
         return f"timing on {device}; CPU threads left at {torch.get_num_threads()}"
-    if threads is None and os.environ.get("KVCOURSE_THREADS"):
-        threads = int(os.environ["KVCOURSE_THREADS"])
     cores = os.cpu_count() or 1
+    note = ""
+    if threads is None:
+        threads, note = asked_threads(cores)
+    elif threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    elif threads > cores:
+        threads, note = cores, f"{threads} threads is more than this machine's {cores} CPUs: capped to {cores}"
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
-        return f"{threads} CPU thread(s), as asked"
+        return f"{threads} CPU thread(s), as asked" + (f" ({note})" if note else "")
     current = torch.get_num_threads()
     others = sample_others()
     if others is not None:
