@@ -200,6 +200,71 @@ def test_collect_reports_a_submission_made_as_another_student(tmp_path):
     assert f"claims to be by '{claimed}' but was made by '{me}'" in out.stderr
     assert "cheating attempt" in out.stdout + out.stderr, "nbgrader's own warning is shown, not hidden"
 
+def classroom_main(capsys, *args) -> tuple[int, str, str]:
+    """`kvcourse classroom ARGS` in this process (fast): (exit status, stdout, stderr)."""
+    from course import cli
+
+    try:
+        code = cli.main(["classroom", *map(str, args)])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_status_names_the_exchange_and_refuses_one_that_is_not_there(tmp_path, capsys):
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    (tmp_path / "a-file").write_text("not an exchange")
+    for where, words in ((tmp_path / "typo", "no exchange at"), (tmp_path / "a-file", "is a file, not a folder")):
+        code, out, err = classroom_main(capsys, "--course", course, "--exchange", where, "status")
+        assert code == 2 and "released" not in out, out
+        assert words in err and str(where) in err and "--exchange" in err and "Traceback" not in err, err
+    exchange.mkdir()
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "status")
+    assert code == 0 and f"exchange     {exchange}" in out and "released False" in out, out + err
+
+
+def test_export_to_a_folder_says_so_not_free_some_space(tmp_path, capsys):
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    classroom.init(course, exchange, ["alice"])
+    (tmp_path / "out").mkdir()
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "export", "--to", tmp_path / "out")
+    assert code == 2 and "is a folder" in err and "--to" in err and "Free some space" not in err, err
+    (course / "grades.csv").mkdir()
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "export")
+    assert code == 2 and f"{course / 'grades.csv'} is a folder" in err and "Free some space" not in err, err
+
+
+def test_roster_refuses_bad_ids_reports_duplicates_and_counts_what_was_added(tmp_path, capsys):
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    where = ["--course", course, "--exchange", exchange]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("alice\n../evil\nbob smith\nx/y\nx+y\n")
+    code, out, err = classroom_main(capsys, *where, "init", "--roster", bad)
+    assert code == 2 and str(bad) in err and all(f"'{s}'" in err for s in ("../evil", "bob smith", "x/y", "x+y")), err
+    assert "'alice'" not in err and not (course / "gradebook.db").exists(), "nothing is added from a bad roster"
+    binary = tmp_path / "roster.xlsx"
+    binary.write_bytes(b"PK\x03\x04\xff\xfe junk")
+    code, out, err = classroom_main(capsys, *where, "init", "--roster", binary)
+    assert code == 2 and str(binary) in err and "UTF-8" in err and "codec" not in err, err
+    roster = tmp_path / "roster.txt"
+    roster.write_text("alice\nbob\n# a comment\nalice\ncarol\ndave\neve\n")
+    code, out, err = classroom_main(capsys, *where, "init", "--roster", roster)
+    assert code == 0 and "5 student(s) added" in out and "'alice' is listed twice" in out, out + err
+    code, out, err = classroom_main(capsys, *where, "init", "--roster", roster)
+    assert code == 0 and "0 student(s) added" in out and "5 of the roster were there already" in out, out + err
+
+
+def test_class_folder_that_is_a_file_is_named(tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, out, err = classroom_main(capsys, "--course", blocker, "--exchange", tmp_path, "status")
+    assert code == 2 and f"{blocker} is a file, not a folder" in err and "Errno" not in err, err
+    monkeypatch.setenv("KVCOURSE_CLASS_DIR", str(blocker / "class"))  # the variable is not parsed by argparse
+    code, out, err = classroom_main(capsys, "--exchange", tmp_path, "init")
+    assert code == 2 and f"{blocker} is a file" in err and "KVCOURSE_CLASS_DIR" in err and "Errno" not in err, err
+
+
 # ----------------------------------------------------------------------------- slow: a class on JupyterHub
 
 def free_port() -> int:

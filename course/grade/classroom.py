@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import stat
 import sys
@@ -79,6 +80,64 @@ def make_exchange(exchange: Path) -> Path:
     return exchange
 
 
+def existing_exchange(exchange: Path) -> Path:
+    """`exchange`, if it is a folder; otherwise ClassroomError naming it and saying how to point at the right one."""
+    if not exchange.exists():
+        raise ClassroomError(f"no exchange at {exchange}: run `kvcourse classroom init` to create it, or point at "
+                             "the right one with --exchange or $KVCOURSE_EXCHANGE")
+    if not exchange.is_dir():
+        raise ClassroomError(f"the exchange {exchange} is a file, not a folder: give the exchange folder with "
+                             "--exchange or $KVCOURSE_EXCHANGE")
+    return exchange
+
+
+def check_class_dir(course: Path) -> Path:
+    """`course`, unless it (or a folder above it) is a file: then ClassroomError saying which."""
+    blocker = next((p for p in (course, *course.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ClassroomError(f"the class folder {course} cannot be used: {blocker} is a file, not a folder. Give a "
+                             "folder with --course or $KVCOURSE_CLASS_DIR")
+    return course
+
+
+# A student id becomes a folder name in the class folder and part of a submission's name in the exchange
+# ("alice+02_kv_cache+<time>"): nbgrader refuses ids with a path separator or '+', and JupyterHub user names
+# have no spaces. So: letters, digits and . _ @ -, starting with a letter or digit, never '..'.
+STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
+
+
+def read_roster(path: Path) -> tuple[list[str], list[str]]:
+    """(student ids in order, each once; notes on duplicates) from a file of one id per line ('#' comments).
+    A line that is not a valid id raises ValueError naming the file, the line and what an id may be."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"roster {path} is not UTF-8 text (byte offset {exc.start}): give a text file with one student "
+                         "user name per line") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read the roster {path} ({exc.strerror or exc}): give a text file with one "
+                         "student user name per line") from None
+    students, notes, bad = [], [], []
+    first_line = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        student = line.strip()
+        if not student or student.startswith("#"):
+            continue
+        if not STUDENT_ID.fullmatch(student) or ".." in student:
+            bad.append(f"line {number}: {student!r}")
+        elif student in first_line:
+            notes.append(f"{student!r} is listed twice (lines {first_line[student]} and {number}): added once")
+        else:
+            first_line[student] = number
+            students.append(student)
+    if bad:
+        raise ValueError(f"roster {path} has invalid student ids ({'; '.join(bad)}): an id is a JupyterHub user "
+                         "name, letters, digits and . _ @ - only (no spaces, '/', '+' or '..'); fix those lines, "
+                         "nothing was added")
+    return students, notes
+
+
 def _assignment(name: str) -> str:
     known = grading.assignments()
     if name not in known:
@@ -103,17 +162,25 @@ def _run(result: dict, what: str) -> str:
 
 # ----------------------------------------------------------------------------- the steps
 
-def init(course: Path, exchange: Path, roster: list[str] = ()) -> None:
-    """Class folder, exchange, and the roster in the gradebook (so the export lists who did not submit)."""
+def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
+    """Class folder, exchange, and the roster in the gradebook (so the export lists who did not submit).
+    Returns the students that were new to the gradebook."""
+    check_class_dir(course)
     course.mkdir(parents=True, exist_ok=True)
     make_exchange(exchange)
+    added = []
     if roster:
         from nbgrader.api import Gradebook
 
         grading._venv_on_path(os.environ)  # a new gradebook runs `alembic`
         with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
+            known = {s.id for s in gb.students}
             for student in roster:
                 gb.update_or_create_student(student)
+                if student not in known:
+                    added.append(student)
+                    known.add(student)
+    return added
 
 
 def release(assignment: str, course: Path, exchange: Path, force: bool = False) -> Path:
@@ -217,6 +284,19 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
     if not (course / "gradebook.db").exists():
         raise ClassroomError(f"no gradebook in {course}: release and grade an assignment first")
     dest = Path(dest or course / "grades.csv")
+    # what the CSV writer would only report as a failed write ("free some space"): say what is wrong instead
+    if dest.is_dir():
+        raise ClassroomError(f"{dest} is a folder: give the CSV file to write, e.g. --to {dest / 'grades.csv'}"
+                             if dest != course / "grades.csv" else
+                             f"{dest} is a folder where the CSV file goes: move it out of the way, or write the "
+                             "grades elsewhere with --to FILE.csv")
+    blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ClassroomError(f"cannot write {dest}: {blocker} is a file, not a folder; give --to a path in a folder")
+    where = next(p for p in dest.parents if p.exists())
+    if not os.access(where, os.W_OK | os.X_OK) or (dest.exists() and not os.access(dest, os.W_OK)):
+        raise ClassroomError(f"cannot write {dest}: {dest if dest.exists() else where} is not writable by you; "
+                             "give --to a file in a folder you can write to")
     grading._export_csv(config(course, exchange), dest)
     return dest
 
@@ -224,7 +304,7 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
 def status(course: Path, exchange: Path, assignment: str | None = None) -> dict:
     """Counts per assignment: released, submissions waiting in the exchange, collected, graded, feedback."""
     names = [_assignment(assignment)] if assignment else list(grading.assignments())
-    root = exchange / COURSE_ID
+    root = existing_exchange(exchange) / COURSE_ID
     out = {}
     for a in names:
         inbound = {p.name.split("+")[0] for p in (root / "inbound").glob(f"*+{a}+*")} if (root / "inbound").is_dir() else set()
@@ -280,14 +360,18 @@ def _print_rows(rows, assignment: str) -> int:
 def run_classroom(args) -> int:
     course, exchange = class_dir(args.course), exchange_dir(args.exchange)
     try:
+        check_class_dir(course)
         if getattr(args, "jobs", 1) < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
         if args.step == "init":
-            roster = [] if not args.roster else [ln.strip() for ln in args.roster.read_text().splitlines()
-                                                   if ln.strip() and not ln.startswith("#")]
-            init(course, exchange, roster)
+            roster, notes = read_roster(args.roster) if args.roster else ([], [])
+            added = init(course, exchange, roster)
+            for note in notes:
+                print(f"note: roster {args.roster}: {note}")
             print(f"class folder {course}\nexchange     {exchange} (mode {oct(stat.S_IMODE(exchange.stat().st_mode))})"
-                  + (f"\n{len(roster)} student(s) in the gradebook" if roster else ""))
+                  + (f"\n{len(added)} student(s) added to the gradebook"
+                     + (f" ({len(roster) - len(added)} of the roster were there already)" if len(added) < len(roster)
+                        else "") if roster else ""))
         elif args.step == "release":
             where = release(args.assignment, course, exchange, force=args.force)
             print(f"released {args.assignment} to {where}; students fetch it from Nbgrader > Assignments")
@@ -302,7 +386,9 @@ def run_classroom(args) -> int:
         elif args.step == "export":
             print(f"grades: {export(course, exchange, args.to)}")
         elif args.step == "status":
-            for a, counts in status(course, exchange, args.assignment).items():
+            counts_by_assignment = status(course, exchange, args.assignment)
+            print(f"exchange     {exchange}\nclass folder {course}")
+            for a, counts in counts_by_assignment.items():
                 print(f"{a:<22} " + "  ".join(f"{k} {v}" for k, v in counts.items()))
         else:  # grade, cycle
             suspicious = []
