@@ -241,3 +241,55 @@ def test_progress_in_a_read_only_folder_reads_what_is_saved(tmp_path):
         folder.chmod(0o755)
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing written where the file lies
     assert ProgressStore(folder / "progress.sqlite").counts()["exercise_checks"] == 1
+
+
+# --------------------------------------------------------------------------- reported by the fault injector
+def test_generate_refuses_a_prompt_that_is_not_utf8_before_loading(capsys, monkeypatch):
+    monkeypatch.setattr("course.load", lambda *a, **k: pytest.fail("the model was loaded for a prompt it cannot take"))
+    argv = ["generate", b"caf\xe9".decode("utf-8", "surrogateescape")]  # what Python makes of the bytes in argv
+    code, out, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, out, err, argv)
+    assert "not valid UTF-8" in err and "prompt" in err and "TextInputSequence" not in err, err
+
+
+def test_a_huge_count_names_the_upper_bound(capsys):
+    argv = ["generate", "hi", "--max-new-tokens", "99999999999"]
+    code, out, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, out, err, argv)
+    assert "at most 2147483648" in err and "at least" not in err, err
+
+
+def test_bench_refuses_an_item_both_only_and_skipped(tmp_path, capsys):
+    argv = ["bench", "--only", "notebooks", "--skip", "notebooks", "--out", str(tmp_path / "out")]
+    code, out, err = _run_main(argv, capsys)
+    _assert_one_line_error(code, out, err, argv)
+    assert "--only" in err and "--skip" in err and "notebooks" in err, err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir()), "no report was written"
+
+
+@pytest.mark.parametrize("command", [("grade", "{dir}"), ("classroom", "status")])
+def test_course_that_is_a_file_is_refused_while_parsing(command, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    for course in (blocker, blocker / "class"):
+        argv = [command[0], "--course", str(course), *[str(tmp_path) if a == "{dir}" else a for a in command[1:]]]
+        code, out, err = _run_main(argv, capsys)
+        _assert_one_line_error(code, out, err, argv)
+        assert f"{blocker}" in err and "is a file" in err and "--course" in err and "Errno" not in err, err
+
+
+def test_check_maps_a_renamed_copy_to_its_exercise(tmp_path):
+    from course.grade.check import exercise_of
+    from course.paths import EXERCISES
+
+    original = EXERCISES / "01_memory_formula" / "memory_formula.ipynb"
+    assert exercise_of(original) == "memory_formula"
+    for name in ("memory_formula-Copy1.ipynb", "Untitled.ipynb"):  # Jupyter's Duplicate and Save As names
+        shutil.copyfile(original, tmp_path / name)
+        assert exercise_of(tmp_path / name) == "memory_formula", name
+    folder = tmp_path / "01_memory_formula"  # by its folder, when its content says nothing
+    folder.mkdir()
+    (folder / "scratch.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    assert exercise_of(folder / "scratch.ipynb") == "memory_formula"
+    (tmp_path / "notes.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    assert exercise_of(tmp_path / "notes.ipynb") is None  # not recorded as an exercise the course does not have

@@ -33,7 +33,8 @@ def int_range(lo: int, hi: int = HUGE, what: str = "a whole number"):
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"{what} is needed, not {text!r}") from None
         if not lo <= value <= hi:
-            bound = f"at least {lo}" if hi == HUGE else f"from {lo} to {hi}"
+            # the bound the value broke: "at least 0" for 99999999999 would send the user the wrong way
+            bound = (f"at least {lo}" if value < lo else f"at most {hi}") if hi == HUGE else f"from {lo} to {hi}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
@@ -73,6 +74,22 @@ port = int_range(1, 65535, what="a port number")
 seed = int_range(0, 2**32 - 1, what="a whole-number seed")
 temperature = float_range(0.0, 100.0, what="a temperature")
 top_p = float_range(0.0, 1.0, lo_open=True, what="a probability")
+
+
+def _text(text: str) -> str:
+    """Text that can be encoded: bytes that are not UTF-8 reach Python as lone surrogates ('caf\\udce9'), which a
+    tokenizer refuses only after the model has loaded."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"is not valid UTF-8 text (at character {exc.start} of "
+            f"'{text.encode('utf-8', 'backslashreplace').decode()}'): type it again in a UTF-8 terminal "
+            "(e.g. LANG=C.UTF-8) or convert it with iconv -t UTF-8") from None
+    return text
+
+
+utf8_text = _typed(_text, "text", ["caf\udce9"])
 
 
 def _existing_file(text: str) -> Path:
@@ -129,6 +146,23 @@ def _writable_dir(text: str) -> Path:
 writable_dir = _typed(_writable_dir, "folder", ["{unwritable}", "{file}"])
 
 
+def _folder(text: str) -> Path:
+    """A folder that exists or can be created: neither it nor anything above it is a file. (Whether it can be
+    written is the command's business: `status` only reads.)"""
+    path = Path(text).expanduser()
+    for above in (path, *path.parents):
+        if above.exists():
+            if not above.is_dir():
+                what = "is a file" if above == path else f"is inside {above}, which is a file"
+                raise argparse.ArgumentTypeError(f"{path} {what}, not a folder: give a folder (it is created if "
+                                                 "missing)")
+            break
+    return path
+
+
+folder = _typed(_folder, "folder", ["{file}", "{unwritable}"])
+
+
 # ------------------------------------------------------------------ options of the layers below
 def _checked_int(action: argparse.Action):
     """Every plain int option in the course is a count, seconds, MiB or a port: never negative or near 2**31,
@@ -143,6 +177,8 @@ def harden(parser: argparse.ArgumentParser) -> None:
             action.type = _checked_int(action)
         elif action.type is float:
             action.type = float_range(0.0)
+        elif action.type is Path and action.dest == "course":  # the class folder of grade and classroom
+            action.type = folder
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 harden(sub)

@@ -71,8 +71,14 @@ def run(args) -> int:
         raise ValueError(f"--grade-samples must be >= 1, got {args.grade_samples}")
     from course.paths import PROJECT_ROOT
 
-    check_writable_dir(args.out or PROJECT_ROOT / "bench-results")  # before the suite, never after it
+    both = sorted(set(args.only) & set(args.skip))
+    if both:  # the suite would run nothing and write an empty report as a success
+        raise ValueError(f"{', '.join(both)} given to both --only and --skip, which contradict each other: "
+                         "drop it from one of them")
     items = [i for i in (args.only or list(REGISTRY)) if i not in args.skip]
+    if not items:
+        raise ValueError(f"--skip leaves no item to run (items: {', '.join(REGISTRY)}): skip fewer")
+    check_writable_dir(args.out or PROJECT_ROOT / "bench-results")  # before the suite, never after it
     result = run_suite(items=items, quick=args.quick, device=args.device, threads=args.threads,
                        compile=not args.no_compile, grade_samples=args.grade_samples, model=args.model)
     json_path, md_path = write_results(result, args.out)

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import sys
 
-from course.cli.args import gguf_file, non_negative_int, positive_int, seed, temperature, top_p
+from course.cli.args import gguf_file, non_negative_int, positive_int, seed, temperature, top_p, utf8_text
 
 
 def add_arguments(p):
-    p.add_argument("prompt", help="what to ask the model")
+    p.add_argument("prompt", type=utf8_text, help="what to ask the model (UTF-8 text)")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=128,
-                   help="most tokens to generate (default 128; 0 = only read the prompt)")
+                   help="most tokens to generate (default 128; 0 = only read the prompt); the prompt and these "
+                        "must fit the model's context (its max_seq_len, checked after loading)")
     p.add_argument("--temperature", type=temperature, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=positive_int, default=None)
     p.add_argument("--top-p", type=top_p, default=None)

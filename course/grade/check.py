@@ -37,11 +37,49 @@ class TestResult:
     hint: str = ""
 
 
-def _release_of(path: Path):
+def _grade_ids(nb) -> set[str]:
+    return {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells} - {None}
+
+
+def exercise_of(path: Path) -> str | None:
+    """Which exercise notebook `path` is (its stem, e.g. 'memory_formula'), or None.
+
+    Jupyter's "Duplicate" and "Save As" give a copy another name (memory_formula-Copy1.ipynb, Untitled.ipynb),
+    and it is still that exercise: the name decides first, then the copy's own content (the nbgrader grade ids
+    of its cells, which the released notebook names and a learner cannot usefully change: the grader
+    restores them), then the exercise folder it sits in when that folder holds one exercise. A notebook none of
+    these tie to an exercise is None, and its checks are not recorded as a new exercise."""
     import nbformat
 
     by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
-    release = EXERCISES / by_stem.get(path.stem, "?") / f"{path.stem}.ipynb"
+    path = Path(path)
+    if path.stem in by_stem:
+        return path.stem
+    try:
+        mine = _grade_ids(nbformat.read(str(path), as_version=4))
+    except Exception:  # not a notebook nbformat can read: nothing in it to go by
+        mine = set()
+    if mine:
+        overlap = {}
+        for stem, assignment in by_stem.items():
+            release = EXERCISES / assignment / f"{stem}.ipynb"
+            if release.exists():
+                overlap[stem] = len(mine & _grade_ids(nbformat.read(str(release), as_version=4)))
+        best = sorted((n, stem) for stem, n in overlap.items() if n)
+        if best and (len(best) == 1 or best[-1][0] > best[-2][0]):
+            return best[-1][1]
+    in_folder = [stem for stem, assignment in by_stem.items() if assignment == path.resolve().parent.name]
+    return in_folder[0] if len(in_folder) == 1 else None
+
+
+def _release_of(path: Path):
+    import nbformat
+
+    stem = exercise_of(path)
+    if stem is None:
+        return None
+    by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
+    release = EXERCISES / by_stem[stem] / f"{stem}.ipynb"
     return nbformat.read(str(release), as_version=4) if release.exists() else None
 
 
@@ -123,20 +161,21 @@ def full_check(notebook: Path, timeout: int | None = None):
         raise GradingError("a full check needs the course folder with solutions/ (a clone of the course); "
                            "in a class, submit the notebook and read the feedback instead")
     by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
-    assignment = by_stem.get(Path(notebook).stem)
+    stem = exercise_of(Path(notebook))  # a renamed copy is graded as the exercise it is a copy of
+    assignment = by_stem.get(stem)
     if assignment is None:
         raise GradingError(f"{notebook} is not one of the exercise notebooks {sorted(by_stem)}")
     unsandboxed = bool(sandbox.sandbox_problem())  # your own notebook on your own machine: fine either way
     with tempfile.TemporaryDirectory(prefix="kvcourse-full-check-") as tmp:
         folder = Path(tmp) / "submissions" / "me" / assignment
         folder.mkdir(parents=True)
-        shutil.copyfile(notebook, folder / f"{Path(notebook).stem}.ipynb")
+        shutil.copyfile(notebook, folder / f"{stem}.ipynb")
         (row,) = grader.grade(folder.parent.parent, Path(tmp) / "course", timeout=timeout, progress=False,
                               log=lambda *_: None, unsandboxed=unsandboxed)
         import nbformat
 
         cells = {}
-        graded = Path(tmp) / "course" / "autograded" / "me" / assignment / f"{Path(notebook).stem}.ipynb"
+        graded = Path(tmp) / "course" / "autograded" / "me" / assignment / f"{stem}.ipynb"
         if graded.exists():
             for cell in nbformat.read(str(graded), as_version=4).cells:
                 meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -193,10 +232,17 @@ def run_check(args) -> int:
             if t.hint:
                 print(f"         hint: {t.hint}")
     passed = sum(t.status == "pass" for t in visible)
+    exercise = exercise_of(path)
+    if exercise is None:  # recorded under its own name, it would show as an exercise the course does not have
+        print(f"  note: {path.name} is not one of the exercise notebooks (nor a copy of one), so this check is "
+              "not saved to your progress")
+    elif exercise != path.stem:
+        print(f"  note: {path.name} is a copy of the exercise {exercise}: saved to your progress as {exercise}")
     try:  # the learner's progress file remembers each self-check (`kvcourse progress` shows it)
         from course.teach.progress import record_exercise_check
 
-        record_exercise_check(path.stem, passed, len(visible), {t.grade_id: t.status for t in visible})
+        if exercise is not None:
+            record_exercise_check(exercise, passed, len(visible), {t.grade_id: t.status for t in visible})
     except Exception as exc:  # progress is a convenience: never let it break the check itself
         print(f"  note: could not save this check to your progress file ({exc})")
     print(f"{passed}/{len(visible)} visible tests pass"
