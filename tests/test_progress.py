@@ -110,7 +110,7 @@ def test_garbage_file_is_moved_aside_with_a_warning(tmp_path):
     garbage = b"this is not a database\x00" * 200
     path.write_bytes(garbage)
     store = ProgressStore(path)
-    with pytest.warns(ProgressFileWarning, match="kept as"):
+    with pytest.warns(ProgressFileWarning, match="moved aside to"):
         store.record_answer("00_start_here", "start-1", "B", True)
     (aside,) = _aside_files(path)
     assert aside.read_bytes() == garbage  # the old file is kept, byte for byte
@@ -312,3 +312,173 @@ def test_answers_saved_under_a_renamed_question_read_back_under_its_new_id_and_l
     assert bank.question(old_id) is q  # an old notebook's answer("<old id>", …) still finds it
     assert answer(old_id, old_letter, store=store) is True  # … and its letter means the same option
     assert all(bank.question(n) for n, _ in RENAMED.values())
+
+
+# ---------------------------------------------------------------------- a healthy file is never moved aside
+def _saved_file(path: Path) -> Path:
+    ProgressStore(path).record_answer("02_kv_cache", "kv-1", "A", True)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # everything in the one file, as a copied file would be
+    con.close()
+    return path
+
+
+def _answer_ids(path: Path) -> list[str]:
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in con.execute("SELECT question_id FROM answers")]
+    finally:
+        con.close()
+
+
+def test_a_read_only_file_is_read_and_never_moved_aside(tmp_path, monkeypatch):
+    """chmod 444 (the folder writable): SQLite opens such a file read-only for anyone but root, and a write to it
+    fails with SQLITE_READONLY. Simulated for root too: the learner's file is opened with mode=ro."""
+    import tempfile
+
+    path = _saved_file(tmp_path / "progress.sqlite")
+    path.chmod(0o444)
+    before = path.read_bytes()
+    real_open = ProgressStore._open
+
+    def open_read_only(self):
+        if self.path != path:
+            return real_open(self)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=self.timeout, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    monkeypatch.setattr(ProgressStore, "_open", open_read_only)
+    monkeypatch.setattr("os.access", lambda p, mode, **kw: True)  # as root sees it: the write fails in SQLite
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    store = ProgressStore(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reading a read-only file is not worth a warning
+        assert [a["question_id"] for a in store.answers()] == ["kv-1"]
+    with pytest.warns(ProgressFileWarning, match="for this session only"):
+        store.record_answer("02_kv_cache", "kv-2", "B", False)
+    assert [a["question_id"] for a in store.answers()] == ["kv-1", "kv-2"]  # this session's copy
+    assert store.not_saved and str(path) in store.not_saved
+    assert _aside_files(path) == [] and path.read_bytes() == before
+
+
+def test_a_file_the_learner_may_not_write_is_copied_not_moved_aside(tmp_path, monkeypatch):
+    """The same chmod 444 file, seen by a learner who is not root (os.access says it cannot be written)."""
+    import os
+    import tempfile
+
+    path = _saved_file(tmp_path / "progress.sqlite")
+    path.chmod(0o444)
+    before, files = path.read_bytes(), sorted(tmp_path.iterdir())
+    if os.geteuid() == 0:  # root may write any file: ask the question a learner's process would get answered
+        monkeypatch.setattr("os.access", lambda p, mode, **kw: not (mode & os.W_OK and Path(p) == path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    store = ProgressStore(path)
+    with pytest.warns(ProgressFileWarning, match="read-only"):
+        assert [a["question_id"] for a in store.answers()] == ["kv-1"]
+    store.record_answer("02_kv_cache", "kv-2", "B", False)
+    assert "chmod u+w" in store.not_saved
+    assert _aside_files(path) == [] and path.read_bytes() == before
+    assert sorted(tmp_path.iterdir()) == sorted(files + [tmp_path / "tmp"])  # nothing new beside it
+
+
+def _hold_exclusive(path: Path) -> sqlite3.Connection:
+    """Another process's `PRAGMA locking_mode=EXCLUSIVE`: no one else may read or write until it closes."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA locking_mode=EXCLUSIVE")
+    con.execute("BEGIN EXCLUSIVE")
+    con.execute("COMMIT")  # in exclusive locking mode the lock outlives the transaction
+    return con
+
+
+def test_a_busy_file_says_busy_and_is_never_moved_aside(tmp_path):
+    from course.teach.progress import BUSY_MESSAGE, ProgressFileBusy
+
+    path = _saved_file(tmp_path / "progress.sqlite")
+    holder = _hold_exclusive(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(ProgressFileBusy, match=r"busy \(another kernel or command is using it\); try again"):
+                ProgressStore(path, timeout=0.2).answers()
+            with pytest.raises(ProgressFileBusy) as exc:
+                ProgressStore(path, timeout=0.2).record_answer("02_kv_cache", "kv-2", "B", True)
+        assert BUSY_MESSAGE in str(exc.value)
+        assert _aside_files(path) == []
+    finally:
+        holder.close()
+    assert [a["question_id"] for a in ProgressStore(path).answers()] == ["kv-1"]
+
+
+def test_reads_need_no_write_lock(tmp_path):
+    """A notebook in the middle of a write (BEGIN IMMEDIATE) does not stop a read of a set-up file."""
+    import time
+
+    path = _saved_file(tmp_path / "progress.sqlite")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        start = time.monotonic()
+        assert [a["question_id"] for a in ProgressStore(path, timeout=3).answers()] == ["kv-1"]
+        assert time.monotonic() - start < 2
+    finally:
+        writer.close()
+
+
+def test_cli_progress_on_a_busy_file_says_busy_in_one_line(tmp_path, monkeypatch, capsys):
+    import course.cli.progress as cli_progress
+    from course.cli import main
+    from course.teach.progress import BUSY_MESSAGE
+
+    path = _saved_file(tmp_path / "progress.sqlite")
+    monkeypatch.setattr(cli_progress, "default_store", lambda: ProgressStore(path, timeout=0.2))
+    holder = _hold_exclusive(path)
+    try:
+        assert main(["progress"]) == 1
+    finally:
+        holder.close()
+    out, err = capsys.readouterr()
+    assert BUSY_MESSAGE in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert _aside_files(path) == [] and _answer_ids(path) == ["kv-1"]
+
+
+def _moved_aside(path: Path) -> Path:
+    (aside,) = [p for p in _aside_files(path) if not p.name.endswith(("-wal", "-shm"))]
+    return aside
+
+
+def _truncated_progress_file(tmp_path: Path, name: str) -> Path:
+    good = _saved_file(tmp_path / "good.sqlite")
+    path = tmp_path / name
+    path.write_bytes(good.read_bytes()[:3000])  # `head -c 3000 good.sqlite > progress.sqlite`
+    return path
+
+
+@pytest.mark.parametrize("argv", [["progress"], ["progress", "--reset", "--yes"], ["progress", "--file", "{path}"]])
+def test_cli_says_where_a_moved_aside_file_is(tmp_path, monkeypatch, capsys, argv):
+    from course.cli import main
+
+    path = _truncated_progress_file(tmp_path, "X.db" if "--file" in argv else "progress.sqlite")
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    assert main([a.format(path=path) for a in argv]) == 0
+    out, err = capsys.readouterr()
+    aside = _moved_aside(path)
+    notes = [ln for ln in (out + err).splitlines() if ln.startswith("Note: ")]
+    assert len(notes) == 1 and f"moved aside to {aside}; your earlier progress is in that file" in notes[0]
+    assert "ProgressFileWarning" not in out + err
+
+
+def test_kvcourse_check_says_where_a_moved_aside_file_is(tmp_path, monkeypatch, capsys):
+    from course.teach.progress import record_exercise_check
+
+    path = _truncated_progress_file(tmp_path, "progress.sqlite")
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # printed as a note, not raised as a Python warning
+        record_exercise_check("kv_cache", 3, 4)
+    err = capsys.readouterr().err
+    aside = _moved_aside(path)
+    assert err.startswith("Note: ") and f"moved aside to {aside}; your earlier progress" in err
+    assert len(err.strip().splitlines()) == 1 and ".py:" not in err

@@ -334,3 +334,71 @@ def test_review_notebook_runs_headless(run_notebook, tmp_path, bank):
     session = [t for t in texts if t.startswith("Review — ")]
     assert session and f"{q.id} · missed last time" in session[0] and f"answer({q.id!r}, LETTER)" in session[0]
     assert not any(o.get("output_type") == "error" for c in executed.cells if c.cell_type == "code" for o in c.outputs)
+
+
+# ---------------------------------------------------------------------- the terminal, when the file is not fine
+def test_kvcourse_review_says_where_a_moved_aside_file_is(monkeypatch, capsys, tmp_path):
+    good = tmp_path / "good.sqlite"
+    ProgressStore(good).record_answer("02_kv_cache", "kv-1", "A", False)
+    path = tmp_path / "default-progress.sqlite"
+    path.write_bytes(good.read_bytes()[:3000])  # a truncated copy: really not a readable database
+    rc, out, err = _cli(monkeypatch, capsys, ["--list"])
+    (aside,) = [p for p in tmp_path.glob(path.name + ".corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert rc == 0 and "Nothing to review yet" in out
+    (note,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert note.startswith("Note: ") and f"moved aside to {aside}; your earlier progress is in that file" in note
+    assert "ProgressFileWarning" not in err and ".py:" not in err
+
+
+def test_kvcourse_review_in_a_read_only_folder_says_nothing_is_saved(monkeypatch, capsys, tmp_path, bank):
+    """A folder the learner may not write: the saved answers are read (a session copy), and neither the note nor
+    the stop message claims that this session's answers are saved."""
+    import tempfile
+
+    import filelock
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    path = folder / "progress.sqlite"
+    q = bank.for_lesson("03_sampling")[0]
+    ProgressStore(path).record_answer(q.lesson, q.id, next(o.key for o in q.options if o.key != q.answer), False)
+    saved = ProgressStore(path).answers()
+    assert len(saved) == 1
+    real_lock = filelock.FileLock
+
+    def lock(name, *args, **kwargs):  # what creating the lock file beside it does in a read-only folder
+        if Path(name).parent == folder:
+            raise PermissionError(13, "Permission denied", name)
+        return real_lock(name, *args, **kwargs)
+
+    monkeypatch.setattr(filelock, "FileLock", lock)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
+    rc, out, err = _cli(monkeypatch, capsys, ["--limit", "3"], f"{q.answer}\n")  # one answer, then the input ends
+    assert rc == 0 and "✓" in out, err
+    assert "everything answered so far is saved" not in out
+    assert f"Stopped; nothing answered in this session is saved in {path}" in out
+    assert err.startswith("Note: New progress cannot be saved in") and "Traceback" not in err
+    monkeypatch.undo()  # the folder writable again: the learner's file is as it was
+    assert ProgressStore(path).answers() == saved
+
+
+def test_kvcourse_review_on_a_busy_file_says_busy(monkeypatch, capsys, tmp_path):
+    import sqlite3
+
+    import course.cli.review as cli_review
+    from course.teach.progress import BUSY_MESSAGE
+
+    path = tmp_path / "default-progress.sqlite"
+    ProgressStore(path).record_answer("02_kv_cache", "kv-1", "A", False)
+    monkeypatch.setattr(cli_review, "default_store", lambda: ProgressStore(path, timeout=0.2))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("COMMIT")
+    try:
+        rc, out, err = _cli(monkeypatch, capsys, ["--list"])
+    finally:
+        holder.close()
+    assert rc == 1 and BUSY_MESSAGE in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not list(tmp_path.glob("*.corrupt-*")) and len(ProgressStore(path).answers()) == 1

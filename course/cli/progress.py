@@ -7,7 +7,7 @@ import warnings
 
 from course.cli.args import confirmed
 from course.cli.review import progress_file
-from course.teach.progress import ENV_VAR, ProgressFileWarning, ProgressStore, Summary, default_store
+from course.teach.progress import ENV_VAR, ProgressFileBusy, ProgressFileWarning, ProgressStore, Summary, default_store
 from course.teach.questions import load_questions
 from course.teach.review import progress_text
 
@@ -21,12 +21,17 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     store = ProgressStore(args.file) if args.file else default_store()
-    if args.reset:
-        return _reset(store, assume_yes=args.yes)
-    bank = load_questions()
-    with warnings.catch_warnings():  # a ProgressFileWarning is printed as the summary's note instead
-        warnings.simplefilter("ignore", ProgressFileWarning)
-        print(format_summary(store.summary(bank), progress_text(store, bank)))
+    try:
+        if args.reset:
+            return _reset(store, assume_yes=args.yes)
+        bank = load_questions()
+        with warnings.catch_warnings():  # each ProgressFileWarning is one of the summary's notes instead
+            warnings.simplefilter("ignore", ProgressFileWarning)
+            summary, table = store.summary(bank), progress_text(store, bank)
+    except ProgressFileBusy as exc:  # nothing was read or changed: the same command works once it is free
+        print(f"kvcourse progress: {exc}", file=sys.stderr)
+        return 1
+    print(format_summary(summary, table))
     return 0
 
 
@@ -37,6 +42,8 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
     if store.not_saved:  # only a session copy could be cleared: say so instead of pretending
         print(f"Nothing deleted: {store.not_saved}", file=sys.stderr)
         return 2
+    for note in store.moved_aside:  # before the question: the file about to be cleared is a fresh one
+        print(f"Note: {note}")
     what = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items() if n and t != "measurements")
     if not assume_yes and not confirmed(
             f"Delete all saved progress in {store.path} ({what or 'nothing saved yet'})?", "Nothing deleted."):
@@ -50,8 +57,9 @@ def format_summary(summary: Summary, lessons_table: str) -> str:
     """`lessons_table`: the one-screen per-lesson view (course.teach.review.progress_text: questions right/seen,
     cards due, items due for review, the lesson's exercise tests passing, self-assessment)."""
     lines = [f"Progress file: {summary.path}", "", lessons_table, ""]
-    if summary.note:  # e.g. a read-only folder: what was read, and why nothing new can be saved there
-        lines[1:1] = [f"Note: {summary.note}"]
+    # e.g. a damaged file moved aside (and where it is now), or a read-only folder: why nothing new is saved there
+    notes = summary.notes or ([summary.note] if summary.note else [])
+    lines[1:1] = [f"Note: {note}" for note in notes]
     width = max([len(s.lesson) for s in summary.lessons] + [6])
     if summary.exercises:
         lines.append("Exercises (latest `kvcourse check`):")

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from course.cli.args import _typed, confirmed, existing_file, positive_int
-from course.teach.progress import ENV_VAR, ProgressStore, default_store
+from course.teach.progress import ENV_VAR, ProgressFileBusy, ProgressStore, default_store, notes_printed
 from course.teach.questions import load_questions
 from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
                                  nothing_due_text, when_text)
@@ -67,19 +67,31 @@ def run(args) -> int:
     if args.reset and args.list:
         return _error("use either --reset or --list, not both")
     store = ProgressStore(args.file) if args.file is not None else default_store()
-    if args.reset:
-        return _reset(store, assume_yes=args.yes)
-    if args.list:
-        return _list(store, bank, limit, args.lesson)
-    return _session(ReviewSession(store, bank, limit=limit, lesson=args.lesson))
+    try:
+        with notes_printed():  # a file moved aside, or not writable: one "Note: ..." line, not a Python warning
+            if args.reset:
+                return _reset(store, assume_yes=args.yes)
+            if args.list:
+                return _list(store, bank, limit, args.lesson)
+            return _session(ReviewSession(store, bank, limit=limit, lesson=args.lesson))
+    except ProgressFileBusy as exc:  # before anything was answered (_session says what was saved once it started)
+        print(f"kvcourse review: {exc}", file=sys.stderr)
+        return 1
 
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
+    store.review_reset_at()  # opens the file first: a note on it comes before the question
+    if store.not_saved:  # only a session copy could be reset: say so instead of pretending
+        print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
+        return 2
     if not assume_yes and not confirmed(
             f"Start the review schedule in {store.path} over? Every item goes back to box 0 "
             "(your answers and progress stay saved).", "Nothing changed."):
         return 1
     store.record_review_reset()
+    if store.not_saved:  # the file could not be written after all (found only on writing)
+        print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
+        return 2
     print(f"Review schedule started over in {store.path}.")
     return 0
 
@@ -127,9 +139,27 @@ def _session(session: ReviewSession) -> int:
                 _card(session)
             print()
     except (_Stop, KeyboardInterrupt):
-        print("\nStopped; everything answered so far is saved.")
+        print("\nStopped; " + _saved_text(session))
+    except ProgressFileBusy as exc:
+        print(f"\nkvcourse review: {exc}. Stopped; " + _saved_text(session, before_this_one=True), file=sys.stderr)
+        return 1
+    else:
+        if session.store.not_saved:
+            print(_saved_text(session)[:1].upper() + _saved_text(session)[1:])
     print(session.summary_text())
     return 0
+
+
+def _saved_text(session: ReviewSession, before_this_one: bool = False) -> str:
+    """Where this session's answers are, in words that are true: saved, or kept for this session only."""
+    answered = session.count("right") + session.count("missed")
+    if session.store.not_saved:
+        return (f"nothing answered in this session is saved in {session.store.saved_path} (see the note above); "
+                "it was kept for this session only.")
+    if before_this_one:
+        return ("this answer may not be saved." if not answered else
+                "everything answered before this one is saved; this one may not be.")
+    return "everything answered so far is saved."
 
 
 def _question(session: ReviewSession) -> None:

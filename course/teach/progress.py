@@ -10,10 +10,13 @@ Two notebooks writing at the same time lose nothing: the file is in WAL mode, ev
 connection waits up to ``timeout`` seconds for the lock instead of raising "database is locked".
 Rows are only ever appended (answers, self-assessments, ...); "latest" is a query, never an update.
 
-A corrupt or unreadable file is never a crash and never silently lost: it is renamed to
-``<name>.corrupt-<timestamp>`` (with its -wal/-shm side files) with a ProgressFileWarning naming both
-paths, and a fresh file is started. In a folder that cannot be written (read-only), the saved progress is
-read as it is, and this session's new progress goes to a temporary copy, with a warning that says so and why.
+A file that is really not a readable database (not SQLite, truncated, damaged pages, someone else's tables)
+is never a crash and never silently lost: it is renamed to ``<name>.corrupt-<timestamp>`` (with its -wal/-shm
+side files) with a ProgressFileWarning naming both paths, and a fresh file is started. A healthy file is never
+moved aside: when it (or its folder) cannot be written, the saved progress is read as it is, and this
+session's new progress goes to a temporary copy, with a warning that says so and why; when another process
+holds its lock longer than ``timeout``, the call raises ProgressFileBusy ("busy ...; try again").
+Commands print each warning as one "Note: ..." line (``notes_printed``, ``ProgressStore.notes``).
 
 ``kvcourse progress`` (course/cli/progress.py) prints a per-lesson summary; ``kvcourse progress --reset``
 clears it after asking (``--yes`` skips the question).
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -73,12 +77,20 @@ _SCHEMA = {
                     "knew INTEGER NOT NULL, at REAL NOT NULL",
     "review_resets": "id INTEGER PRIMARY KEY, at REAL NOT NULL",
 }
-# SQLite result codes that mean "this file cannot be used as our database" (vs. busy/locked: wait).
-_UNUSABLE_CODES = {3, 8, 11, 14, 26}  # PERM, READONLY, CORRUPT, CANTOPEN, NOTADB
+# SQLite result codes (the low byte of sqlite_errorcode), by what they say about the progress file.
+_CORRUPT_CODES = {11, 26}     # CORRUPT, NOTADB: not a readable database; the only ones that move a file aside
+_NOT_WRITABLE_CODES = {3, 8, 14}  # PERM, READONLY, CANTOPEN: a file we may not write (or open): a session copy
+_BUSY_CODES = {5, 6}          # BUSY, LOCKED: another process holds the lock past our timeout: "busy, try again"
+BUSY_MESSAGE = "the progress file is busy (another kernel or command is using it); try again"
 
 
 class ProgressFileWarning(UserWarning):
     """The progress file was unusable and was moved aside (or could not be written)."""
+
+
+class ProgressFileBusy(sqlite3.OperationalError):
+    """Another process held the progress file's lock for longer than the store's timeout. Nothing was changed;
+    the same call can simply be made again."""
 
 
 def _remove_session_copy(path: Path) -> None:
@@ -90,7 +102,11 @@ def _remove_session_copy(path: Path) -> None:
 
 
 class _Unusable(Exception):
-    """Internal: the file is corrupt, unreadable, or not ours."""
+    """Internal: the file is not a readable database, or not ours (moved aside)."""
+
+
+class _NotWritable(Exception):
+    """Internal: a healthy file that this process may not write (read-only file, file system or folder)."""
 
 
 def default_path() -> Path:
@@ -104,12 +120,37 @@ def default_path() -> Path:
     return Path(user_data_dir("kvcourse", appauthor=False)) / FILE_NAME
 
 
-def _is_unusable(exc: BaseException) -> bool:
+def _kind_of_error(exc: sqlite3.Error) -> str | None:
+    """'corrupt', 'not writable', 'busy', or None (anything else: not about the file, so not handled here)."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
-        return (code & 0xFF) in _UNUSABLE_CODES
-    msg = str(exc).lower()
-    return any(s in msg for s in ("not a database", "malformed", "unable to open", "readonly", "corrupt"))
+        code &= 0xFF
+        return ("corrupt" if code in _CORRUPT_CODES else "not writable" if code in _NOT_WRITABLE_CODES
+                else "busy" if code in _BUSY_CODES else None)
+    msg = str(exc).lower()  # Python < 3.11 has no error codes: the messages SQLite gives for the same codes
+    if any(s in msg for s in ("not a database", "malformed", "corrupt")):
+        return "corrupt"
+    if any(s in msg for s in ("readonly", "read-only", "unable to open", "access permission")):
+        return "not writable"
+    return "busy" if "locked" in msg or "busy" in msg else None
+
+
+@contextmanager
+def notes_printed(file=None):
+    """Inside: a ProgressFileWarning is printed as one line, "Note: <what happened and what to do>", on stderr
+    (or `file`), instead of Python's warning format with a file and line number. For commands."""
+    with warnings.catch_warnings():  # restores showwarning and the filters on the way out
+        warnings.simplefilter("always", ProgressFileWarning)
+        show = warnings.showwarning
+
+        def show_note(message, category, filename, lineno, file_=None, line=None):
+            if issubclass(category, ProgressFileWarning):
+                print(f"Note: {message}", file=file or sys.stderr)
+            else:
+                show(message, category, filename, lineno, file_, line)
+
+        warnings.showwarning = show_note
+        yield
 
 
 @dataclass
@@ -130,6 +171,7 @@ class LessonSummary:
 class Summary:
     path: Path
     note: str | None = None  # e.g. why new progress cannot be saved in `path`
+    notes: list[str] = field(default_factory=list)  # everything to tell the learner (ProgressStore.notes)
     lessons: list[LessonSummary] = field(default_factory=list)
     exercises: list[dict] = field(default_factory=list)
 
@@ -149,12 +191,33 @@ class ProgressStore:
         self.path = Path(path) if path is not None else default_path()
         self.saved_path = self.path  # the learner's file (self.path becomes a session copy if it cannot be written)
         self.not_saved: str | None = None  # why new progress cannot be saved in saved_path, when it cannot
+        self.moved_aside: list[str] = []   # one sentence per file moved aside, naming where it is now
         self.timeout = float(timeout)
         self._ready = False
         self._lock = threading.Lock()
 
     def __repr__(self):
         return f"ProgressStore({str(self.path)!r})"
+
+    @property
+    def notes(self) -> list[str]:
+        """What a command must tell the learner about this file, one line each (each was also given as a
+        ProgressFileWarning): the files moved aside and where they are, and why new progress is not saved."""
+        return self.moved_aside + ([self.not_saved] if self.not_saved else [])
+
+    def _busy(self) -> ProgressFileBusy:
+        return ProgressFileBusy(f"{BUSY_MESSAGE} ({self.saved_path})")
+
+    def _problem(self, exc: sqlite3.Error) -> Exception | None:
+        """The exception that says what `exc` means for the file, or None when it is not about the file."""
+        kind = _kind_of_error(exc)
+        if kind == "busy":
+            return self._busy()
+        if kind == "corrupt":
+            return _Unusable(str(exc))
+        if kind == "not writable":
+            return _NotWritable(f"{self.path} cannot be written ({exc})")
+        return None
 
     # ------------------------------------------------------------------ connection and recovery
     def _open(self) -> sqlite3.Connection:
@@ -168,34 +231,56 @@ class ProgressStore:
         return conn
 
     def _initialise(self) -> None:
-        """Create or check the schema; raise _Unusable if the file cannot be our database."""
+        """Check the file and its schema, and create what is missing. Raises _Unusable if the file cannot be our
+        database, _NotWritable if it needs a write this process may not make, ProgressFileBusy if another process
+        holds the lock past the timeout.
+
+        A file whose schema is complete is only read here: reading needs no write lock, so a read works while a
+        notebook is in the middle of a write, and a read-only file can be read."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             conn = self._open()
-        except sqlite3.Error as exc:
-            raise _Unusable(str(exc)) from exc
-        try:
             try:
                 check = conn.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok":
                     raise _Unusable(f"integrity check failed: {check}")
-                conn.execute("PRAGMA journal_mode=WAL")
+                if self._schema_is_complete(conn):
+                    return
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("BEGIN IMMEDIATE")
-                for table, columns in _SCHEMA.items():
-                    conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
-                    have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
-                    want = [c.strip().split()[0] for c in columns.split(",")]
-                    if have != want:
+                try:
+                    for table, columns in _SCHEMA.items():
+                        conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({columns})")
+                    self._schema_is_complete(conn)  # raises if a table is someone else's
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
                         conn.execute("ROLLBACK")
-                        raise _Unusable(f"table {table} has columns {have}, expected {want}")
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if _is_unusable(exc):
-                    raise _Unusable(str(exc)) from exc
+                    raise
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            problem = self._problem(exc)
+            if problem is None:
                 raise
-        finally:
-            conn.close()
+            raise problem from exc
+
+    @staticmethod
+    def _schema_is_complete(conn: sqlite3.Connection) -> bool:
+        """True if every table is there with our columns, in WAL mode, at SCHEMA_VERSION; False if something
+        is missing (an older or new file); raises _Unusable if a table has other columns (not our file)."""
+        complete = True
+        for table, columns in _SCHEMA.items():
+            have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+            want = [c.strip().split()[0] for c in columns.split(",")]
+            if not have:
+                complete = False
+            elif have != want:
+                raise _Unusable(f"table {table} has columns {have}, expected {want}")
+        return (complete and conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+                and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal")
 
     def _looks_like_progress(self) -> bool:
         """Only a file that could be ours is ever moved aside: empty, SQLite, or named like a progress file.
@@ -227,7 +312,7 @@ class ProgressStore:
         self.not_saved = (f"{self.path} is not a progress file ({reason}), so it was left untouched; this "
                           f"session's progress is kept for this session only (in {name}). Set {ENV_VAR} to a "
                           f"file ending in .sqlite to keep it.")
-        warnings.warn(self.not_saved, ProgressFileWarning, stacklevel=4)
+        warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=4)
         self.path = Path(name)
 
     def _rename_aside(self, reason: str) -> None:
@@ -242,9 +327,10 @@ class ProgressStore:
             except FileNotFoundError:
                 continue  # another process moved it first, or there was no side file
         if moved:
-            warnings.warn(
-                f"The progress file {self.path} could not be used ({reason}). It was kept as {aside} "
-                "and a fresh progress file was started.", ProgressFileWarning, stacklevel=4)
+            note = (f"The progress file {self.path} could not be read ({reason}), so it was moved aside to "
+                    f"{aside}; your earlier progress is in that file. A fresh progress file was started.")
+            self.moved_aside.append(note)
+            warnings.warn(note, ProgressFileWarning, stacklevel=4)
 
     def _ensure_ready(self) -> None:
         if self._ready:
@@ -254,14 +340,16 @@ class ProgressStore:
                 return
             try:
                 self._ensure_ready_locked()
+            except _NotWritable as exc:  # a read-only file: read it, keep new progress aside, and say so
+                self._use_session_copy(str(exc))
             except OSError as exc:  # the folder is not writable: keep going, but say so
-                self._use_session_copy(exc)
+                self._use_session_copy(f"{self.path.parent} is not writable ({exc.strerror or exc})")
             self._ready = True
 
-    def _use_session_copy(self, exc: OSError) -> None:
-        """The progress file's folder cannot be written (read-only, or not ours): read the saved progress as it is,
-        and keep this session's new progress in a temporary copy, removed at exit. The reason is kept in
-        `not_saved` (kvcourse progress prints it) and given as a ProgressFileWarning."""
+    def _use_session_copy(self, why: str) -> None:
+        """The progress file (or its folder) cannot be written (read-only, or not ours): read the saved progress as
+        it is, and keep this session's new progress in a temporary copy, removed at exit. The reason is kept in
+        `not_saved` (commands print it) and given as a ProgressFileWarning."""
         import atexit
         import shutil
 
@@ -270,7 +358,6 @@ class ProgressStore:
         fallback = Path(name)
         os.unlink(fallback)  # SQLite creates it; a zero-byte file would do too, but this is plainer
         atexit.register(_remove_session_copy, fallback)
-        why = f"{self.path.parent} is not writable ({exc.strerror or exc})"
         copied = False
         if self.path.is_file():
             try:  # the file and its write-ahead log, as they are: nothing is written where they lie
@@ -284,7 +371,7 @@ class ProgressStore:
                           + ("Your saved progress was read from it; " if copied else "")
                           + f"this session's new progress is kept for this session only (in {fallback}). "
                           f"Set {ENV_VAR} to a writable file to keep it.")
-        warnings.warn(self.not_saved[0].upper() + self.not_saved[1:], ProgressFileWarning, stacklevel=5)
+        warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=5)
         self.path = fallback
         try:
             self._ensure_ready_locked()
@@ -293,18 +380,24 @@ class ProgressStore:
             self._ensure_ready_locked()
 
     def _ensure_ready_locked(self) -> None:
-        from filelock import FileLock
+        from filelock import FileLock, Timeout
 
         if self.path.is_file() and not self._looks_like_progress():
             self._leave_foreign_file("it is not an SQLite file")
+        if self.path.is_file() and not os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK):
+            # (a folder that cannot be written either is told as such when the lock file cannot be made there)
+            raise _NotWritable(f"{self.path} is read-only (make it writable with `chmod u+w {self.path}`)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # The lock file serialises first-time set-up and recovery between processes.
-        with FileLock(str(self.path) + ".lock", timeout=self.timeout):
-            try:
-                self._initialise()
-            except _Unusable as exc:
-                self._move_aside(str(exc))
-                self._initialise()
+        try:
+            with FileLock(str(self.path) + ".lock", timeout=self.timeout):
+                try:
+                    self._initialise()
+                except _Unusable as exc:
+                    self._move_aside(str(exc))
+                    self._initialise()
+        except Timeout as exc:  # a TimeoutError, so an OSError: never to be taken for an unwritable folder
+            raise self._busy() from exc
 
     @contextmanager
     def _connection(self, write: bool):
@@ -325,25 +418,42 @@ class ProgressStore:
             conn.close()
 
     def _run(self, fn, write: bool = False):
-        """Run fn(conn); if the file turns out to be corrupt mid-session, recover once and retry."""
+        """Run fn(conn). If the file turns out to be corrupt mid-session, recover once and retry; if it cannot be
+        written, retry in a session copy (saying so); if it stays busy, raise ProgressFileBusy."""
         for attempt in (0, 1):
             try:
                 with self._connection(write) as conn:
                     return fn(conn)
-            except (sqlite3.Error, _Unusable) as exc:
-                if attempt or not (isinstance(exc, _Unusable) or _is_unusable(exc)):
+            except ProgressFileBusy:
+                raise
+            except (sqlite3.Error, _Unusable, _NotWritable) as exc:
+                problem = exc if isinstance(exc, (_Unusable, _NotWritable)) else self._problem(exc)
+                if problem is None:
+                    raise
+                if isinstance(problem, ProgressFileBusy):
+                    raise problem from exc
+                if attempt:
                     raise
                 self._ready = False
                 with self._lock:
-                    from filelock import FileLock
-
-                    with FileLock(str(self.path) + ".lock", timeout=self.timeout):
-                        try:
-                            self._initialise()  # another process may already have recovered
-                        except _Unusable as again:
-                            self._move_aside(str(again))
-                            self._initialise()
+                    if isinstance(problem, _NotWritable):
+                        self._use_session_copy(str(problem))
+                    else:
+                        self._recover()
                     self._ready = True
+
+    def _recover(self) -> None:
+        from filelock import FileLock, Timeout
+
+        try:
+            with FileLock(str(self.path) + ".lock", timeout=self.timeout):
+                try:
+                    self._initialise()  # another process may already have recovered
+                except _Unusable as again:
+                    self._move_aside(str(again))
+                    self._initialise()
+        except Timeout as exc:
+            raise self._busy() from exc
 
     # ------------------------------------------------------------------ writes
     def record_answer(self, lesson: str, question_id: str, choice: str, correct: bool) -> None:
@@ -480,7 +590,7 @@ class ProgressStore:
         """Per-lesson summary against a question bank (course.teach.questions.load_questions())."""
         answers = self.answers()
         lesson_ids = list(bank.lessons) + sorted({a["lesson"] for a in answers} - set(bank.lessons))
-        out = Summary(path=self.saved_path, note=self.not_saved)
+        out = Summary(path=self.saved_path)
         for lesson in lesson_ids:
             mine = [a for a in answers if a["lesson"] == lesson]
             first: dict[str, dict] = {}
@@ -503,7 +613,12 @@ class ProgressStore:
                 last_activity=max((a["at"] for a in mine), default=None),
             ))
         out.exercises = self.exercise_checks()
+        out.note, out.notes = self.not_saved, self.notes  # after every read: what they found is in them
         return out
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
 
 
 def _need_text(**values) -> None:
@@ -524,5 +639,7 @@ def default_store() -> ProgressStore:
 
 
 def record_exercise_check(exercise: str, passed: int, total: int, details=None) -> None:
-    """For `kvcourse check`: save a self-check result in the learner's progress file."""
-    default_store().record_exercise_check(exercise, passed, total, details)
+    """For `kvcourse check`: save a self-check result in the learner's progress file. Anything to tell the
+    learner about the file (moved aside, not saved) is printed as a "Note: ..." line."""
+    with notes_printed():
+        default_store().record_exercise_check(exercise, passed, total, details)
