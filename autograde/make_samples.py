@@ -426,6 +426,26 @@ KV = {
                                     patches={"cached_attention": [
         ('scores = scores.masked_fill(key_pos > query_pos, float("-inf"))',
          'scores = scores.masked_fill(torch.ones(T, T_k, dtype=torch.bool).triu(1), float("-inf"))')]}),
+    "kv-bug-cat-grows": Sample("rebuilds the cache with torch.cat every update instead of writing into the "
+                               "preallocated buffers", "loses", patches={"layer_cache": [
+        ("        if start_pos < 0 or end > self.k.shape[2]:",
+         "        self.max_seq_len = getattr(self, 'max_seq_len', self.k.shape[2])\n"
+         "        if start_pos < 0 or end > self.max_seq_len:"),
+        ("""        self.k[:, :, start_pos:end] = k_new
+        self.v[:, :, start_pos:end] = v_new
+        return self.k[:, :, :end], self.v[:, :, :end]""",
+         """        self.k = torch.cat([self.k[:, :, :start_pos], k_new.to(self.k.dtype)], 2)
+        self.v = torch.cat([self.v[:, :, :start_pos], v_new.to(self.v.dtype)], 2)
+        return self.k, self.v""")]}),
+    "kv-bug-scales-k-in-place": Sample("scales the caller's k_new in place (k_new.mul_) instead of the scores",
+                                       "loses", patches={"cached_attention": [
+        ("    k, v = layer_cache.update(start_pos, k_new, v_new)",
+         "    k_new.mul_(1 / math.sqrt(q.shape[-1]))  # scale K once, when it is cached\n"
+         "    k, v = layer_cache.update(start_pos, k_new, v_new)"),
+        (" / math.sqrt(q.shape[-1])  # [B, H, T, T_k]", "  # [B, H, T, T_k]")]}),
+    "kv-bug-new-cache-dtype": Sample("new_cache drops its dtype argument (float32 layers always)", "loses",
+                                     patches={"layer_cache": [
+        ("config.head_dim, dtype) for _ in", "config.head_dim) for _ in")]}),
     "kv-alt-einsum": Sample("einsum, expand+reshape for GQA, narrow().copy_() writes", "full", {
         "layer_cache": """
         class LayerCache:
@@ -584,6 +604,16 @@ SAMPLER = {
     return logits.masked_fill(logits < kth_largest, float("-inf"))""",
          """    next_largest = torch.topk(logits, k + 1, dim=-1).values[..., -1:]  # the first one dropped
     return logits.masked_fill(logits <= next_largest, float("-inf"))""")]}),
+    "samp-bug-top-p-in-place": Sample("top-p writes -inf into the caller's logits (masked_fill_)", "loses",
+                                      patches={"top_p_filter": [
+        ('return logits.masked_fill(drop, float("-inf"))', 'return logits.masked_fill_(drop, float("-inf"))')]}),
+    "samp-bug-top-p-boundary": Sample("top-p keeps a token while the mass before it is <= p: one too many when the "
+                                      "running total lands exactly on p", "loses", patches={"top_p_filter": [
+        ("drop_sorted = mass_before >= p", "drop_sorted = mass_before > p")]}),
+    "samp-bug-ignores-generator": Sample("ignores the generator and reseeds the global RNG on every call: every seed "
+                                         "draws the same", "loses", patches={"sampler": [
+        ("    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]",
+         "    torch.manual_seed(1234)  # 'reproducible'\n    ids = torch.multinomial(flat, 1).squeeze(-1)  # [B]")]}),
     "samp-bug-identity": Sample("every function hands the logits back unchanged", "loses", answers=IDENTITY_SAMPLER),
     "adv-patch-torch": Sample("hands the logits back unchanged and patches torch.allclose, torch.equal, torch.isfinite",
                               "loses", answers=IDENTITY_SAMPLER, honest="samp-bug-identity",

@@ -214,6 +214,22 @@ SAMPLES = {
     "paged-bug-index-error": dict(
         about="an empty pool raises IndexError (popping an empty list) instead of MemoryError",
         expect="loses", patches={"block_pool": [("        if not self.free:\n", "        if False:\n")]}),
+    "paged-bug-one-block-per-step": dict(
+        about="after the prompt, takes at most one new block per update: a chunk that crosses two boundaries "
+              "writes past the table (IndexError)",
+        expect="loses", patches={"paged_cache": [
+            ("        while len(table) * self.block_size < end:  # a token past the last block: take a new one\n"
+             "            table.append(self.pool.allocate())",
+             "        if start_pos == 0:\n"
+             "            while len(table) * self.block_size < end:\n"
+             "                table.append(self.pool.allocate())\n"
+             "        elif len(table) * self.block_size < end:  # decode: one token past the last block\n"
+             "            table.append(self.pool.allocate())")]}),
+    "paged-bug-ignores-dtype": dict(
+        about="PagedKVCache ignores its dtype argument: float32 pools always",
+        expect="loses", patches={"paged_cache": [
+            ("self.k = [torch.zeros(shape, dtype=dtype)", "self.k = [torch.zeros(shape)"),
+            ("self.v = [torch.zeros(shape, dtype=dtype)", "self.v = [torch.zeros(shape)")]}),
     "paged-alt-heap-index": dict(about="lowest-id-first heap, divmod slots, index-tensor writes and reads",
                                  expect="full", answers=ALT_HEAP),
     "paged-alt-fifo-loops": dict(about="first-in-first-out free list, token loops, gather by concatenating slices",

@@ -26,11 +26,12 @@ def allocates(ns):
 
 def update(ns):
     c = ns["LayerCache"](2, 3, 16, 8)
+    k_buffer, v_buffer = c.k, c.v  # as __init__ allocated them: an update that swaps in new tensors misses them
     k1, v1, k2, v2 = randn(1, 2, 3, 5, 8), randn(2, 2, 3, 5, 8), randn(3, 2, 3, 1, 8), randn(4, 2, 3, 1, 8)
     first = c.update(0, k1, v1)
     first = (first[0].clone(), first[1].clone())
     second = c.update(5, k2, v2)
-    return (first[0], first[1], second[0], second[1], c.v[:, :, 5:6].clone())
+    return (first[0], first[1], second[0], second[1], k_buffer[:, :, :6].clone(), v_buffer[:, :, :6].clone())
 
 
 def overflow(raise_at):
@@ -45,11 +46,27 @@ def overflow(raise_at):
 
 def rewind(ns):
     c = ns["LayerCache"](3, 2, 10, 4, dtype=torch.float16)
+    k_buffer = c.k  # allocated once: the rewind must overwrite it in place
     a = randn(9, 3, 2, 6, 4, dtype=torch.float16)
     c.update(0, a, a * 2)
     b = randn(10, 3, 2, 2, 4, dtype=torch.float16)
     k_all, v_all = c.update(3, b, b * 2)  # positions 3, 4 overwritten, 5 forgotten
-    return (k_all.clone(), v_all.clone(), c.k[:, :, 3:5].clone())
+    return (k_all.clone(), v_all.clone(), k_buffer[:, :, :5].clone())
+
+
+def new_cache_dtype(ns):
+    caches = ns["new_cache"](ModelConfig.from_name("tiny"), 1, 4, dtype=torch.float16)
+    return (caches[0].k, caches[-1].v)
+
+
+def inputs_after_attention(ns):
+    """The caller's q, k_new, v_new after a prefill and a decode step: the model (and the notebook's own test)
+    uses them again, so cached_attention must not scale or overwrite them in place."""
+    q, k, v = randn(20, 1, 4, 4, 16), randn(21, 1, 2, 4, 16), randn(22, 1, 2, 4, 16)
+    cache = ns["LayerCache"](1, 2, 8, 16)
+    ns["cached_attention"](q[:, :, :3], k[:, :, :3], v[:, :, :3], cache, 0)
+    ns["cached_attention"](q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], cache, 3)
+    return (q, k, v)
 
 
 def bad_position(pos):
@@ -100,10 +117,13 @@ CHECKS = {
     "test_cache_allocates": [
         Check("shapes, dtypes and zeros", allocates, exact,
               "hint: allocate both buffers once, as zeros of shape [B, H_kv, T_max, D_h] and the given dtype"),
+        Check("new_cache passes its dtype on", new_cache_dtype, exact,
+              "hint: new_cache must build every LayerCache with the dtype it is given"),
     ],
     "test_cache_update": [
         Check("prefill then decode", update, exact,
-              "hint: write at start_pos .. start_pos+T_new-1 and return every position so far"),
+              "hint: write at start_pos .. start_pos+T_new-1 into the buffers allocated in __init__ (in place, not a "
+              "new tensor each update) and return every position so far"),
     ],
     "test_cache_overflow": [
         Check("exactly full is fine", overflow(None), exact, "hint: positions up to max_seq_len - 1 fit"),
@@ -111,7 +131,8 @@ CHECKS = {
     ],
     "test_cache_hidden": [
         Check("rewind and overwrite (float16)", rewind, exact,
-              "hint: overwrite in place, return positions 0 .. start_pos+T_new-1 only, keep the dtype"),
+              "hint: overwrite the preallocated buffers in place, return positions 0 .. start_pos+T_new-1 only, "
+              "keep the dtype"),
         Check("negative position", bad_position(-1), raises, "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"),
         Check("past the end", bad_position(9), raises, "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"),
     ],
@@ -127,6 +148,9 @@ CHECKS = {
         Check("chunks, 3 queries per KV head, D_h 32",
               attention_chunks(3, 2, 6, 2, 10, 32, [(0, 4), (4, 7), (7, 8), (8, 10)], 12), EXACT_TOL,
               "hint: check the causal range for T > 1 after start_pos > 0, the head grouping and the scale"),
+        Check("leaves q, k_new, v_new alone", inputs_after_attention, exact,
+              "hint: do not change the caller's tensors in place (no mul_ or /= on q, k_new or v_new): "
+              "scale the scores instead"),
     ],
     "test_model_logits": [
         Check("prefill 8, decode 4", model_logits(0, TINY, 1, 12, [(0, 8)] + [(t, t + 1) for t in range(8, 12)], 16),

@@ -3,7 +3,8 @@
 Filters are compared on their returned logits (which tokens stay finite, and that kept logits keep their
 values); probabilities within 1e-6; sampled frequencies against the reference sampler's own frequencies.
 Ties in top-k: every token tied with the k-th largest logit stays (so more than k may survive), as the
-notebook says.
+notebook says. Every function must leave the caller's logits as they were (the notebook's own tests call them
+twice on one tensor), and `sample` must draw with the generator it is given, not the global RNG.
 """
 import torch
 
@@ -56,6 +57,46 @@ def single(ns):
 TIES = torch.tensor([[1.0, 3.0, 2.0, 2.0, 0.0], [5.0, 5.0, 5.0, 1.0, 0.0]])
 P_ROWS = torch.tensor([[0.1, 0.6, 0.3], [0.35, 0.4, 0.25]]).log()
 COMBINED = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()  # top-2 then top-p 0.5 keeps 1 token; the other order keeps 2
+INF = float("inf")
+# Logits of 0 and -inf only: every softmax is k equal shares of 1/k, exact in float32 however it is computed, so
+# the running total lands exactly on p = 0.5 (and 0.25). Ties make WHICH tokens stay a matter of sort order, so
+# the check counts them: a row of 8 keeps 4 at p = 0.5, one of 4 keeps 2, [.5, .5] keeps 1.
+EXACT_SHARES = torch.tensor([[0.0] * 8, [0.0] * 4 + [-INF] * 4, [0.0, -INF, 0.0] + [-INF] * 5, [0.0] + [-INF] * 7])
+UNCHANGED = "the caller's logits must not change"
+MIXED = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, -2.0, 1.5, 1.0, 0.5]])
+
+
+def kept_per_row(p):
+    return lambda ns: torch.isfinite(ns["top_p_filter"](EXACT_SHARES.clone(), p)).sum(-1)
+
+
+def input_after(use):
+    """The caller's logits after `use(ns, logits)`: the notebook's own tests call a function again on the same
+    tensor, so none of them may write into its input (masked_fill_, /=, div_ ...)."""
+    def run(ns):
+        logits = MIXED.clone()
+        use(ns, logits)
+        return logits
+    return run
+
+
+def generator_decides(ns):
+    """Under one global seed, two generator seeds must draw differently; under two global seeds, one generator
+    seed must draw the same. 200 draws from 64 equally likely tokens: a correct sampler repeats another seed's
+    draw with chance 64**-200. The global RNG's state is put back afterwards."""
+    flat = torch.zeros(200, 64)
+    state = torch.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        a = ns["sample"](flat, generator=torch.Generator().manual_seed(1))
+        torch.manual_seed(0)
+        b = ns["sample"](flat, generator=torch.Generator().manual_seed(2))
+        torch.manual_seed(1)
+        c = ns["sample"](flat, generator=torch.Generator().manual_seed(1))
+    finally:
+        torch.set_rng_state(state)
+    return (not torch.equal(a, b), torch.equal(a, c))
+
 
 CHECKS = {
     "test_temperature": [
@@ -69,6 +110,8 @@ CHECKS = {
               close(1e-6), "hint: divide every row"),
         Check("T = 0", call("apply_temperature", LOGITS, 0), raises, "hint: temperature <= 0 must raise ValueError"),
         Check("T < 0", call("apply_temperature", LOGITS, -0.5), raises, "hint: temperature <= 0 must raise ValueError"),
+        Check("leaves its input alone", input_after(lambda ns, x: ns["apply_temperature"](x, 0.5)), exact,
+              f"hint: return new logits (logits / T, not /= or div_): {UNCHANGED}"),
     ],
     "test_top_k": [
         Check("k = 2", call("top_k_filter", LOGITS, 2), FILTERED, "hint: keep the k largest; the rest become -inf"),
@@ -95,6 +138,16 @@ CHECKS = {
         Check("k = 0", call("top_k_filter", ROWS, 0), raises, "hint: invalid k or p must raise ValueError"),
         Check("p = 0", call("top_p_filter", ROWS, 0.0), raises, "hint: invalid k or p must raise ValueError"),
         Check("p > 1", call("top_p_filter", ROWS, 1.5), raises, "hint: invalid k or p must raise ValueError"),
+        Check("top-p: the running total lands exactly on p", kept_per_row(0.5), exact,
+              "hint: drop a token when the mass before it is >= p: once the kept tokens add up to exactly p, "
+              "the nucleus is full"),
+        Check("top-p: exactly on p = 0.25", kept_per_row(0.25), exact,
+              "hint: drop a token when the mass before it is >= p: once the kept tokens add up to exactly p, "
+              "the nucleus is full"),
+        Check("top-k leaves its input alone", input_after(lambda ns, x: ns["top_k_filter"](x, 2)), exact,
+              f"hint: return a new tensor (masked_fill, not masked_fill_): {UNCHANGED}"),
+        Check("top-p leaves its input alone", input_after(lambda ns, x: ns["top_p_filter"](x, 0.6)), exact,
+              f"hint: return a new tensor (masked_fill, not masked_fill_): {UNCHANGED}"),
     ],
     "test_sampling_probs": [
         Check("T = 0.5, top-3", call("sampling_probs", LOGITS, temperature=0.5, top_k=3), close(1e-6),
@@ -121,6 +174,14 @@ CHECKS = {
               close(0.0, same_dtype=False), "hint: temperature 0 is argmax, per row"),
         Check("[V] gives one id", single, exact, "hint: [V] logits give a single id (a 0-d tensor)"),
         Check("seeded", repeat_draw, pair_equal, "hint: the same seed must give the same samples"),
+        Check("the generator decides the draw", generator_decides, exact,
+              "hint: draw with the generator you are given (generator=generator), not the global RNG, and never "
+              "reseed it: other seeds must give other samples"),
+        Check("sampling leaves its input alone",
+              input_after(lambda ns, x: (ns["sampling_probs"](x, temperature=0.7, top_k=3, top_p=0.8),
+                                         ns["sample"](x, temperature=0.7, top_k=3, top_p=0.8,
+                                                      generator=torch.Generator().manual_seed(4)))), exact,
+              f"hint: work on new tensors (logits.float() is the same tensor when it is float32 already): {UNCHANGED}"),
         Check("rows sample their own distribution",
               draws(5, torch.tensor([[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]]), N,
                     temperature=1.5, top_k=4), shape_and(frequencies(N)),

@@ -102,6 +102,25 @@ def decode_counts(ns):
     return out
 
 
+def chunk_after_prompt(ns):
+    """A 3-token prompt, then chunks of 4 and 5 tokens (block size 2): each chunk takes two new blocks in one
+    update, as a chunked prefill or a speculative verify step does."""
+    cache = ns["PagedKVCache"](TINY, num_blocks=6, block_size=2)
+    k, v = randn(14, 1, 2, 12, 16), randn(15, 1, 2, 12, 16)
+    cache.update(0, 0, 0, k[:, :, :3], v[:, :, :3])
+    k_all, v_all = cache.update(0, 0, 3, k[:, :, 3:7], v[:, :, 3:7])
+    out = [k_all.clone(), v_all.clone(), len(cache.tables[0]), cache.pool.num_free]
+    k_all, v_all = cache.update(0, 0, 7, k[:, :, 7:12], v[:, :, 7:12])
+    return out + [k_all.clone(), v_all.clone(), len(cache.tables[0]), cache.pool.num_free, cache.lengths[0]]
+
+
+def pool_dtype(ns):
+    cache = ns["PagedKVCache"](TINY, num_blocks=2, block_size=2, dtype=torch.float16)
+    x = randn(16, 1, 2, 3, 16).half()
+    k_all, v_all = cache.update(0, 1, 0, x, x * 2)
+    return [cache.k[0], cache.v[-1], k_all.clone(), v_all.clone()]
+
+
 def gather(ns):
     cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
     k, v = randn(3, 1, 2, 10, 16), randn(4, 1, 2, 10, 16)
@@ -310,6 +329,10 @@ CHECKS = {
         Check("exact block counts, block size 2", exact_block_counts(2, (1, 2, 3, 4, 5)), exact, BOUNDARY),
         Check("decoding past two boundaries", decode_counts, exact,
               "hint: decoding must extend the table at every block boundary, not only the prompt's blocks"),
+        Check("a chunk of several blocks after the prompt", chunk_after_prompt, exact,
+              "hint: after the prompt too, take as many blocks as start_pos + T_new tokens need: a chunk can cross "
+              "more than one boundary"),
+        Check("float16 pools", pool_dtype, exact, "hint: allocate the K and V pools with the dtype you are given"),
         Check("three layers, one table", layers_share_a_table, exact,
               "hint: each layer has its own K/V pool, and all layers share one block table"),
         Check("releasing a free block", release_free_block, raises,
