@@ -257,19 +257,6 @@ def _descendants(pid: int) -> list[int]:
     return kids + [g for k in kids for g in _descendants(k)]
 
 
-def _alive_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if marker in cmdline:
-                found.append(int(entry))
-    return found
-
-
 @pytest.mark.slow
 @needs_bwrap
 def test_a_kernel_killed_from_outside_is_regraded_not_zeroed(tmp_path):
@@ -294,10 +281,9 @@ def test_a_kernel_killed_from_outside_is_regraded_not_zeroed(tmp_path):
 
     (row,) = grader.grade(folder, course, progress=False, log=_quiet, on_sandbox_start=kill_soon)
     assert killed, "the test killed the sandboxed harness"
-    assert row.status == "failed" and sandbox.KILLED_FROM_OUTSIDE in row.problems and "again" in row.problems
-    assert "ann/01_memory_formula" not in json.loads((course / "work" / "ledger.json").read_text())["graded"]
-    (again,) = grader.grade(folder, course, progress=False, log=_quiet)
-    assert again.status == "graded" and again.score == again.max_score > 0
+    # a first SIGKILL may come from outside: the same job runs again at once, and nothing is lost
+    assert row.status == "graded" and row.score == row.max_score > 0, row
+    assert "SIGKILL" in row.problems and "run again" in row.problems and "kernel died" not in row.problems
 
 
 @pytest.mark.slow
@@ -307,10 +293,10 @@ def test_kill_9_of_the_grader_takes_its_sandboxes_with_it(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "course.cli", "grade", str(folder), "--course", str(course),
                              "--jobs", "2", "--quiet"], cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    marker = str(course / "work" / "run-")
 
-    def sandboxed():  # this grader's own sandboxed harnesses (other graders may run on the machine)
-        return [p for p in _descendants(proc.pid) if b"/sub/job.json" in _cmdline(p)]
+    def sandboxed():  # this grader's own sandboxes (other graders may run on the machine; the reference run is not one)
+        return [p for p in _descendants(proc.pid)
+                if b"--unshare-all" in _cmdline(p) and b"course.grade.harness" in _cmdline(p)]
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and not sandboxed():
@@ -323,7 +309,6 @@ def test_kill_9_of_the_grader_takes_its_sandboxes_with_it(tmp_path):
     while time.monotonic() < deadline and any(_pid_alive(p) for p in running):
         time.sleep(0.2)
     assert not [p for p in running if _pid_alive(p)], "sandboxes outlived the grader"
-    assert not _alive_with(marker)
 
 
 def _cmdline(pid: int) -> bytes:

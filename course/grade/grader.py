@@ -112,19 +112,72 @@ def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dic
         if outcome.problems or outcome.infrastructure or errors:
             raise GradingError(f"the solution notebook of {assignment} does not run cleanly under the grader: "
                                f"{(outcome.problems + [outcome.infrastructure] + [str(e)[:300] for e in errors])}")
-        stored = {"version": version, "values": _values(outcome.events)}
+        stored = {"version": version,
+                  "values": _values(outcome.events, verdicts.load_checks(verdicts.checks_path(assignment)))}
         atomic_write(cache, json.dumps(stored))
     return {gid: [decode(v) for v in values] for gid, values in stored["values"].items()}
 
 
-def _values(events) -> dict[str, list]:
-    """{grade_id: [encoded value of check 0, 1, ...]} from a run's events (the first value of each wins)."""
-    out: dict[str, dict] = {}
+def _values(events, checks: dict) -> dict[str, list]:
+    """{grade_id: [encoded value of check 0, 1, ...]} for the declared checks only (the first value of each
+    wins). Whatever else the sandbox wrote (an unknown grade_id, k = 10**8) is ignored: its size is the
+    checks', never the submission's."""
+    out = {gid: [None] * len(items) for gid, items in checks.items()}
     for e in events:
-        if e.get("ev") == "check" and isinstance(e.get("gid"), str) and type(e.get("k")) is int:
-            out.setdefault(e["gid"], {}).setdefault(e["k"], e.get("value"))
-    return {gid: [by_k.get(k, {"t": "rejected", "why": "not run"}) for k in range(max(by_k) + 1)]
-            for gid, by_k in out.items()}
+        gid, k = e.get("gid"), e.get("k")
+        if (e.get("ev") == "check" and isinstance(gid, str) and gid in out and type(k) is int
+                and 0 <= k < len(out[gid]) and out[gid][k] is None):
+            out[gid][k] = e.get("value")
+    return {gid: [{"t": "rejected", "why": "not run"} if v is None else v for v in values]
+            for gid, values in out.items()}
+
+
+def release_metadata(nb, release_nb) -> list[str]:
+    """Put the release notebook's nbgrader metadata back on the submission's cells; returns report notes.
+
+    The release defines which cells are graded and how: a cell with a released grade_id gets the released
+    metadata (an answer cell marked graded, or given points, is an answer cell again); a cell whose grade_id
+    the release does not know is an ordinary cell (its nbgrader metadata dropped, its code still runs),
+    except an answer cell whose id was renamed while the released answer cell is gone: it takes the released
+    id back, so it is graded on its code. A second cell with the same id loses its metadata. Runs before
+    course.grade.submissions.repair, which then puts back deleted cells and edited test cells."""
+    import copy
+
+    released = {grade_id(c): c for c in release_nb.cells if grade_id(c)}
+    present = {grade_id(c) for c in nb.cells if grade_id(c) in released}
+    unclaimed = [gid for gid, c in released.items()
+                 if gid not in present and c.metadata["nbgrader"].get("solution")]
+    seen, unknown, restored, renamed, duplicate = set(), [], [], [], []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta is None:
+            continue
+        gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        name = str(gid)[:60]
+        if isinstance(gid, str) and gid in released and gid not in seen \
+                and cell.cell_type == released[gid].cell_type:
+            want = released[gid].metadata["nbgrader"]
+            if {k: v for k, v in meta.items() if k != "checksum"} != {k: v for k, v in want.items() if k != "checksum"}:
+                restored.append(name)
+            cell.metadata["nbgrader"] = copy.deepcopy(dict(want))
+            seen.add(gid)
+        elif (isinstance(meta, dict) and meta.get("solution") and cell.cell_type == "code" and unclaimed
+              and gid not in released):
+            target = unclaimed.pop(0)
+            cell.metadata["nbgrader"] = copy.deepcopy(dict(released[target].metadata["nbgrader"]))
+            seen.add(target)
+            renamed.append(f"{name} -> {target}")
+        else:
+            del cell.metadata["nbgrader"]
+            (duplicate if gid in released else unknown).append(name)
+    problems = []
+    for items, what in ((unknown, "cell(s) with a grade id the release does not have, graded as ordinary code"),
+                        (duplicate, "duplicate grade id(s), the later cells graded as ordinary code"),
+                        (renamed, "renamed answer cell id(s) put back"),
+                        (restored, "cell metadata restored as released")):
+        if items:
+            problems.append(f"{what}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
+    return problems
 
 
 # ----------------------------------------------------------------------------- the executed notebook
@@ -166,9 +219,11 @@ def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
             continue
         meta = cell.get("metadata", {}).get("nbgrader", {})
         cell.execution_count = None
-        if meta.get("grade") and not meta.get("solution"):
+        if meta.get("grade") and not meta.get("solution") and meta.get("grade_id") in verdict_map:
             gid = meta["grade_id"]
             cell.outputs = _verdict_output(verdict_map[gid], len(checks[gid]))
+        elif meta.get("grade") and not meta.get("solution"):  # a test cell no check covers: never the learner's
+            cell.outputs = []
         else:
             cell.outputs = _clean_outputs(done.get(i, {}).get("outputs", []))
     return nb
@@ -263,7 +318,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
             continue
         nb = nbformat.read(str(sub.path), as_version=4)
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
-        sub.problems += repair(nb, release_nb)
+        sub.problems += release_metadata(nb, release_nb) + repair(nb, release_nb)
         pending.append((sub, nb))
 
     outsiders = [r for r in rows.values() if r.status in ("invalid", "missing") and r.student]
@@ -368,7 +423,7 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
         row.problems = "; ".join(problems + [f"{outcome.infrastructure}: not graded; run `kvcourse grade` again "
                                              "to regrade it"])
         return row
-    got = {gid: [decode(v) for v in values] for gid, values in _values(outcome.events).items()}
+    got = {gid: [decode(v) for v in values] for gid, values in _values(outcome.events, checks).items()}
     verdict_map = verdicts.judge(checks, got, reference)
     for e in outcome.events:
         if e.get("ev") == "cell_done" and e.get("timeout") and "a cell ran past the timeout and was interrupted" not in problems:

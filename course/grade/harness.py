@@ -1,8 +1,15 @@
 """Runs inside the sandbox: execute one notebook, then the exercise's checks, and write plain-data events.
 
-    python -m course.grade.harness JOB.json
+    python -m course.grade.harness < JOB (JSON on stdin)
 
-JOB.json: {"notebook", "checks", "events", "cell_timeout", "stop_before", "skip_checks"}. Every code cell
+JOB: {"notebook": the notebook itself, "checks": the checks module's source, "checks_name", "events_fd",
+"cell_timeout", "stop_before", "skip_checks"}. The job is read whole from stdin, a pipe, and the checks are
+compiled before any learner's cell runs; stdin is then /dev/null, so no file and no descriptor in the sandbox
+still holds the hidden checks. What remains is in-process introspection: the learner's code runs in this
+interpreter and can reach the compiled checks through gc or frames (the hidden inputs are constants of
+their code objects), and can write events of its own to the events pipe. nbgrader's hidden tests share the
+first property (they run in the learner's kernel); the grader drops events the harness could not have
+written at that point (course.grade.sandbox._accept) and judges values outside. Every code cell
 but the test cells runs in an IPython shell in this process (test cells are the grader's business and never
 run in the learner's interpreter), each under a timeout; each cell's outputs are captured (at most
 OUTPUT_CAP characters) and written as an event. Then every check's `run(namespace)` is called and its
@@ -51,8 +58,8 @@ class CappedIO(io.TextIOBase):
 
 
 class Events:
-    def __init__(self, path: str):
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    def __init__(self, fd: int):
+        self.fd = fd
 
     def write(self, **event) -> None:
         os.write(self.fd, (json.dumps(event) + "\n").encode())
@@ -66,9 +73,29 @@ def _alarm(seconds: float | None):
     signal.setitimer(signal.ITIMER_REAL, seconds or 0)
 
 
-def _is_test_cell(cell) -> bool:
+def is_test_cell(cell) -> bool:
     meta = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(meta.get("grade")) and not meta.get("solution")
+    return isinstance(meta, dict) and bool(meta.get("grade")) and not meta.get("solution")
+
+
+def cell_source(cell) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else str(source)
+
+
+def full_scratch() -> list[str]:
+    """The sandbox's scratch folders with (almost) no space left: the report names them."""
+    if os.getcwd() != "/sub":  # not in the sandbox (the reference run): the host's /tmp is not ours to judge
+        return []
+    full = []
+    for path in ("/sub", "/tmp"):
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        if st.f_bavail * st.f_frsize < 2 ** 20:
+            full.append(path)
+    return full
 
 
 def run_cells(nb: dict, events: Events, timeout: float, stop_before: int | None) -> dict:
@@ -86,8 +113,8 @@ def run_cells(nb: dict, events: Events, timeout: float, stop_before: int | None)
     for i, cell in enumerate(nb["cells"]):
         if stop_before is not None and i >= stop_before:
             break
-        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-        if cell.get("cell_type") != "code" or _is_test_cell(cell) or not source.strip():
+        source = cell_source(cell)
+        if cell.get("cell_type") != "code" or is_test_cell(cell) or not source.strip():
             continue
         events.write(ev="cell_start", i=i)
         out, err = CappedIO(), CappedIO()
@@ -141,18 +168,19 @@ def run_checks(checks: dict, ns: dict, events: Events, timeout: float, skip: set
             events.write(ev="check", gid=gid, k=k, value=value)
 
 
-def main(job_path: str) -> int:
-    with open(job_path) as fh:
-        job = json.load(fh)
+def main() -> int:
+    job = json.loads(sys.stdin.buffer.read())
+    devnull = os.open(os.devnull, os.O_RDONLY)  # the pipe is drained; nothing can be read from fd 0 again
+    os.dup2(devnull, 0)
+    os.close(devnull)
     os.environ["NBGRADER_EXECUTION"] = "autograde"  # notebooks skip their slow demos while grading
-    events = Events(job["events"])
-    with open(job["notebook"]) as fh:
-        nb = json.load(fh)
-    from course.grade.verdicts import load_checks
+    events = Events(job["events_fd"])
+    nb = job.pop("notebook")
+    from course.grade.verdicts import load_checks_source
 
-    checks = load_checks(job["checks"])
+    checks = load_checks_source(job.pop("checks"), job.get("checks_name", "checks"))
     ns = run_cells(nb, events, job["cell_timeout"], job.get("stop_before"))
-    events.write(ev="cells_done")
+    events.write(ev="cells_done", full=full_scratch())
     run_checks(checks, ns, events, job["cell_timeout"], {tuple(x) for x in job.get("skip_checks", [])})
     events.write(ev="done")
     sys.stdout.flush()
@@ -160,4 +188,4 @@ def main(job_path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main())

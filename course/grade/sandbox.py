@@ -1,19 +1,24 @@
-"""The sealed runner: one submission, one bubblewrap sandbox, only files come back.
+"""The sealed runner: one submission, one bubblewrap sandbox, only plain data comes back.
 
 Mechanism: Debian's `bubblewrap` (bwrap), the unprivileged sandbox Flatpak is built on. Each run gets
 `--unshare-all` (its own user, PID, network, IPC, UTS and cgroup namespaces: no network at all, not even the
 host's loopback), `--die-with-parent` and `--new-session`, and a filesystem made of read-only binds of the
 system (/usr, /etc), the Python interpreter and the venv, and the installed `course` package -- nothing else
-of the course folder: no other submission, no gradebook, no solutions/ or source/, no ledger. /tmp is a
-private tmpfs, and the one writable folder is this submission's own copy (/sub). Caps (setrlimit before
-bwrap execs, inherited by everything inside): address space (memory), CPU seconds, file size, processes
-(RLIMIT_NPROC, which Linux does not apply to root: as root each run also gets its own `pids` cgroup with
-pids.max); plus a wall-clock timeout, after which the whole sandbox is killed. bwrap needs no root: as a normal user it
-uses unprivileged user namespaces (where a distribution disables them, bwrap says so and `kvcourse grade`
-stops, naming what is missing).
+of the course folder: no other submission, no gradebook, no solutions/ or source/, no ledger. /tmp and the
+working folder /sub are private tmpfs of a fixed size each (Limits.disk_mb, tied to the memory cap: tmpfs
+pages are RAM that RLIMIT_AS does not count), empty at every attempt; nothing the grader reads lives there.
+The job (the notebook and the checks' source) arrives on stdin, a pipe the harness drains before any student
+code runs, so no file in the sandbox holds the hidden checks; the events go back through another pipe the
+grader reads as they come (at most MAX_EVENTS_BYTES), so a run cannot erase what it already wrote. Caps
+(setrlimit before bwrap execs, inherited by everything inside): address space (memory), CPU seconds, file
+size, processes (RLIMIT_NPROC, which Linux does not apply to root: as root each run also gets its own `pids`
+cgroup with pids.max); plus a wall-clock timeout, after which the whole sandbox is killed. bwrap needs no
+root: as a normal user it uses unprivileged user namespaces (where a distribution disables them, bwrap says
+so and `kvcourse grade` stops, naming what is missing).
 
-The harness (course.grade.harness) runs inside and writes events.jsonl; `run_sealed` reads it back, reruns
-past a cell that killed the kernel or ran past every timeout, and classifies how each run ended.
+The harness (course.grade.harness) runs inside and writes its events; `run_sealed` keeps those the harness
+could have written (_accept), reruns past a cell that killed the kernel or ran past every timeout, and
+classifies how each run ended.
 """
 from __future__ import annotations
 
@@ -43,6 +48,12 @@ class Limits:
     wall_s: float = 300.0  # one attempt, start to end
     file_mb: int = 256  # the largest file it may write
     extra_processes: int = 256  # processes/threads it may add to the user's count
+    disk_mb: int = 0  # MiB it may write in /sub and /tmp together (half each); 0 = half of memory_mb
+
+    def tmpfs_bytes(self) -> int:
+        """Size of each of the two tmpfs (/sub, /tmp)."""
+        total = self.disk_mb or max(64, self.memory_mb // 2 if self.memory_mb > 0 else 2048)
+        return max(16, total // 2) * 2 ** 20
 
 
 @dataclass
@@ -100,11 +111,16 @@ def _redacted_bank() -> tuple[str, str] | None:
     return name, str(QUESTIONS_PATH.resolve())
 
 
-def bwrap_command(workdir: Path, argv: list[str], env: dict) -> list[str]:
+def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes: int | None = None) -> list[str]:
+    """bwrap's command line. workdir None: /sub is a fresh tmpfs (the grader's runs); else that folder.
+
+    tmpfs_bytes caps /tmp and a tmpfs /sub each (bwrap's --size); None leaves the kernel's default (half
+    the RAM), for the probes and tests only."""
+    size = ["--size", str(int(tmpfs_bytes))] if tmpfs_bytes else []
     # The private /tmp, /dev and /proc first: a later mount lies over an earlier one, and the venv or the
     # course package may themselves live under /tmp (a fresh clone in a temporary folder).
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
-           "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+           "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
     for kind, path in _binds():
         if kind == "symlink":
             cmd += ["--symlink", os.readlink(path), path]
@@ -113,7 +129,10 @@ def bwrap_command(workdir: Path, argv: list[str], env: dict) -> list[str]:
     bank = _redacted_bank()
     if bank:  # after the package's bind, so this file lies over the real bank
         cmd += ["--ro-bind", bank[0], bank[1]]
-    cmd += ["--bind", str(workdir), "/sub", "--chdir", "/sub"]
+    if workdir is None:
+        cmd += [*size, "--tmpfs", "/sub", "--chdir", "/sub"]
+    else:
+        cmd += ["--bind", str(workdir), "/sub", "--chdir", "/sub"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
     return cmd + ["--", *argv]
@@ -130,8 +149,10 @@ def sandbox_problem() -> str:
     try:
         package = str(Path(course.__file__).resolve().parent)
         check = "import os, sys; sys.exit(0 if os.path.isfile(sys.argv[1]) else 3)"
+        # with a sized /tmp, as every grading run has: an old bwrap without --size stops here, named
         out = subprocess.run(bwrap_command(probe, [sys.executable, "-c", check, f"{package}/__init__.py"],
-                                           _sandbox_env(1)), capture_output=True, text=True, timeout=120)
+                                           _sandbox_env(1), tmpfs_bytes=64 * 2 ** 20),
+                             capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap could not start a sandbox: {exc}"
     finally:
@@ -222,12 +243,16 @@ def _limiter(limits: Limits, nproc: int, cgroup: Path | None = None):
     return preexec
 
 
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
+def _runnable(nb: dict) -> set[int]:
+    """Indices of the cells the harness runs (code, not a test cell, not empty): the only `i` an event may name."""
+    from course.grade.harness import cell_source, is_test_cell
+
+    return {i for i, cell in enumerate(nb.get("cells", [])) if isinstance(cell, dict)
+            and cell.get("cell_type") == "code" and not is_test_cell(cell) and cell_source(cell).strip()}
+
+
+def _parse(data: bytes) -> list[dict]:
     events = []
-    with open(path, "rb") as fh:
-        data = fh.read(MAX_EVENTS_BYTES)
     for line in data.splitlines():
         try:
             event = json.loads(line)
@@ -238,25 +263,107 @@ def _events(path: Path) -> list[dict]:
     return events
 
 
+@dataclass
+class _Run:
+    """What one attempt recorded, keeping only events the harness could have written at that point."""
+    cells: dict = field(default_factory=dict)  # i -> cell_done event
+    checks: dict = field(default_factory=dict)  # (gid, k) -> encoded value
+    last: tuple | None = None  # the last step started: ("cell", i) | ("cells_done",) | ("check", gid, k)
+    full: list = field(default_factory=list)  # scratch folders the harness found full after the cells
+
+
+def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], stop_before: int | None) -> _Run:
+    """One pass over an attempt's events (linear in their number).
+
+    The learner's code runs in the harness's process and can write any event to the pipe, so an event counts
+    only where the harness itself could have written it: a cell_start names a cell this attempt runs; a
+    cell_done or check must follow its own start (the last one wins: the harness writes its own after the
+    learner's code returned); a check names a declared (grade_id, k). Anything else is dropped, so forged
+    indices cannot make the grader allocate, loop or rerun on the learner's terms."""
+    run, current, phase = _Run(), None, "cells"
+    for e in events:
+        ev = e["ev"]
+        if ev == "cell_start":
+            i = e.get("i")
+            if type(i) is int and i in runnable and (stop_before is None or i < stop_before):
+                if phase == "checks":  # the harness never starts a cell after cells_done: that one was forged
+                    phase, run.checks, run.full = "cells", {}, []
+                current = run.last = ("cell", i)
+        elif ev == "cell_done" and phase == "cells":
+            if current == ("cell", e.get("i")):
+                run.cells[e["i"]] = e
+        elif ev == "cells_done":
+            phase, current = "checks", ("cells_done",)
+            run.last = current
+            run.full = [str(x)[:20] for x in e.get("full", [])][:2] if isinstance(e.get("full"), list) else []
+        elif ev == "check_start" and phase == "checks":
+            gid, k = e.get("gid"), e.get("k")
+            if isinstance(gid, str) and type(k) is int and 0 <= k < declared.get(gid, 0):
+                current = run.last = ("check", gid, k)
+        elif ev == "check" and phase == "checks":
+            if current == ("check", e.get("gid"), e.get("k")):
+                run.checks[e["gid"], e["k"]] = e.get("value")
+    return run
+
+
 def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: int, on_start=None):
-    """One harness run. Returns (events, how it ended: done | killed | wall | cpu | died:<code>)."""
-    (workdir / "events.jsonl").unlink(missing_ok=True)
-    inside = "/sub" if sealed else str(workdir)
-    job = dict(job, notebook=f"{inside}/submission.ipynb", checks=f"{inside}/checks.py",
-               events=f"{inside}/events.jsonl")
-    (workdir / "job.json").write_text(json.dumps(job))
-    argv = [sys.executable, "-m", "course.grade.harness", f"{inside}/job.json"]
+    """One harness run. Returns (events, how it ended: done | killed | wall | cpu | died:<code>).
+
+    The job goes in on stdin (a pipe: read once, by the harness, before any cell runs); the events come back
+    on a second pipe, of which the grader keeps the first MAX_EVENTS_BYTES and drains the rest."""
+    import threading
+
+    read_fd, write_fd = os.pipe()
+    payload = json.dumps(dict(job, events_fd=write_fd)).encode()
+    argv = [sys.executable, "-m", "course.grade.harness"]
     env = _sandbox_env(threads)
     if sealed:
-        cmd, cwd, run_env = bwrap_command(workdir, argv, env), None, {"PATH": os.environ.get("PATH", "/usr/bin")}
-    else:
-        cmd, cwd = argv, str(workdir)
-        run_env = dict(env, HOME=str(workdir), TMPDIR=str(workdir), MPLCONFIGDIR=str(workdir / ".mpl"),
-                       IPYTHONDIR=str(workdir / ".ipython"))
+        cmd, cwd = bwrap_command(None, argv, env, limits.tmpfs_bytes()), None
+        run_env = {"PATH": os.environ.get("PATH", "/usr/bin")}
+    else:  # the reference solution, trusted: a fresh scratch folder per attempt
+        scratch = workdir / "scratch"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        cmd, cwd = argv, str(scratch)
+        run_env = dict(env, HOME=str(scratch), TMPDIR=str(scratch), MPLCONFIGDIR=str(scratch / ".mpl"),
+                       IPYTHONDIR=str(scratch / ".ipython"))
     cgroup = _pids_cgroup(limits.extra_processes)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=run_env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=open(workdir / "harness.log", "ab"),
-                            preexec_fn=_limiter(limits, _user_tasks() + limits.extra_processes, cgroup))
+    try:
+        with open(workdir / "harness.log", "ab") as log:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=run_env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=log, pass_fds=(write_fd,),
+                                    preexec_fn=_limiter(limits, _user_tasks() + limits.extra_processes, cgroup))
+    except BaseException:
+        os.close(read_fd)
+        _remove_cgroup(cgroup)
+        raise
+    finally:
+        os.close(write_fd)
+    chunks: list[bytes] = []
+
+    def pump():
+        kept = 0
+        while True:
+            try:
+                chunk = os.read(read_fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            if kept < MAX_EVENTS_BYTES:  # past the cap: read and drop, so the writer never blocks
+                chunks.append(chunk[:MAX_EVENTS_BYTES - kept])
+                kept += len(chunks[-1])
+
+    def feed():
+        try:
+            proc.stdin.write(payload)
+            proc.stdin.close()
+        except OSError:  # it died before reading its job: the exit status says how
+            pass
+
+    reader, feeder = threading.Thread(target=pump, daemon=True), threading.Thread(target=feed, daemon=True)
+    reader.start()
+    feeder.start()
     if on_start:
         on_start(proc)
     ended = None
@@ -272,9 +379,13 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
                 pass
             proc.wait()
         _remove_cgroup(cgroup)
-    events = _events(workdir / "events.jsonl")
+    reader.join(timeout=30)  # every writer is gone with the sandbox (bwrap's PID namespace)
+    feeder.join(timeout=5)
+    if not reader.is_alive():
+        os.close(read_fd)
+    events = _parse(b"".join(chunks[:]))
     code = proc.returncode
-    if any(e["ev"] == "done" for e in events):
+    if code == 0 and any(e["ev"] == "done" for e in events):
         ended = "done"
     elif ended is None:
         if code in (-signal.SIGKILL, 128 + signal.SIGKILL):
@@ -286,46 +397,89 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     return events, ended
 
 
+def _dead(why: str) -> dict:
+    return {"output_type": "error", "ename": "DeadKernelError", "evalue": why, "traceback": [why]}
+
+
 def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, sealed: bool = True,
                threads: int = 1, on_start=None, max_attempts: int = 4) -> Outcome:
-    """Grade-run one notebook (already repaired) in a fresh sandbox; return every event it wrote."""
+    """Grade-run one notebook (already repaired) in a fresh sandbox; return the events that count.
+
+    A run that dies in a cell is rerun up to that cell (the cell and those after it count as not run); one
+    that dies in a check is rerun without that check. A SIGKILL may come from outside (an administrator,
+    the host's out-of-memory killer): the first one at a given step reruns the same job, a second one at the
+    same step is the submission's own doing and counts like any other death. When the attempts are used up,
+    what was recorded is graded (checks that never ran fail); only a run that never reached its first cell
+    (the sandbox itself failed) is left ungraded, as infrastructure."""
+    from course.grade.verdicts import load_checks
+
     workdir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(notebook, workdir / "submission.ipynb")
-    shutil.copyfile(checks, workdir / "checks.py")
+    with open(notebook) as fh:
+        nb = json.load(fh)
+    declared = {gid: len(items) for gid, items in load_checks(checks).items()}
+    runnable = _runnable(nb)
+    base = {"notebook": nb, "checks": Path(checks).read_text(), "checks_name": Path(checks).stem,
+            "cell_timeout": limits.cell_timeout}
     outcome, started = Outcome(), time.perf_counter()
-    stop_before, skip = None, []
-    kept: list[dict] = []
+    stop_before, killed_at = None, None
+    cells: dict[int, dict] = {}
+    values: dict[tuple, object] = {}
+    dead_checks: dict[tuple, dict] = {}
+    full: set[str] = set()
+    finished = False
     while outcome.attempts < max_attempts:
         outcome.attempts += 1
-        job = {"cell_timeout": limits.cell_timeout, "stop_before": stop_before, "skip_checks": skip}
+        job = dict(base, stop_before=stop_before, skip_checks=[list(k) for k in sorted(dead_checks)])
         events, ended = _attempt(workdir, job, limits, sealed, threads, on_start)
-        kept += [e for e in events if e["ev"] in ("cell_done", "check")
-                 and not (e["ev"] == "cell_done" and any(k["ev"] == "cell_done" and k["i"] == e["i"] for k in kept))]
+        run = _accept(events, runnable, declared, stop_before)
+        for i, e in run.cells.items():
+            cells.setdefault(i, e)
+        values.update(run.checks)  # the latest attempt's values: each reran every check not known to kill
+        full.update(run.full)
         if ended == "done":
+            finished = True
             break
-        if ended == "killed":
-            outcome.infrastructure = KILLED_FROM_OUTSIDE
-            break
+        last = run.last or ("start",)
+        if ended == "killed" and killed_at != last:
+            killed_at = last
+            note = ("the sandbox was killed (SIGKILL: its own code, the host's out-of-memory killer or someone "
+                    "outside); it was run again")
+            if note not in outcome.problems:
+                outcome.problems.append(note)
+            continue
         why = {"wall": f"killed: it ran past the {limits.wall_s:g} s wall-clock limit (a loop that ignores "
                        "the per-cell timeout?)",
-               "cpu": "killed: it used up its CPU-time cap"}.get(
+               "cpu": "killed: it used up its CPU-time cap",
+               "killed": "the kernel died: killed by SIGKILL twice at the same step (its own code, or memory "
+                         "the host could not give)"}.get(
             ended, f"the kernel died (os._exit, a crash, or it ignored an interrupt; exit status {ended[5:]})")
-        last = next((e for e in reversed(events) if e["ev"] in ("cell_start", "check_start", "cells_done")), None)
-        if last is None:
-            outcome.infrastructure = f"the harness stopped before running anything ({why}); see harness.log"
+        if last == ("start",):  # no learner's code ran yet: the sandbox itself failed, twice if killed
+            outcome.infrastructure = (f"the harness stopped before running anything ({ended}); see harness.log"
+                                      if ended != "killed" else KILLED_FROM_OUTSIDE)
             break
         if why not in outcome.problems:
             outcome.problems.append(why)
-        if last["ev"] == "cell_start":
-            kept.append({"ev": "cell_done", "i": last["i"], "died": True, "outputs": [
-                {"output_type": "error", "ename": "DeadKernelError", "evalue": why, "traceback": [why]}]})
-            stop_before = last["i"]
-        elif last["ev"] == "check_start":
-            kept.append({"ev": "check", "gid": last["gid"], "k": last["k"],
-                         "value": {"t": "raised", "name": "DeadKernelError", "builtin_bases": [], "message": why}})
-        skip = [[e["gid"], e["k"]] for e in kept if e["ev"] == "check"]
-        if last["ev"] == "cells_done" or (stop_before is not None and stop_before <= 0):
+        if last[0] == "cell":
+            cells[last[1]] = {"ev": "cell_done", "i": last[1], "died": True, "outputs": [_dead(why)]}
+            stop_before = last[1]
+        elif last[0] == "check":
+            dead_checks[last[1:]] = {"t": "raised", "name": "DeadKernelError", "builtin_bases": [], "message": why}
+        if last[0] == "cells_done" or (stop_before is not None and stop_before <= 0):
             break
-    outcome.events = kept
+    if not finished and not outcome.infrastructure:
+        outcome.problems.append(f"graded on what {outcome.attempts} run(s) recorded: checks that never ran count "
+                                "as failed")
+    if full:
+        outcome.problems.append(f"it filled its scratch space ({', '.join(sorted(full))}: "
+                                f"{limits.tmpfs_bytes() // 2 ** 20} MiB each): writes there failed")
+    elif any(o.get("output_type") == "error" and ("No space left on device" in str(o.get("evalue", ""))
+                                                  or "File too large" in str(o.get("evalue", "")))
+             for e in cells.values() for o in (e.get("outputs") if isinstance(e.get("outputs"), list) else [])
+             if isinstance(o, dict)):
+        outcome.problems.append(f"a write hit the disk cap ({limits.tmpfs_bytes() // 2 ** 20} MiB each in /sub and "
+                                f"/tmp, {limits.file_mb} MiB per file)")
+    values.update(dead_checks)
+    outcome.events = [cells[i] for i in sorted(cells)] + [
+        {"ev": "check", "gid": gid, "k": k, "value": v} for (gid, k), v in values.items()]
     outcome.seconds = time.perf_counter() - started
     return outcome

@@ -142,15 +142,31 @@ def checks_path(assignment: str, folder: Path | None = None) -> Path:
 
 
 def load_checks(path: Path) -> dict[str, list[Check]]:
-    """Import a checks module from its file (inside the sandbox or in the grader) and return CHECKS."""
+    """Import a checks module from its file (in the grader) and return CHECKS."""
     path = Path(path)
     spec = importlib.util.spec_from_file_location(f"kvcourse_checks_{path.stem.replace('-', '_')}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    checks = module.CHECKS
+    return _valid(module.CHECKS, str(path))
+
+
+def load_checks_source(source: str, name: str) -> dict[str, list[Check]]:
+    """CHECKS from a checks module's source text (the sandbox gets the text, never a file it could reread).
+
+    The module is not put in sys.modules; the learner's code can still find it in memory (see harness.py)."""
+    import types
+
+    module = types.ModuleType(f"kvcourse_checks_{name.replace('-', '_')}")
+    exec(compile(source, f"<checks {name}>", "exec"), module.__dict__)
+    return _valid(module.__dict__.get("CHECKS"), name)
+
+
+def _valid(checks, where: str) -> dict[str, list[Check]]:
+    if not isinstance(checks, dict):
+        raise TypeError(f"{where}: CHECKS must be a dict from test-cell grade_id to a list of Check")
     for gid, items in checks.items():
-        if not items or not all(isinstance(c, Check) for c in items):
-            raise TypeError(f"{path}: CHECKS[{gid!r}] must be a non-empty list of Check")
+        if not isinstance(gid, str) or not items or not all(isinstance(c, Check) for c in items):
+            raise TypeError(f"{where}: CHECKS[{gid!r}] must be a non-empty list of Check")
     return checks
 
 

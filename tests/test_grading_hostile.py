@@ -1,0 +1,269 @@
+"""Hostile submissions against the sealed grader: forged events, a sandbox that kills itself or rewrites what
+the grader gave it, nbgrader metadata edits, reading the hidden checks, filling the disk. Each attack has its
+test; the sandboxed ones run a three-cell notebook against a small checks file (fast to start), the last
+grades memory-formula submissions built from the reference sample.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from course.grade import grader, sandbox
+from course.grade.verdicts import Check, exact
+from course.paths import AUTOGRADE
+
+needs_bwrap = pytest.mark.skipif(bool(sandbox.sandbox_problem()),
+                                 reason="the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
+SECRET = "HIDDEN-INPUT-4242"
+CHECKS_SOURCE = f'''
+from course.grade.verdicts import Check, exact
+
+SECRET = "{SECRET}"
+CHECKS = {{
+    "test_double": [Check("double 21", lambda ns: ns["double"](21), exact, "hint: twice"),
+                    Check("double the secret's length", lambda ns: ns["double"](len(SECRET)), exact, "hint: twice")],
+}}
+'''
+
+
+def _tiny(tmp_path: Path, hostile: str) -> tuple[Path, Path]:
+    """(notebook, checks): a correct answer, then the hostile cell, then the (never run) test cell."""
+    test = new_code_cell("assert double(2) == 4")
+    test.metadata["nbgrader"] = {"grade": True, "solution": False, "locked": True, "points": 1,
+                                 "grade_id": "test_double", "schema_version": 3}
+    nb = new_notebook(cells=[new_code_cell("def double(x):\n    return 2 * x"), new_code_cell(hostile), test])
+    path, checks = tmp_path / "tiny.ipynb", tmp_path / "tiny_checks.py"
+    nbformat.write(nb, str(path))
+    checks.write_text(CHECKS_SOURCE)
+    return path, checks
+
+
+def _run(tmp_path: Path, hostile: str, limits: sandbox.Limits | None = None) -> sandbox.Outcome:
+    nb, checks = _tiny(tmp_path, hostile)
+    return sandbox.run_sealed(nb, checks, tmp_path / "box", limits or sandbox.Limits(cell_timeout=20, wall_s=120))
+
+
+def _values(outcome) -> dict:
+    return {(e["gid"], e["k"]): e["value"] for e in outcome.events if e["ev"] == "check"}
+
+
+def _printed(outcome, i: int) -> str:
+    (done,) = [e for e in outcome.events if e["ev"] == "cell_done" and e["i"] == i]
+    return "".join(o.get("text", "") + str(o.get("evalue", "")) for o in done["outputs"])
+
+
+ALL_CORRECT = {("test_double", 0): {"t": "int", "v": "42"}, ("test_double", 1): {"t": "int", "v": str(2 * len(SECRET))}}
+
+
+# ----------------------------------------------------------------------------- 1, 2: forged events
+
+def test_forged_check_indices_cost_the_grader_nothing():
+    checks = {"test_double": [Check("a", lambda ns: 1, exact), Check("b", lambda ns: 2, exact)]}
+    forged = [{"ev": "check", "gid": "test_double", "k": 10 ** 8, "value": {"t": "none"}},
+              {"ev": "check", "gid": "test_bonus", "k": 0, "value": {"t": "none"}},
+              {"ev": "check", "gid": "test_double", "k": -1, "value": {"t": "none"}},
+              {"ev": "check", "gid": "test_double", "k": 1, "value": {"t": "int", "v": "2"}}]
+    values = grader._values(forged, checks)
+    assert values == {"test_double": [{"t": "rejected", "why": "not run"}, {"t": "int", "v": "2"}]}
+    run = sandbox._accept([{"ev": "cells_done"}, {"ev": "check_start", "gid": "test_double", "k": 10 ** 8},
+                           {"ev": "check", "gid": "test_double", "k": 10 ** 8, "value": {"t": "none"}}],
+                          set(), {"test_double": 2}, None)
+    assert run.checks == {} and run.last == ("cells_done",)
+
+
+def test_forged_events_are_read_in_linear_time():
+    fake = [{"ev": "cell_done", "i": 10 ** 6 + j, "outputs": []} for j in range(200_000)]
+    events = [{"ev": "cell_start", "i": 0}, {"ev": "cell_done", "i": 0, "outputs": []},
+              {"ev": "cell_start", "i": 1}, *fake, {"ev": "cell_start", "i": 10 ** 9}]
+    started = time.perf_counter()
+    run = sandbox._accept(events, {0, 1}, {"test_double": 2}, None)
+    assert time.perf_counter() - started < 5
+    assert list(run.cells) == [0] and run.last == ("cell", 1), "the rerun stops at the real cell, not a forged one"
+
+
+@needs_bwrap
+def test_a_sandbox_that_forges_events_is_graded_on_its_code(tmp_path):
+    outcome = _run(tmp_path, "import json, os\n"
+                             "line = b''.join(json.dumps({'ev': 'cell_done', 'i': 10**6 + j, 'outputs': []}).encode()"
+                             " + b'\\n' for j in range(40000))\n"
+                             "for f in os.listdir('/proc/self/fd'):\n"
+                             "    try:\n"
+                             "        os.write(int(f), line + json.dumps({'ev': 'check', 'gid': 'test_double', "
+                             "'k': 10**8, 'value': None}).encode() + b'\\n' + json.dumps({'ev': 'cell_start', "
+                             "'i': 10**9}).encode() + b'\\n')\n"
+                             "    except OSError:\n"
+                             "        pass\n"
+                             "os._exit(3)\n")
+    assert not outcome.infrastructure and outcome.attempts == 2, outcome
+    assert [e["i"] for e in outcome.events if e["ev"] == "cell_done"] == [0, 1]
+    assert _values(outcome) == ALL_CORRECT
+    assert outcome.seconds < 90, "forged events must not slow the grader down (it was quadratic)"
+
+
+# ----------------------------------------------------------------------------- 3: a sandbox that kills itself
+
+@needs_bwrap
+def test_a_submission_that_sigkills_itself_is_graded(tmp_path):
+    outcome = _run(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert not outcome.infrastructure, outcome
+    assert _values(outcome) == ALL_CORRECT, "the cells before it count, the checks ran"
+    assert any("SIGKILL" in p for p in outcome.problems)
+    assert "DeadKernelError" in json.dumps([e for e in outcome.events if e.get("i") == 1])
+
+
+@needs_bwrap
+def test_a_submission_cannot_corrupt_the_checks_for_its_rerun(tmp_path):
+    outcome = _run(tmp_path, "import os\nfor p in ('/sub/checks.py', '/sub/job.json', '/sub/submission.ipynb'):\n"
+                             "    open(p, 'w').write(\"raise SystemExit('no checks today')\\n\")\nos._exit(1)")
+    assert not outcome.infrastructure, outcome
+    assert _values(outcome) == ALL_CORRECT
+    assert any("kernel died" in p for p in outcome.problems)
+
+
+# ----------------------------------------------------------------------------- 5: hidden checks
+
+PROBE = f"""
+import glob, os
+seen = []
+for path in glob.glob('/sub/**', recursive=True) + glob.glob('/tmp/**', recursive=True):
+    try:
+        seen.append(open(path, errors='replace').read())
+    except OSError:
+        pass
+for fd in os.listdir('/proc/self/fd'):
+    try:
+        os.lseek(int(fd), 0, 0)
+    except OSError:
+        pass
+    try:
+        os.set_blocking(int(fd), False)
+        seen.append(os.read(int(fd), 1 << 20).decode(errors='replace'))
+    except (OSError, TypeError):
+        pass
+print('LEAKED' if '{SECRET[:6]}' + '{SECRET[6:]}' in ''.join(seen) else 'nothing on disk', sorted(os.listdir('/sub')))
+"""
+
+
+@needs_bwrap
+def test_the_hidden_checks_are_not_on_the_sandboxs_disk(tmp_path):
+    outcome = _run(tmp_path, PROBE)
+    printed = _printed(outcome, 1)
+    assert "nothing on disk" in printed and "LEAKED" not in printed, printed
+    assert _values(outcome) == ALL_CORRECT
+
+
+# ----------------------------------------------------------------------------- 6: disk and tmpfs caps
+
+def test_the_tmpfs_are_sized_from_the_memory_cap():
+    limits = sandbox.Limits(memory_mb=2048)
+    cmd = sandbox.bwrap_command(None, ["true"], {}, limits.tmpfs_bytes())
+    for mount in ("/tmp", "/sub"):
+        at = cmd.index(mount)
+        assert cmd[at - 1] == "--tmpfs" and cmd[at - 3] == "--size", (mount, cmd)
+        assert int(cmd[at - 2]) == 512 * 2 ** 20, "half the memory cap in all, half of it each"
+
+
+@needs_bwrap
+def test_writing_past_the_disk_cap_fails_and_is_reported(tmp_path):
+    hog = ("chunk = b'\\1' * (16 << 20)\nfor where in ('/tmp', '/sub'):\n    n = 0\n    try:\n"
+           "        for i in range(40):\n            with open(f'{where}/fill{i}', 'wb') as f:\n"
+           "                f.write(chunk)\n            n += 16\n    except OSError as e:\n"
+           "        print(where, 'stopped at', n, 'MiB:', e)\n")
+    outcome = _run(tmp_path, hog, sandbox.Limits(memory_mb=1024, cell_timeout=20, wall_s=120))
+    printed = _printed(outcome, 1)
+    assert "/tmp stopped at" in printed and "/sub stopped at" in printed, printed
+    for where in ("/tmp", "/sub"):
+        stopped = int(printed.split(f"{where} stopped at ")[1].split()[0])
+        assert stopped <= 256, f"{where}: 1 GiB of memory cap gives 256 MiB each, it wrote {stopped} MiB"
+    assert any("filled its scratch space" in p and "256 MiB" in p for p in outcome.problems), outcome.problems
+    assert _values(outcome) == ALL_CORRECT
+
+
+# ----------------------------------------------------------------------------- 3, 4: whole submissions
+
+SAMPLE = AUTOGRADE / "samples" / "reference" / "01_memory_formula" / "memory_formula.ipynb"
+
+
+def _gid(cell):
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
+def _hostile_submissions(folder: Path) -> None:
+    def save(student: str, nb) -> None:
+        (folder / student / "01_memory_formula").mkdir(parents=True)
+        nbformat.write(nb, str(folder / student / "01_memory_formula" / "memory_formula.ipynb"))
+
+    ref = nbformat.read(str(SAMPLE), as_version=4)
+    nb = copy.deepcopy(ref)  # kills itself after its last answer
+    nb.cells.append(new_code_cell("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"))
+    save("sigkill-self", nb)
+
+    nb = copy.deepcopy(ref)  # rewrites the checks file, then dies so that the grader reruns it
+    nb.cells.append(new_code_cell(
+        "import os\nopen('/sub/checks.py', 'w').write(\"raise SystemExit('no checks today')\\n\")\nos._exit(1)"))
+    save("corrupt-checks", nb)
+
+    nb = copy.deepcopy(ref)  # an extra test cell with an id nobody knows
+    extra = new_code_cell("print('bonus')")
+    extra.metadata["nbgrader"] = {"grade": True, "grade_id": "test_bonus", "locked": True, "points": 50,
+                                  "schema_version": 3, "solution": False, "task": False}
+    nb.cells.append(extra)
+    save("extra-test-cell", nb)
+
+    nb = copy.deepcopy(ref)  # an answer cell marked graded, with points
+    (cell,) = [c for c in nb.cells if _gid(c) == "gqa_saving"]
+    cell.metadata["nbgrader"].update(grade=True, points=25)
+    save("answer-graded", nb)
+
+    nb = copy.deepcopy(ref)  # correct code under a renamed answer id
+    (cell,) = [c for c in nb.cells if _gid(c) == "kv_cache_bytes"]
+    cell.metadata["nbgrader"]["grade_id"] = "my_kv_cache_bytes"
+    save("renamed-answer-id", nb)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    if sandbox.sandbox_problem():
+        pytest.skip("the sealed grader needs bubblewrap")
+    from course.grade import grading
+
+    root = tmp_path_factory.mktemp("hostile")
+    _hostile_submissions(root / "subs")
+    rows = grading.grade(root / "subs", root / "course", jobs=1, progress=False, log=lambda *_: None)
+    return {r.student: r for r in rows}
+
+
+def test_a_sandbox_killed_by_its_own_code_is_graded_not_left_ungraded(graded):
+    row = graded["sigkill-self"]
+    assert row.status == "graded" and row.score == row.max_score > 0, row
+    assert "SIGKILL" in row.problems and "kernel died" in row.problems
+
+
+def test_a_submission_that_corrupts_the_checks_is_graded(graded):
+    row = graded["corrupt-checks"]
+    assert row.status == "graded" and row.score == row.max_score > 0, row
+    assert "kernel died" in row.problems
+
+
+def test_an_unknown_test_cell_is_ignored_and_reported(graded):
+    row, full = graded["extra-test-cell"], graded["sigkill-self"].max_score
+    assert row.status == "graded" and row.score == row.max_score == full, row
+    assert "test_bonus" in row.problems and "ordinary code" in row.problems
+
+
+def test_an_answer_cell_marked_graded_gets_the_released_metadata(graded):
+    row = graded["answer-graded"]
+    assert row.status == "graded" and row.score == row.max_score == graded["sigkill-self"].max_score, row
+    assert "cell metadata restored as released: gqa_saving" in row.problems
+
+
+def test_a_renamed_answer_id_is_graded_on_its_code(graded):
+    row = graded["renamed-answer-id"]
+    assert row.status == "graded" and row.score == row.max_score > 0, row
+    assert "my_kv_cache_bytes -> kv_cache_bytes" in row.problems
