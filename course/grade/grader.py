@@ -147,7 +147,7 @@ def release_metadata(nb, release_nb) -> list[str]:
     present = {grade_id(c) for c in nb.cells if grade_id(c) in released}
     unclaimed = [gid for gid, c in released.items()
                  if gid not in present and c.metadata["nbgrader"].get("solution")]
-    seen, unknown, restored, renamed, duplicate = set(), [], [], [], []
+    seen, unknown, restored, tests, renamed, duplicate = set(), [], [], [], [], []
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader")
         if meta is None:
@@ -158,7 +158,7 @@ def release_metadata(nb, release_nb) -> list[str]:
                 and cell.cell_type == released[gid].cell_type:
             want = released[gid].metadata["nbgrader"]
             if {k: v for k, v in meta.items() if k != "checksum"} != {k: v for k, v in want.items() if k != "checksum"}:
-                restored.append(name)
+                (tests if want.get("grade") and not want.get("solution") else restored).append(name)
             cell.metadata["nbgrader"] = copy.deepcopy(dict(want))
             seen.add(gid)
         elif (isinstance(meta, dict) and meta.get("solution") and cell.cell_type == "code" and unclaimed
@@ -174,7 +174,7 @@ def release_metadata(nb, release_nb) -> list[str]:
     for items, what in ((unknown, "cell(s) with a grade id the release does not have, graded as ordinary code"),
                         (duplicate, "duplicate grade id(s), the later cells graded as ordinary code"),
                         (renamed, "renamed answer cell id(s) put back"),
-                        (restored, "cell metadata restored as released")):
+                        (tests, "test cell metadata restored"), (restored, "cell metadata restored as released")):
         if items:
             problems.append(f"{what}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
     return problems
