@@ -353,3 +353,39 @@ def test_missing_students_appear_in_both_csvs(tmp_path):
     assert report["bob"]["status"] == "missing" and report["ann"]["status"] == "graded"
     exported = {r["student_id"]: r for r in csv.DictReader(open(course / "grades.csv"))}
     assert float(exported["bob"]["score"]) == 0.0 and float(exported["ann"]["score"]) == rows["ann"].score
+
+
+def test_a_course_folder_inside_the_submissions_folder_is_refused(tmp_path):
+    folder = _folder(tmp_path, {"ann": "reference"})
+    with pytest.raises(GradingError, match="inside the submissions folder"):
+        grader.grade(folder, folder / "_course", progress=False, log=_quiet)
+    assert not (folder / "_course").exists(), "refused before anything was written"
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_an_instructors_manual_grade_survives_a_forced_regrade_and_a_broken_resubmission_is_named(tmp_path):
+    """The instructor's score on a test cell (formgrader's manual_score) is theirs: a rerun reports it, --force
+    keeps it; and when a graded student's file no longer opens, the report says grades.csv still has the old grade."""
+    from nbgrader.api import Gradebook
+
+    folder, course = _folder(tmp_path, {"ann": "blank"}), tmp_path / "course"
+    (first,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert first.status == "graded" and first.score < first.max_score
+    db_url = f"sqlite:///{course / 'gradebook.db'}"
+    with Gradebook(db_url, "kvcourse") as gb:
+        nb = gb.find_submission_notebook("memory_formula", ASSIGNMENT, "ann")
+        cell = next(g for g in nb.grades if g.auto_score == 0 and g.max_score > 0)
+        cell.manual_score = cell.max_score  # the instructor gives the points
+        gb.db.commit()
+        gid, points = cell.name, float(cell.max_score)
+    (again,) = grader.grade(folder, course, progress=False, log=_quiet)  # cached: the gradebook's score, said so
+    assert again.score == first.score + points and "manual grades" in again.problems
+    (forced,) = grader.grade(folder, course, force=True, progress=False, log=_quiet)
+    assert forced.score == first.score + points, "a forced regrade wiped the instructor's grade"
+    assert f"{gid}: the instructor's manual score" in forced.problems
+    exported = {r["student_id"]: float(r["score"]) for r in csv.DictReader(open(course / "grades.csv"))}
+    assert exported["ann"] == forced.score
+    (folder / "ann" / ASSIGNMENT / "memory_formula.ipynb").write_text('{"cells": [')  # the resubmission breaks
+    (broken,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert broken.status == "invalid" and "grades.csv still has the earlier grade" in broken.problems

@@ -229,6 +229,18 @@ def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
     return nb
 
 
+def _earlier_grade(ledger, sub) -> list[str]:
+    """For a submission that cannot be graded now: a note when the gradebook (and so grades.csv) still holds an
+    earlier grade of this student's notebook, so the CSV's number is not taken for this file's."""
+    done = ledger.data["graded"].get(sub.key)
+    if not done or not sub.student:
+        return []
+    row = done.get("row", {})
+    return [f"grades.csv still has the earlier grade of this notebook ({row.get('score', 0):g}/"
+            f"{row.get('max_score', 0):g}) from a file that could be graded; grade a readable notebook to "
+            "replace it"]
+
+
 # ----------------------------------------------------------------------------- the grade command
 
 def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | None = None,
@@ -242,6 +254,10 @@ def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | 
     if memory_mb is not None and memory_mb < 256:
         raise ValueError(f"memory_mb must be at least 256, got {memory_mb}")
     course = Path(course).resolve()
+    if course.is_relative_to(Path(folder).resolve()):
+        raise GradingError(f"the course folder {course} is inside the submissions folder {Path(folder).resolve()}: "
+                           "its copies of the notebooks would be graded as a student's. Give --course a folder "
+                           "outside the submissions folder")
     with course_lock(course):
         return _grade(Path(folder), course, jobs, timeout, memory_mb, force, progress, log, unsandboxed,
                       on_sandbox_start)
@@ -309,7 +325,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
         key = f"{sub.key}/{sub.notebook}"
         if sub.problem:
             rows[key] = Row(sub.student, sub.assignment, sub.notebook, "missing" if sub.missing else "invalid",
-                            problems="; ".join([sub.problem] + sub.problems))
+                            problems="; ".join([sub.problem] + sub.problems + _earlier_grade(ledger, sub)))
             continue
         sub.digest = sha(sub.path.read_bytes(), ledger.data["sources"][sub.assignment].encode())
         done = ledger.data["graded"].get(sub.key)
@@ -322,12 +338,23 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
         pending.append((sub, nb))
 
     outsiders = [r for r in rows.values() if r.status in ("invalid", "missing") and r.student]
-    if outsiders:
-        from nbgrader.api import Gradebook
+    cached = [r for r in rows.values() if r.status == "graded"]
+    if outsiders or cached:
+        from nbgrader.api import Gradebook, MissingEntry
 
         with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:  # so the CSV export lists them (score 0)
             for r in outsiders:
                 gb.update_or_create_student(r.student)
+            for r in cached:  # graded earlier: the score is the gradebook's, which an instructor may have edited
+                try:
+                    held = gb.find_submission(r.assignment, r.student)
+                except MissingEntry:
+                    continue
+                if (float(held.score), float(held.max_score)) != (r.score, r.max_score):
+                    r.problems = "; ".join(p for p in (r.problems, (
+                        f"score from the gradebook, which holds the instructor's manual grades (the checks gave "
+                        f"{r.score:g}/{r.max_score:g})")) if p)
+                    r.score, r.max_score = float(held.score), float(held.max_score)
 
     started = time.perf_counter()
     if pending:
@@ -450,8 +477,11 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
                 continue
             g = gb.find_grade(gid, sub.notebook, sub.assignment, sub.student)
             want = points[gid] if verdict.passed else 0.0
-            if g.auto_score != want or g.manual_score is not None:  # the verdicts, never anything else
-                g.auto_score, g.manual_score = want, None
+            if g.auto_score != want:  # the verdicts, never what the notebook's own run scored
+                g.auto_score = want
+            if g.manual_score is not None:  # only an instructor sets it (formgrader): theirs wins, and we say so
+                problems.append(f"{gid}: the instructor's manual score {g.manual_score:g} kept "
+                                f"(the checks give {want:g})")
         gb.db.commit()
         submission = gb.find_submission(sub.assignment, sub.student)
         row.score, row.max_score = float(submission.score), float(submission.max_score)
