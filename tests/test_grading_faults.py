@@ -389,3 +389,27 @@ def test_an_instructors_manual_grade_survives_a_forced_regrade_and_a_broken_resu
     (folder / "ann" / ASSIGNMENT / "memory_formula.ipynb").write_text('{"cells": [')  # the resubmission breaks
     (broken,) = grader.grade(folder, course, progress=False, log=_quiet)
     assert broken.status == "invalid" and "grades.csv still has the earlier grade" in broken.problems
+
+
+@needs_bwrap
+def test_a_second_checkout_sharing_the_environment_is_named_before_grading(tmp_path):
+    """A copy of the course imported from elsewhere than the virtual environment's checkout: inside the sandbox
+    Python would import the other copy, so every submission failed; the start-up check now says why."""
+    copy = tmp_path / "checkout"
+    shutil.copytree(PROJECT_ROOT / "course", copy / "course", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import course; "
+            "assert course.__file__.startswith(sys.argv[1]); "
+            "from course.grade import sandbox; print(sandbox.sandbox_problem())")
+    out = subprocess.run([sys.executable, "-c", code, str(copy)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "cannot import this copy of the course" in out.stdout and "make setup" in out.stdout
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_a_memory_cap_too_small_to_start_python_is_named_as_such(tmp_path):
+    folder, course = _folder(tmp_path, {"ann": "reference"}), tmp_path / "course"
+    with pytest.raises(GradingError) as err:
+        grader.grade(folder, course, memory_mb=256, progress=False, log=_quiet)
+    text = str(err.value)
+    assert "could not start" in text and "--memory-mb 256" in text and "does not run cleanly" not in text

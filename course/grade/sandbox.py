@@ -148,7 +148,12 @@ def sandbox_problem() -> str:
     probe.mkdir(exist_ok=True)
     try:
         package = str(Path(course.__file__).resolve().parent)
-        check = "import os, sys; sys.exit(0 if os.path.isfile(sys.argv[1]) else 3)"
+        # the harness must import from the package this process uses (a second checkout sharing a virtual
+        # environment imports another copy inside, which the sandbox does not show): 3 = not there, 4 = elsewhere
+        check = ("import os, sys\nif not os.path.isfile(sys.argv[1]): sys.exit(3)\n"
+                 "try:\n    import course.grade.harness as h\nexcept Exception: sys.exit(4)\n"
+                 "sys.exit(0 if os.path.dirname(os.path.dirname(os.path.abspath(h.__file__))) == "
+                 "os.path.dirname(sys.argv[1]) else 4)")
         # with a sized /tmp, as every grading run has: an old bwrap without --size stops here, named
         out = subprocess.run(bwrap_command(probe, [sys.executable, "-c", check, f"{package}/__init__.py"],
                                            _sandbox_env(1), tmpfs_bytes=64 * 2 ** 20),
@@ -157,6 +162,10 @@ def sandbox_problem() -> str:
         return f"bwrap could not start a sandbox: {exc}"
     finally:
         shutil.rmtree(probe, ignore_errors=True)
+    if out.returncode == 4:
+        return (f"inside the sandbox Python cannot import this copy of the course ({package}): the virtual "
+                "environment was installed from another checkout. Run the grader from that checkout, or run "
+                "`make setup` (pip install -e .) in this one")
     if out.returncode != 0:
         why = (out.stderr.strip().splitlines() or ["no message"])[-1]
         hint = ""
@@ -169,6 +178,16 @@ def sandbox_problem() -> str:
 
 
 # ----------------------------------------------------------------------------- one run
+
+def _log_tail(path: Path, n: int = 400) -> str:
+    """The last lines of the harness's stderr, quoted in the report (the sandbox's folder is removed after it)."""
+    try:
+        text = path.read_text(errors="replace").strip()
+    except OSError:
+        return "no log"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return " | ".join(lines[-3:])[-n:] if lines else "no output"
+
 
 def _sandbox_env(threads: int) -> dict:
     return {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
@@ -454,7 +473,8 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
                          "the host could not give)"}.get(
             ended, f"the kernel died (os._exit, a crash, or it ignored an interrupt; exit status {ended[5:]})")
         if last == ("start",):  # no learner's code ran yet: the sandbox itself failed, twice if killed
-            outcome.infrastructure = (f"the harness stopped before running anything ({ended}); see harness.log"
+            outcome.infrastructure = (f"the harness stopped before running anything ({ended}): "
+                                      f"{_log_tail(workdir / 'harness.log')}"
                                       if ended != "killed" else KILLED_FROM_OUTSIDE)
             break
         if why not in outcome.problems:
