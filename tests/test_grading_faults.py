@@ -413,3 +413,27 @@ def test_a_memory_cap_too_small_to_start_python_is_named_as_such(tmp_path):
         grader.grade(folder, course, memory_mb=256, progress=False, log=_quiet)
     text = str(err.value)
     assert "could not start" in text and "--memory-mb 256" in text and "does not run cleanly" not in text
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_a_gradebook_held_by_another_program_is_named_busy_never_moved_aside(tmp_path):
+    """A gradebook another program holds (formgrader writing, a stuck process) is in use, not broken: it used to be
+    moved aside as 'not a readable SQLite database (database is locked)' and rebuilt, losing manual grades."""
+    folder, course = _folder(tmp_path, {"ann": "reference"}), tmp_path / "course"
+    (first,) = grader.grade(folder, course, progress=False, log=_quiet)
+    db = course / "gradebook.db"
+    before = db.read_bytes()
+    hold = ("import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(120)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(db)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(GradingError, match="is busy"):
+            grader.grade(folder, course, force=True, progress=False, log=_quiet)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not list(course.glob("gradebook.db.corrupt-*")) and db.read_bytes() == before
+    exported = {r["student_id"]: float(r["score"]) for r in csv.DictReader(open(course / "grades.csv"))}
+    assert exported["ann"] == first.score

@@ -472,7 +472,13 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
         shutil.copyfile(sub.path.parent / "timestamp.txt", dest / "timestamp.txt")
     result = merge_api.autograde(sub.assignment, sub.student, force=True, create=True)
     if not result.get("success"):
-        row.problems = "; ".join(problems + ["merging into the gradebook failed: " + (result.get("error") or "")[-300:]])
+        error = result.get("error") or result.get("log") or ""
+        if "database is locked" in error:  # formgrader (or another tool) is writing the gradebook right now
+            why = ("the gradebook is busy (formgrader or another program is writing to it): the previous grade is "
+                   "kept; close it and grade again")
+        else:
+            why = "merging into the gradebook failed: " + error.strip()[-300:]
+        row.problems = "; ".join(problems + [why])
         return row
     points = {grade_id(c): float(c.metadata["nbgrader"].get("points", 0)) for c in executed.cells
               if c.get("metadata", {}).get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")}

@@ -112,13 +112,18 @@ def gradebook_problem(path: Path) -> str:
     if not path.exists():
         return ""
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
             if con.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
                 return "SQLite's integrity check failed"
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             con.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):  # in use, not broken: never moved aside (it holds grades)
+            raise GradingError(f"the gradebook {path} is busy: another program (formgrader, or a grader in another "
+                               "course setup) is using it. Close it and grade again; nothing was changed") from None
+        return f"not a readable SQLite database ({exc})"
     except sqlite3.DatabaseError as exc:
         return f"not a readable SQLite database ({exc})"
     missing = NBGRADER_TABLES - tables
