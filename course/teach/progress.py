@@ -35,23 +35,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course.teach.questions import LEVELS, normalise_level  # noqa: F401  (re-exported)
+from course.teach.questions import LEVELS, RENAMED, normalise_level  # noqa: F401  (re-exported)
 
 ENV_VAR = "KVCOURSE_PROGRESS"
 FILE_NAME = "progress.sqlite"
 SCHEMA_VERSION = 1
-
-# Questions renamed since answers were saved: old id -> (new id, old option letter -> new letter). The five
-# checkpoint questions of lessons 1-3 had ids a learner should never have seen; three of them also had their
-# options put in another order (so the graded quiz's answers are not mostly one letter). Reads map old rows.
-RENAMED: dict[str, tuple[str, dict[str, str]]] = {
-    "seed-1": ("prefill-ab", {"A": "A", "B": "B", "C": "C"}),
-    "seed-3": ("prefill-bound", {"A": "A", "B": "C", "C": "B"}),
-    "seed-2": ("kv-70b", {"A": "A", "B": "B", "C": "C"}),
-    "seed-5": ("kv-beam", {"A": "A", "B": "C", "C": "B"}),
-    "seed-4": ("sampling-golden", {"A": "B", "B": "A", "C": "C"}),
-}
-
 
 def current_answer(row: dict) -> dict:
     """A saved answer under its question's current id and option letter (RENAMED); other rows unchanged."""

@@ -123,7 +123,7 @@ def interview_cards(lesson_id: str | None = None, *, store: ProgressStore | None
 def answer(question_id: str, choice: str, *, store: ProgressStore | None = None) -> bool:
     """Answer a checkpoint question without widgets: prints right/wrong and why, saves it, returns
     whether it was right."""
-    from course.teach.progress import RENAMED
+    from course.teach.questions import RENAMED
 
     q = load_questions().question(question_id)
     if question_id in RENAMED and isinstance(choice, str):  # an old id: its letters are the old order's
