@@ -25,7 +25,13 @@ HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
 LEARNER_WORDS = {"deleted answer cell(s) replaced by empty ones": "you deleted answer cell(s)",
                  "deleted test cell(s) put back": "you deleted test cell(s)",
                  "edited test cell(s) restored": "you edited test cell(s)",
-                 "test cell metadata restored": "you changed the metadata of test cell(s)"}
+                 "test cell metadata restored": "you changed the metadata of test cell(s)",
+                 "cell metadata restored as released": "you changed the metadata of answer or other cell(s)",
+                 "renamed answer cell id(s) put back": "you renamed answer cell id(s)",
+                 "duplicate grade id(s), the later cells graded as ordinary code":
+                     "you copied locked cells (the copies are checked as ordinary code)",
+                 "cell(s) with a grade id the release does not have, graded as ordinary code":
+                     "you added cells with grade ids the exercise does not have (checked as ordinary code)"}
 
 
 @dataclass

@@ -137,54 +137,6 @@ def _values(events, checks: dict) -> dict[str, list]:
             for gid, values in out.items()}
 
 
-def release_metadata(nb, release_nb) -> list[str]:
-    """Put the release notebook's nbgrader metadata back on the submission's cells; returns report notes.
-
-    The release defines which cells are graded and how: a cell with a released grade_id gets the released
-    metadata (an answer cell marked graded, or given points, is an answer cell again); a cell whose grade_id
-    the release does not know is an ordinary cell (its nbgrader metadata dropped, its code still runs),
-    except an answer cell whose id was renamed while the released answer cell is gone: it takes the released
-    id back, so it is graded on its code. A second cell with the same id loses its metadata. Runs before
-    course.grade.submissions.repair, which then puts back deleted cells and edited test cells."""
-    import copy
-
-    released = {grade_id(c): c for c in release_nb.cells if grade_id(c)}
-    present = {grade_id(c) for c in nb.cells if grade_id(c) in released}
-    unclaimed = [gid for gid, c in released.items()
-                 if gid not in present and c.metadata["nbgrader"].get("solution")]
-    seen, unknown, restored, tests, renamed, duplicate = set(), [], [], [], [], []
-    for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader")
-        if meta is None:
-            continue
-        gid = meta.get("grade_id") if isinstance(meta, dict) else None
-        name = str(gid)[:60]
-        if isinstance(gid, str) and gid in released and gid not in seen \
-                and cell.cell_type == released[gid].cell_type:
-            want = released[gid].metadata["nbgrader"]
-            if {k: v for k, v in meta.items() if k != "checksum"} != {k: v for k, v in want.items() if k != "checksum"}:
-                (tests if want.get("grade") and not want.get("solution") else restored).append(name)
-            cell.metadata["nbgrader"] = copy.deepcopy(dict(want))
-            seen.add(gid)
-        elif (isinstance(meta, dict) and meta.get("solution") and cell.cell_type == "code" and unclaimed
-              and gid not in released):
-            target = unclaimed.pop(0)
-            cell.metadata["nbgrader"] = copy.deepcopy(dict(released[target].metadata["nbgrader"]))
-            seen.add(target)
-            renamed.append(f"{name} -> {target}")
-        else:
-            del cell.metadata["nbgrader"]
-            (duplicate if gid in released else unknown).append(name)
-    problems = []
-    for items, what in ((unknown, "cell(s) with a grade id the release does not have, graded as ordinary code"),
-                        (duplicate, "duplicate grade id(s), the later cells graded as ordinary code"),
-                        (renamed, "renamed answer cell id(s) put back"),
-                        (tests, "test cell metadata restored"), (restored, "cell metadata restored as released")):
-        if items:
-            problems.append(f"{what}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
-    return problems
-
-
 # ----------------------------------------------------------------------------- the executed notebook
 
 def _clean_outputs(outputs) -> list:
@@ -339,7 +291,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
             continue
         nb = nbformat.read(str(sub.path), as_version=4)
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
-        sub.problems += release_metadata(nb, release_nb) + repair(nb, release_nb)
+        sub.problems += repair(nb, release_nb)
         pending.append((sub, nb))
 
     outsiders = [r for r in rows.values() if r.status in ("invalid", "missing") and r.student]

@@ -125,17 +125,19 @@ def invalid_reason(path: Path) -> str:
 def repair(nb, release_nb) -> list[str]:
     """Note what the student changed in the locked cells and put the released cells back.
 
-    Modifies nb in place; returns the problems for the report. Edited and deleted test cells come back as
-    released; a deleted answer cell comes back empty (the answer is gone either way); changed test-cell
-    metadata (points) is restored. The grader never runs the test cells' code anyway (verdicts come from
-    course.grade.verdicts), but feedback shows them, and nbgrader's gradebook keys scores by them.
+    Modifies nb in place; returns the problems for the report. Every cell's nbgrader metadata is the release's
+    first (release_metadata: points, graded flags, unknown or renamed ids); then edited and deleted test cells
+    come back as released, and a deleted answer cell comes back empty (the answer is gone either way). The
+    grader never runs the test cells' code anyway (verdicts come from course.grade.verdicts), but feedback
+    shows them, and nbgrader's gradebook keys scores by them.
     """
     import copy
 
     from nbformat.v4 import new_code_cell
 
+    metadata_notes = release_metadata(nb, release_nb)
     cells = {grade_id(c): c for c in nb.cells if grade_id(c)}
-    deleted, edited, tampered, restored = [], [], [], []
+    deleted, edited, restored = [], [], []
     for i, cell in enumerate(release_nb.cells):
         meta = cell.get("metadata", {}).get("nbgrader", {})
         gid = meta.get("grade_id")
@@ -156,19 +158,61 @@ def repair(nb, release_nb) -> list[str]:
             index = 0 if anchor is None else 1 + max(j for j, c in enumerate(nb.cells) if grade_id(c) == anchor)
             nb.cells.insert(index, put_back)
             cells[gid] = put_back
-        elif meta.get("grade") and not meta.get("solution"):
-            mine_meta = mine.get("metadata", {}).get("nbgrader", {})
-            if mine.source != cell.source:
-                edited.append(gid)
-                mine.source = cell.source
-            if (mine_meta.get("points"), mine_meta.get("grade"), mine_meta.get("locked")) != (
-                    meta.get("points"), meta.get("grade"), meta.get("locked")):
-                tampered.append(gid)
-                mine.metadata["nbgrader"] = copy.deepcopy(meta)
+        elif meta.get("grade") and not meta.get("solution") and mine.source != cell.source:
+            edited.append(gid)
+            mine.source = cell.source
     problems = []
     for ids, what in ((restored, "deleted answer cell(s) replaced by empty ones"),
-                      (deleted, "deleted test cell(s) put back"), (edited, "edited test cell(s) restored"),
-                      (tampered, "test cell metadata restored")):
+                      (deleted, "deleted test cell(s) put back"), (edited, "edited test cell(s) restored")):
         if ids:
             problems.append(f"{what}: {', '.join(ids)}")
+    return problems + metadata_notes
+
+
+def release_metadata(nb, release_nb) -> list[str]:
+    """Put the release notebook's nbgrader metadata back on the submission's cells; returns report notes.
+
+    The release defines which cells are graded and how: a cell with a released grade_id gets the released
+    metadata (an answer cell marked graded, or given points, is an answer cell again); a cell whose grade_id
+    the release does not know is an ordinary cell (its nbgrader metadata dropped, its code still runs),
+    except an answer cell whose id was renamed while the released answer cell is gone: it takes the released
+    id back, so it is graded on its code. A second cell with the same id loses its metadata. `repair` runs it
+    first, then puts back deleted cells and edited test cells."""
+    import copy
+
+    released = {grade_id(c): c for c in release_nb.cells if grade_id(c)}
+    present = {grade_id(c) for c in nb.cells if grade_id(c) in released}
+    unclaimed = [gid for gid, c in released.items()
+                 if gid not in present and c.metadata["nbgrader"].get("solution")]
+    seen, unknown, restored, tests, renamed, duplicate = set(), [], [], [], [], []
+    for cell in nb.cells:
+        meta = cell.get("metadata", {}).get("nbgrader")
+        if meta is None:
+            continue
+        gid = meta.get("grade_id") if isinstance(meta, dict) else None
+        name = str(gid)[:60]
+        if isinstance(gid, str) and gid in released and gid not in seen \
+                and cell.cell_type == released[gid].cell_type:
+            want = released[gid].metadata["nbgrader"]
+            if {k: v for k, v in meta.items() if k != "checksum"} != {k: v for k, v in want.items() if k != "checksum"}:
+                (tests if want.get("grade") and not want.get("solution") else restored).append(name)
+            cell.metadata["nbgrader"] = copy.deepcopy(dict(want))
+            seen.add(gid)
+        elif (isinstance(meta, dict) and meta.get("solution") and cell.cell_type == "code" and unclaimed
+              and gid not in released):
+            target = unclaimed.pop(0)
+            cell.metadata["nbgrader"] = copy.deepcopy(dict(released[target].metadata["nbgrader"]))
+            seen.add(target)
+            renamed.append(f"{name} -> {target}")
+        else:
+            del cell.metadata["nbgrader"]
+            (duplicate if gid in released else unknown).append(name)
+    problems = []
+    for items, what in ((unknown, "cell(s) with a grade id the release does not have, graded as ordinary code"),
+                        (duplicate, "duplicate grade id(s), the later cells graded as ordinary code"),
+                        (renamed, "renamed answer cell id(s) put back"),
+                        (tests, "test cell metadata restored"), (restored, "cell metadata restored as released")):
+        if items:
+            problems.append(f"{what}: {', '.join(items[:10])}{' ...' if len(items) > 10 else ''}")
     return problems
+
