@@ -158,6 +158,42 @@ def test_the_hidden_checks_are_not_on_the_sandboxs_disk(tmp_path):
     assert _values(outcome) == ALL_CORRECT
 
 
+# ----------------------------------------------------------------------------- 5b: no capabilities
+
+# Run as root, bwrap kept nearly every capability in the sandbox (CAP_SYS_ADMIN among them), so a
+# submission could remount the read-only bind of the course package writable and rewrite the grader itself.
+ESCAPE = """
+import ctypes, os
+import course
+pkg = os.path.dirname(course.__file__)
+libc = ctypes.CDLL(None, use_errno=True)
+caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')][0]
+print('capabilities', caps)
+print('remount', libc.mount(None, pkg.encode(), None, 32 | 4096, None))  # MS_REMOUNT | MS_BIND: read-write
+try:
+    open(os.path.join(pkg, 'grade', 'ESCAPED_FROM_SANDBOX.py'), 'w').write('x = 1')
+    print('WROTE INTO THE PACKAGE')
+except OSError as exc:
+    print('write refused:', exc)
+"""
+
+
+@needs_bwrap
+def test_the_sandbox_has_no_capabilities_and_cannot_remount_the_package(tmp_path):
+    import course
+
+    planted = Path(course.__file__).parent / "grade" / "ESCAPED_FROM_SANDBOX.py"
+    try:
+        outcome = _run(tmp_path, ESCAPE)
+        printed = _printed(outcome, 1)
+        assert "capabilities 0000000000000000" in printed, printed
+        assert "remount -1" in printed and "write refused" in printed, printed
+        assert not planted.exists()
+        assert _values(outcome) == ALL_CORRECT
+    finally:
+        planted.unlink(missing_ok=True)
+
+
 # ----------------------------------------------------------------------------- 6: disk and tmpfs caps
 
 def test_the_tmpfs_are_sized_from_the_memory_cap():

@@ -119,7 +119,9 @@ def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes:
     size = ["--size", str(int(tmpfs_bytes))] if tmpfs_bytes else []
     # The private /tmp, /dev and /proc first: a later mount lies over an earlier one, and the venv or the
     # course package may themselves live under /tmp (a fresh clone in a temporary folder).
-    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+    # --cap-drop ALL: run by root (a container, CI), bwrap otherwise keeps nearly every capability inside, and
+    # with CAP_SYS_ADMIN a submission remounted the read-only course package writable and rewrote the grader.
+    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
            "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
     for kind, path in _binds():
         if kind == "symlink":
