@@ -194,6 +194,28 @@ def test_the_sandbox_has_no_capabilities_and_cannot_remount_the_package(tmp_path
         planted.unlink(missing_ok=True)
 
 
+def test_root_only_system_files_are_not_readable_in_the_sandbox(tmp_path):
+    """/etc is bound in and a root grader's sandbox runs as root: /etc/shadow and private keys were readable
+    and a print put them in the student's feedback."""
+    files, folders = sandbox._private_system_files()
+    if not files and not folders:
+        pytest.skip("this machine has no file under /etc that only root may read")
+    probe = ("import os\nfor p in %r:\n    try:\n        data = open(p, 'rb').read() if os.path.isfile(p) "
+             "else os.listdir(p)\n        print('READ', p, len(data))\n    except OSError as exc:\n"
+             "        print('refused', p, type(exc).__name__)\n" % (files[:5] + folders[:3]))
+    if not sandbox.sandbox_problem():
+        outcome = _run(tmp_path, probe)
+        printed = _printed(outcome, 1)
+        for line in printed.splitlines():
+            assert not line.startswith("READ") or line.endswith(" 0"), printed  # an empty file or folder at most
+        assert _values(outcome) == ALL_CORRECT
+    cmd = sandbox.bwrap_command(None, ["true"], {})
+    for path in files:
+        assert cmd[cmd.index(path) - 2:cmd.index(path)] == ["--ro-bind", "/dev/null"], path
+    for path in folders:
+        assert cmd[cmd.index(path) - 1] == "--tmpfs", path
+
+
 # ----------------------------------------------------------------------------- 6: disk and tmpfs caps
 
 def test_the_tmpfs_are_sized_from_the_memory_cap():

@@ -87,6 +87,34 @@ def _binds() -> list[tuple[str, str]]:
 
 
 @lru_cache(maxsize=1)
+def _private_system_files() -> tuple[list[str], list[str]]:
+    """(files, folders) under /etc that not every user may read: /etc/shadow, private keys, a database's
+    password file. /etc is bound into the sandbox, and a grader run by root runs the sandbox as root (the
+    interpreter may live where only root can read it, e.g. /root/.pyenv), where its owner's rights read them;
+    the sandbox lays an empty file or folder over each."""
+    files, folders = [], []
+    for top, dirs, names in os.walk("/etc", followlinks=False):
+        for name in list(dirs):
+            path = os.path.join(top, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if not os.path.islink(path) and st.st_mode & 0o005 != 0o005:
+                folders.append(path)
+                dirs.remove(name)  # nothing under it is seen
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if os.path.isfile(path) and not os.path.islink(path) and not st.st_mode & 0o004:
+                files.append(path)
+    return files, folders
+
+
+@lru_cache(maxsize=1)
 def _redacted_bank() -> tuple[str, str] | None:
     """(a copy of the question bank without the autograded quiz's questions, where the package's bank lies).
 
@@ -128,6 +156,11 @@ def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes:
             cmd += ["--symlink", os.readlink(path), path]
         else:
             cmd += ["--ro-bind", path, path]
+    files, folders = _private_system_files()
+    for path in files:
+        cmd += ["--ro-bind", "/dev/null", path]
+    for path in folders:
+        cmd += ["--tmpfs", path]
     bank = _redacted_bank()
     if bank:  # after the package's bind, so this file lies over the real bank
         cmd += ["--ro-bind", bank[0], bank[1]]
