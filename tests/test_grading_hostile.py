@@ -87,6 +87,30 @@ def test_forged_events_are_read_in_linear_time():
     assert list(run.cells) == [0] and run.last == ("cell", 1), "the rerun stops at the real cell, not a forged one"
 
 
+def test_a_forged_cell_start_cannot_replace_an_earlier_cells_output():
+    """A cell that writes cell_start/cell_done for earlier cells (or jumps ahead) put forged text in their
+    feedback; only the next cell in order may start."""
+    def done(i, text):
+        return {"ev": "cell_done", "i": i, "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}
+
+    events = [{"ev": "cell_start", "i": 1}, done(1, "real 1"), {"ev": "cell_start", "i": 3},
+              {"ev": "cell_start", "i": 1}, done(1, "FORGED 1"), {"ev": "cell_start", "i": 9}, done(9, "FORGED 9"),
+              done(3, "real 3"), {"ev": "cell_start", "i": 7}, done(7, "real 7")]
+    run = sandbox._accept(events, {1, 3, 7, 9}, {}, None)
+    assert {i: e["outputs"][0]["text"] for i, e in run.cells.items()} == {1: "real 1", 3: "real 3", 7: "real 7"}
+    assert run.last == ("cell", 7)
+
+
+def test_the_feedback_of_one_notebook_has_a_size_limit():
+    big = [{"output_type": "stream", "name": "stdout", "text": "x" * (grader.OUTPUT_LIMIT + 10)}] * 40
+    budget = [grader.NOTEBOOK_OUTPUT_LIMIT]
+    kept = [grader._clean_outputs(big, budget) for _ in range(5)]
+    assert all(len(cell) <= grader.OUTPUTS_PER_CELL for cell in kept)
+    total = sum(len(o["text"]) for cell in kept for o in cell)
+    assert total < grader.NOTEBOOK_OUTPUT_LIMIT + 200 * grader.OUTPUTS_PER_CELL * 5, total
+    assert "the notebook's outputs reached their limit" in kept[-1][0]["text"]
+
+
 @needs_bwrap
 def test_a_sandbox_that_forges_events_is_graded_on_its_code(tmp_path):
     outcome = _run(tmp_path, "import json, os\n"

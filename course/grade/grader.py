@@ -46,6 +46,8 @@ from course.paths import AUTOGRADE, SOLUTIONS
 
 UNSANDBOXED = "UNSANDBOXED: graded without the sandbox (--unsandboxed); not safe for a real class"
 OUTPUT_LIMIT = 1_000_000  # characters of one output kept in feedback
+NOTEBOOK_OUTPUT_LIMIT = 2_000_000  # characters of all outputs of one notebook kept in feedback
+OUTPUTS_PER_CELL = 16  # outputs of one cell kept (the harness writes at most three: stdout, stderr, an error)
 HARNESS_FILES = ("harness.py", "plain.py", "verdicts.py", "sandbox.py")
 
 
@@ -139,18 +141,24 @@ def _values(events, checks: dict) -> dict[str, list]:
 
 # ----------------------------------------------------------------------------- the executed notebook
 
-def _clean_outputs(outputs) -> list:
-    """The sandbox's outputs for one cell, reduced to well-formed streams and errors of bounded size."""
+def _clean_outputs(outputs, budget: list[int] | None = None) -> list:
+    """The sandbox's outputs for one cell, reduced to well-formed streams and errors of bounded size: at most
+    OUTPUTS_PER_CELL of them, each stream at most OUTPUT_LIMIT characters, and all streams of the notebook
+    together at most `budget[0]` (spent here; the notebook's feedback stays small whatever the cells print)."""
     from nbformat.v4 import new_output
 
+    budget = budget if budget is not None else [NOTEBOOK_OUTPUT_LIMIT]
     clean = []
-    for o in outputs if isinstance(outputs, list) else []:
+    for o in (outputs if isinstance(outputs, list) else [])[:OUTPUTS_PER_CELL]:
         if not isinstance(o, dict):
             continue
         if o.get("output_type") == "stream" and o.get("name") in ("stdout", "stderr"):
             text = str(o.get("text", ""))
-            if len(text) > OUTPUT_LIMIT:
-                text = text[:OUTPUT_LIMIT] + f"\n... (output truncated: {len(text) - OUTPUT_LIMIT:,} more characters)\n"
+            room = max(0, min(OUTPUT_LIMIT, budget[0]))
+            if len(text) > room:
+                why = "" if room == OUTPUT_LIMIT else " (the notebook's outputs reached their limit)"
+                text = text[:room] + f"\n... (output truncated{why}: {len(text) - room:,} more characters)\n"
+            budget[0] -= min(len(text), room)
             clean.append(new_output("stream", name=o["name"], text=text))
         elif o.get("output_type") == "error":
             tb = [str(x)[:2000] for x in o.get("traceback", [])][:40] if isinstance(o.get("traceback"), list) else []
@@ -171,6 +179,7 @@ def _verdict_output(verdict: verdicts.CellVerdict, n_checks: int):
 def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
     nb = copy.deepcopy(nb)
     done = {e["i"]: e for e in outcome.events if e.get("ev") == "cell_done" and type(e.get("i")) is int}
+    budget = [NOTEBOOK_OUTPUT_LIMIT]
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
@@ -182,7 +191,7 @@ def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
         elif meta.get("grade") and not meta.get("solution"):  # a test cell no check covers: never the learner's
             cell.outputs = []
         else:
-            cell.outputs = _clean_outputs(done.get(i, {}).get("outputs", []))
+            cell.outputs = _clean_outputs(done.get(i, {}).get("outputs", []), budget)
     return nb
 
 

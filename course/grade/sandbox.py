@@ -330,19 +330,25 @@ def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], st
     """One pass over an attempt's events (linear in their number).
 
     The learner's code runs in the harness's process and can write any event to the pipe, so an event counts
-    only where the harness itself could have written it: a cell_start names a cell this attempt runs; a
+    only where the harness itself could have written it: a cell_start names the cell after the last one
+    started (the harness runs every cell in order and skips none, so a forged start cannot go back and
+    replace an earlier cell's output); a
     cell_done or check must follow its own start (the last one wins: the harness writes its own after the
     learner's code returned); a check names a declared (grade_id, k). Anything else is dropped, so forged
     indices cannot make the grader allocate, loop or rerun on the learner's terms."""
     run, current, phase = _Run(), None, "cells"
+    order = sorted(i for i in runnable if stop_before is None or i < stop_before)
+    following = dict(zip([None, *order], order))  # the harness runs every runnable cell in order, skipping none
+    started = None  # the last cell started
     for e in events:
         ev = e["ev"]
         if ev == "cell_start":
             i = e.get("i")
-            if type(i) is int and i in runnable and (stop_before is None or i < stop_before):
+            if type(i) is int and i == following.get(started, -1):
                 if phase == "checks":  # the harness never starts a cell after cells_done: that one was forged
                     phase, run.checks, run.full = "cells", {}, []
                 current = run.last = ("cell", i)
+                started = i
         elif ev == "cell_done" and phase == "cells":
             if current == ("cell", e.get("i")):
                 run.cells[e["i"]] = e
