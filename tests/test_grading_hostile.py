@@ -251,6 +251,47 @@ def test_the_tmpfs_are_sized_from_the_memory_cap():
         assert int(cmd[at - 2]) == 512 * 2 ** 20, "half the memory cap in all, half of it each"
 
 
+def _can_cap_memory() -> bool:
+    group = sandbox._memory_cgroup(2 ** 30)
+    sandbox._remove_cgroup(group)
+    return group is not None
+
+
+MEMFD_HOG = """
+import os
+held = []
+for i in range(24):  # 3 GiB in memfd files: RLIMIT_AS does not count them
+    fd = os.memfd_create(f"m{i}")
+    with open(fd, "r+b", closefd=False) as f:
+        for _ in range(128):
+            f.write(b"\\1" * (1 << 20))
+    held.append(fd)
+print("HELD", 128 * len(held), "MiB")
+"""
+
+
+@needs_bwrap
+@pytest.mark.skipif(not _can_cap_memory(), reason="a memory cgroup needs root and cgroup access")
+def test_memory_outside_the_address_space_counts_against_the_cap(tmp_path):
+    """memfd files are RAM that RLIMIT_AS does not see: 2.5 GiB was held under a 2 GiB cap."""
+    outcome = _run(tmp_path, MEMFD_HOG, sandbox.Limits(cell_timeout=60, wall_s=120, memory_mb=1024))
+    assert "HELD" not in _printed(outcome, 1)
+    assert any("more memory than its cap (1024 MiB" in p for p in outcome.problems), outcome.problems
+    assert outcome.attempts == 2, "over its own cap is the submission's doing: no rerun"
+    assert _values(outcome) == ALL_CORRECT
+
+
+@needs_bwrap
+def test_dev_shm_is_small(tmp_path):
+    hog = ("n = 0\ntry:\n    for i in range(8):\n        with open(f'/dev/shm/f{i}', 'wb') as f:\n"
+           "            f.write(b'\\1' * (32 << 20))\n        n += 32\nexcept OSError as exc:\n"
+           "    print('refused at', n, 'MiB', type(exc).__name__)\n")
+    outcome = _run(tmp_path, hog)
+    printed = _printed(outcome, 1)
+    assert "refused at" in printed, printed
+    assert int(printed.split("refused at")[1].split()[0]) <= sandbox.SHM_BYTES // 2 ** 20, printed
+
+
 @needs_bwrap
 def test_writing_past_the_disk_cap_fails_and_is_reported(tmp_path):
     hog = ("chunk = b'\\1' * (16 << 20)\nfor where in ('/tmp', '/sub'):\n    n = 0\n    try:\n"

@@ -38,6 +38,7 @@ from pathlib import Path
 import course
 
 MAX_EVENTS_BYTES = 64 * 2 ** 20
+SHM_BYTES = 64 * 2 ** 20  # /dev/shm inside the sandbox
 KILLED_FROM_OUTSIDE = "the grading process was killed from outside (not by the submission's own code)"
 
 
@@ -151,6 +152,8 @@ def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes:
     # with CAP_SYS_ADMIN a submission remounted the read-only course package writable and rewrote the grader.
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
            "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
+    if tmpfs_bytes:  # bwrap's /dev has a /dev/shm of half the RAM: as small a one as the learner's code needs
+        cmd += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
     for kind, path in _binds():
         if kind == "symlink":
             cmd += ["--symlink", os.readlink(path), path]
@@ -265,7 +268,65 @@ def _pids_cgroup(limit: int) -> Path | None:
     return None
 
 
-def _remove_cgroup(path: Path | None) -> None:
+def _memory_cgroup(limit_bytes: int) -> Path | None:
+    """A fresh cgroup under this process's own that caps the RAM of everything inside (root only; None where it
+    cannot be made): RLIMIT_AS counts one process's mappings, not memfd_create files, /dev/shm or the pages of
+    its tmpfs, and not several processes together (a submission held 2.5 GiB in memfds under a 2 GiB cap)."""
+    if os.getuid() != 0:
+        return None
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    places = []
+    for line in lines:
+        num, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(","):  # cgroup v1: the memory hierarchy, limit_in_bytes
+            places.append((Path("/sys/fs/cgroup/memory") / rel.lstrip("/"), "memory.limit_in_bytes"))
+        elif num == "0" and controllers == "":  # cgroup v2: at the top, where "memory" is delegated
+            for top in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+                try:
+                    if "memory" in (top / "cgroup.subtree_control").read_text().split():
+                        places.append((top, "memory.max"))
+                except OSError:
+                    pass
+    for base, knob in places:
+        if not (base / "cgroup.procs").exists():
+            continue
+        path = base / f"kvcourse-mem-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            path.mkdir()
+        except OSError:
+            continue
+        try:
+            (path / knob).write_text(str(int(limit_bytes)))
+            return path
+        except OSError:
+            path.rmdir()
+    return None
+
+
+def _oom_kills(groups) -> int:
+    """How many processes the kernel killed in these cgroups for going over memory (0 where it cannot tell)."""
+    n = 0
+    for group in groups if isinstance(groups, (list, tuple)) else [groups]:
+        for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
+            try:
+                text = (group / name).read_text() if group is not None else ""
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    n += int(value)
+    return n
+
+
+def _remove_cgroup(path) -> None:
+    if isinstance(path, (list, tuple)):
+        for p in path:
+            _remove_cgroup(p)
+        return
     for _ in range(50):
         if path is None or not path.exists():
             return
@@ -276,7 +337,7 @@ def _remove_cgroup(path: Path | None) -> None:
             time.sleep(0.1)
 
 
-def _limiter(limits: Limits, nproc: int, cgroup: Path | None = None):
+def _limiter(limits: Limits, nproc: int, cgroup=None):  # cgroup: a Path, or a list of them (None skipped)
     libc = ctypes.CDLL(None, use_errno=True)
     memory = limits.memory_mb * 2 ** 20
     cpu = int(limits.wall_s * 2) + 10
@@ -284,9 +345,10 @@ def _limiter(limits: Limits, nproc: int, cgroup: Path | None = None):
 
     def preexec():  # runs in the child between fork and exec: the limits hold for everything inside
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the sandbox dies with the grader, even on kill -9
-        if cgroup is not None:
-            with open(cgroup / "cgroup.procs", "w") as fh:
-                fh.write(str(os.getpid()))
+        for group in (cgroup if isinstance(cgroup, (list, tuple)) else [cgroup]):
+            if group is not None:
+                with open(group / "cgroup.procs", "w") as fh:
+                    fh.write(str(os.getpid()))
         if limits.memory_mb > 0:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
@@ -387,7 +449,9 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
         cmd, cwd = argv, str(scratch)
         run_env = dict(env, HOME=str(scratch), TMPDIR=str(scratch), MPLCONFIGDIR=str(scratch / ".mpl"),
                        IPYTHONDIR=str(scratch / ".ipython"))
-    cgroup = _pids_cgroup(limits.extra_processes)
+    cgroup = [_pids_cgroup(limits.extra_processes)]
+    if limits.memory_mb > 0 and sealed:  # RAM of the whole sandbox: its memory cap plus its two tmpfs
+        cgroup.append(_memory_cgroup(limits.memory_mb * 2 ** 20 + 2 * limits.tmpfs_bytes() + SHM_BYTES))
     try:
         with open(workdir / "harness.log", "ab") as log:
             proc = subprocess.Popen(cmd, cwd=cwd, env=run_env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
@@ -438,6 +502,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
             except ProcessLookupError:
                 pass
             proc.wait()
+        oom = _oom_kills(cgroup)
         _remove_cgroup(cgroup)
     reader.join(timeout=30)  # every writer is gone with the sandbox (bwrap's PID namespace)
     feeder.join(timeout=5)
@@ -449,7 +514,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
         ended = "done"
     elif ended is None:
         if code in (-signal.SIGKILL, 128 + signal.SIGKILL):
-            ended = "killed"
+            ended = "memory" if oom else "killed"
         elif code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
             ended = "cpu"
         else:
@@ -510,6 +575,8 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
         why = {"wall": f"killed: it ran past the {limits.wall_s:g} s wall-clock limit (a loop that ignores "
                        "the per-cell timeout?)",
                "cpu": "killed: it used up its CPU-time cap",
+               "memory": f"killed: it used more memory than its cap ({limits.memory_mb} MiB, plus its scratch "
+                         "space; memfd files and /dev/shm count too)",
                "killed": "the kernel died: killed by SIGKILL twice at the same step (its own code, or memory "
                          "the host could not give)"}.get(
             ended, f"the kernel died (os._exit, a crash, or it ignored an interrupt; exit status {ended[5:]})")
