@@ -130,6 +130,17 @@ def test_a_sandbox_that_forges_events_is_graded_on_its_code(tmp_path):
     assert outcome.seconds < 90, "forged events must not slow the grader down (it was quadratic)"
 
 
+@needs_bwrap
+def test_a_cell_that_swallows_its_timeout_is_stopped_when_it_goes_silent(tmp_path):
+    """A loop that catches the timeout's interrupt held each attempt until the wall-clock limit (300 s, up to
+    four attempts); a run silent for stall_s is now stopped and the rest graded."""
+    hostile = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass\n"
+    outcome = _run(tmp_path, hostile, sandbox.Limits(cell_timeout=2, wall_s=300, stall_s=8))
+    assert any("went on 8 s without finishing" in p for p in outcome.problems), outcome.problems
+    assert outcome.seconds < 100, outcome.seconds
+    assert _values(outcome) == ALL_CORRECT
+
+
 # ----------------------------------------------------------------------------- 3: a sandbox that kills itself
 
 @needs_bwrap

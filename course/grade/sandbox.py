@@ -50,6 +50,7 @@ class Limits:
     file_mb: int = 256  # the largest file it may write
     extra_processes: int = 256  # processes/threads it may add to the user's count
     disk_mb: int = 0  # MiB it may write in /sub and /tmp together (half each); 0 = half of memory_mb
+    stall_s: float = 0.0  # silence after which a run is killed; 0 = twice the longest timeout + 30 s
 
     def tmpfs_bytes(self) -> int:
         """Size of each of the two tmpfs (/sub, /tmp)."""
@@ -220,7 +221,9 @@ def sandbox_problem() -> str:
 def _log_tail(path: Path, n: int = 400) -> str:
     """The last lines of the harness's stderr, quoted in the report (the sandbox's folder is removed after it)."""
     try:
-        text = path.read_text(errors="replace").strip()
+        with open(path, "rb") as fh:  # the tail only: the learner's code may have written hundreds of MiB there
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
+            text = fh.read().decode(errors="replace").strip()
     except OSError:
         return "no log"
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -428,8 +431,13 @@ def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], st
     return run
 
 
-def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: int, on_start=None):
-    """One harness run. Returns (events, how it ended: done | killed | wall | cpu | died:<code>).
+def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: int, on_start=None,
+             stall_s: float | None = None):
+    """One harness run. Returns (events, how it ended: done | killed | memory | wall | stalled | cpu | died:<code>).
+
+    stall_s: a run that writes nothing for this long is killed ("stalled"): the harness writes an event at
+    every cell's and check's start and end, each under a timeout, so silence that long means the learner's
+    code swallowed the timeout's interrupt; waiting for the wall-clock limit instead cost minutes per attempt.
 
     The job goes in on stdin (a pipe: read once, by the harness, before any cell runs); the events come back
     on a second pipe, of which the grader keeps the first MAX_EVENTS_BYTES and drains the rest."""
@@ -464,6 +472,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     finally:
         os.close(write_fd)
     chunks: list[bytes] = []
+    heard = [time.monotonic()]
 
     def pump():
         kept = 0
@@ -474,6 +483,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
                 break
             if not chunk:
                 break
+            heard[0] = time.monotonic()
             if kept < MAX_EVENTS_BYTES:  # past the cap: read and drop, so the writer never blocks
                 chunks.append(chunk[:MAX_EVENTS_BYTES - kept])
                 kept += len(chunks[-1])
@@ -491,10 +501,19 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     if on_start:
         on_start(proc)
     ended = None
+    deadline = time.monotonic() + limits.wall_s
     try:
-        proc.wait(timeout=limits.wall_s)
-    except subprocess.TimeoutExpired:
-        ended = "wall"
+        while True:
+            try:
+                proc.wait(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    ended = "wall"
+                    break
+                if stall_s and time.monotonic() - heard[0] > stall_s:
+                    ended = "stalled"
+                    break
     finally:
         if proc.poll() is None:
             try:
@@ -541,7 +560,10 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     workdir.mkdir(parents=True, exist_ok=True)
     with open(notebook) as fh:
         nb = json.load(fh)
-    declared = {gid: len(items) for gid, items in load_checks(checks).items()}
+    loaded = load_checks(checks)
+    declared = {gid: len(items) for gid, items in loaded.items()}
+    longest = max([limits.cell_timeout] + [c.timeout or 0 for items in loaded.values() for c in items])
+    stall_s = limits.stall_s or 2 * longest + 30  # silence this long: the learner's code swallowed an interrupt
     runnable = _runnable(nb)
     base = {"notebook": nb, "checks": Path(checks).read_text(), "checks_name": Path(checks).stem,
             "cell_timeout": limits.cell_timeout}
@@ -555,7 +577,7 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     while outcome.attempts < max_attempts:
         outcome.attempts += 1
         job = dict(base, stop_before=stop_before, skip_checks=[list(k) for k in sorted(dead_checks)])
-        events, ended = _attempt(workdir, job, limits, sealed, threads, on_start)
+        events, ended = _attempt(workdir, job, limits, sealed, threads, on_start, stall_s)
         run = _accept(events, runnable, declared, stop_before)
         for i, e in run.cells.items():
             cells.setdefault(i, e)
@@ -574,6 +596,8 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
             continue
         why = {"wall": f"killed: it ran past the {limits.wall_s:g} s wall-clock limit (a loop that ignores "
                        "the per-cell timeout?)",
+               "stalled": f"killed: a cell or check went on {stall_s:g} s without finishing (it caught the "
+                          "timeout's interrupt and kept running)",
                "cpu": "killed: it used up its CPU-time cap",
                "memory": f"killed: it used more memory than its cap ({limits.memory_mb} MiB, plus its scratch "
                          "space; memfd files and /dev/shm count too)",
