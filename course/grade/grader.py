@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from course.grade import sandbox, verdicts
+from course.grade import integrity, sandbox, verdicts
 from course.grade.files import (GradingError, atomic_write, course_lock, disk_error, read_json, replace_dir)
 from course.grade.nbgrader_api import (assignments, check_result, export_csv, gradebook_problem, load_config,
                                        nbgrader_api, sha, source_hash)
@@ -301,6 +301,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
         nb = nbformat.read(str(sub.path), as_version=4)
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
         sub.problems += repair(nb, release_nb)
+        sub.problems += integrity.flags(nb, release_nb)  # for the teacher's eyes: the score is not changed
         pending.append((sub, nb))
 
     outsiders = [r for r in rows.values() if r.status in ("invalid", "missing") and r.student]

@@ -1,0 +1,65 @@
+"""The instructor's notes on code that reaches past its exercise (course/grade/integrity.py): named, never scored."""
+from __future__ import annotations
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from course.grade import integrity
+from course.paths import EXERCISES, SOLUTIONS
+
+ASSIGNMENTS = sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
+
+
+def _release(assignment: str):
+    (path,) = sorted((EXERCISES / assignment).glob("*.ipynb"))
+    return nbformat.read(path, as_version=4)
+
+
+def _with(release, code: str):
+    nb = nbformat.from_dict(release)
+    nb.cells.append(new_code_cell(code))
+    return nb
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_the_solutions_and_the_releases_get_no_note(assignment):
+    (solution,) = sorted((SOLUTIONS / assignment).glob("*.ipynb"))
+    release = _release(assignment)
+    assert integrity.flags(nbformat.read(solution, as_version=4), release) == []
+    assert integrity.flags(release, release) == []
+
+
+@pytest.mark.parametrize("code, shown", [
+    ("from course.engine.sampling import sample as s", "course.engine.sampling.sample"),
+    ("import course.engine.kv_cache as kc", "import course.engine.kv_cache"),
+    ("import course\nf = course.engine.sampling.sample", "import course"),
+])
+def test_the_courses_own_implementation_is_named(code, shown):
+    (note,) = integrity.flags(_with(_release("03_sampler"), code), _release("03_sampler"))
+    assert "the course's own code" in note and shown in note
+
+
+@pytest.mark.parametrize("code, shown", [
+    ("import gc\nfor o in gc.get_objects():\n    pass", "gc"),
+    ("import sys\nf = sys._getframe(1).f_back", "_getframe"),
+    ("import torch\ntorch.allclose = lambda *a, **k: True", "torch.allclose = …"),
+    ("import os\nos.dup2(1, 5)", "os.dup2"),
+    ("import threading\nthreading.Thread(target=print).start()", "threading"),
+    ("open('/proc/self/fd/4', 'w')", "/proc/self/fd/4"),
+    ("get_ipython().input_transformers_post.append(str)", "get_ipython()"),
+    ("%time x = 1\nimport ctypes", "ctypes"),  # a magic line does not hide the rest of the cell
+])
+def test_reaching_into_the_process_is_named(code, shown):
+    notes = integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula"))
+    assert len(notes) == 1 and "reaches into the grading process" in notes[0] and shown in notes[0], notes
+
+
+@pytest.mark.parametrize("code", [
+    "import torch\nmodel = torch.nn.Linear(2, 2)\nlayers = list(model.modules())",  # not sys.modules
+    "from course.config import ModelConfig\ncfg = ModelConfig.from_name('smollm2-135m')",
+    "import math\nx = math.prod([1, 2])\nprint(f'{x} bytes')",
+    "def f(x):\n    x.data = x.data * 2\n    return x",  # an attribute of a local, not of a module
+])
+def test_ordinary_code_gets_no_note(code):
+    assert integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula")) == []
