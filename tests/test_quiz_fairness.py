@@ -71,3 +71,20 @@ def test_seed_detector_tells_the_two_senses_apart():
     assert source_sense_seeds("Pin a random seed; sample(seed=1); each press uses a new seed; seed 3") == []
     assert source_sense_seeds("the seed quotes 5.21×") and source_sense_seeds("(seed: ~36 MB)")
     assert source_sense_seeds("The seed lesson's table") and source_sense_seeds("seed_kv_table()")
+
+
+def test_no_autograded_answer_is_written_in_the_package():
+    """The graded quiz's answers are redacted from the sandbox's question bank, but a docstring's example
+    answer("prefill-ab", "B") was the real one (a submission read it from course/teach/quiz.py)."""
+    from course.paths import PROJECT_ROOT
+    from course.teach.questions import load_questions
+
+    graded = [(q.id, q.answer) for q in load_questions().autograded()]
+    assert graded, "the checkpoint quiz has autograded questions"
+    package = PROJECT_ROOT / "course"
+    texts = {p: p.read_text(encoding="utf-8") for p in package.rglob("*") if p.suffix in (".py", ".yaml", ".md")}
+    for path, text in texts.items():
+        for qid, letter in graded:
+            for m in re.finditer(re.escape(qid), text):
+                near = text[m.end(): m.end() + 12]
+                assert not re.match(rf"""\s*["']\s*,\s*["']{letter}["']""", near), (path, qid, near)

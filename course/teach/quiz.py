@@ -28,7 +28,7 @@ notebook viewer on the web, a front end without the widget manager) keeps the te
 (plain ``python``) the text is printed. Setting KVCOURSE_QUIZ=text forces plain printed text, for
 terminals and editors whose widget support is missing or broken.
 
-Without widgets a learner answers in code: ``answer("prefill-ab", "B")`` prints right/wrong and the
+Without widgets a learner answers in code: ``answer("<question id>", "<letter>")`` prints right/wrong and the
 explanation and saves it; ``show_answer("interview-1")`` reveals a flip card;
 ``self_assessment("02_kv_cache", level="Confident")`` saves a self-assessment.
 """
