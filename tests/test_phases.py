@@ -144,6 +144,8 @@ def test_others_busy_tells_another_program_from_this_one():
     time.sleep(0.8)
     other = threads.others_busy(before, threads.cpu_clock())
     child.wait()
+    if own > (os.cpu_count() or 1) - 1.4:  # other programs already fill the cores: one more spinner cannot show
+        pytest.skip(f"the machine is too busy to tell ({own:.2f} cores busy with other programs)")
     assert other >= own + 0.4, (own, other)  # a spinning child is about one core more than the background
 
 
