@@ -151,3 +151,20 @@ def test_lab_serves_self_paced_and_sigterm_leaves_no_server(tmp_path):
     time.sleep(1)
     assert _processes_with(token) == [], "a JupyterLab process outlived `kvcourse lab`"
     assert lab.port_is_free(port), f"port {port} still in use after `kvcourse lab` stopped"
+
+
+def test_kvcourse_is_on_the_path_of_a_jupyterlab_terminal(monkeypatch):
+    """`make start` runs .venv/bin/kvcourse without activating the venv: a terminal in JupyterLab said
+    'kvcourse: command not found', though the exercises tell learners to run `kvcourse check`."""
+    import os
+    import shutil
+    import sys
+
+    from course.cli import lab
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    env = lab.lab_env()
+    first = env["PATH"].split(os.pathsep)[0]
+    assert first == os.path.dirname(os.path.abspath(sys.executable))
+    assert shutil.which("kvcourse", path=env["PATH"]) == os.path.join(first, "kvcourse")
+    assert "/usr/bin" in env["PATH"].split(os.pathsep)

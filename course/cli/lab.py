@@ -170,12 +170,23 @@ def banner(requested: int | None, port: int, host: str) -> str:
     return f"Opening the course in JupyterLab at {url}  (stop it with Ctrl-C, twice)."
 
 
+def lab_env() -> dict:
+    """Jupyter's environment: its state in the project, and this Python's bin folder first on PATH, so
+    `kvcourse` (which the exercises tell learners to run) works in a JupyterLab terminal; `make start` runs
+    .venv/bin/kvcourse without activating the virtual environment."""
+    env = jupyter_env()
+    bin_dir = os.path.dirname(os.path.abspath(sys.executable))
+    parts = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    env["PATH"] = os.pathsep.join([bin_dir, *parts])
+    return env
+
+
 def run(args) -> int:
     extra = list(args.jupyter_args)
     host = _host(extra)
     bind = "127.0.0.1" if host in ("localhost", "127.0.0.1") else ("" if host == "0.0.0.0" else host)
     port = choose_port(args.port, bind)
-    env = jupyter_env()
+    env = lab_env()
     prepare_self_paced()
     print(banner(args.port, port, host))
     print("(Jupyter prints the address with its login token below.)", flush=True)
