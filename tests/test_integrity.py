@@ -63,3 +63,18 @@ def test_reaching_into_the_process_is_named(code, shown):
 ])
 def test_ordinary_code_gets_no_note(code):
     assert integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula")) == []
+
+
+def test_check_full_words_the_graders_notes_for_a_learner(monkeypatch):
+    """`kvcourse check --full` printed the instructor's 'UNSANDBOXED: … (--unsandboxed)' to a learner who never
+    passed that flag (the sandbox could not start: a second checkout), and not why."""
+    from course.grade import check, grader, sandbox
+
+    monkeypatch.setattr(sandbox, "sandbox_problem", lambda: "bwrap is not installed")
+    notes = check._notes_for_learner("; ".join([grader.UNSANDBOXED, "file named 'x (1).ipynb': graded as x.ipynb",
+                                                 "check by hand: it reaches into the grading process (gc), which no "
+                                                 "exercise needs"]))
+    assert notes[0].startswith("your notebook ran without the grading sandbox") and "bwrap is not installed" in notes[0]
+    assert "--unsandboxed" not in " ".join(notes)
+    assert notes[1] == "file named 'x (1).ipynb': graded as x.ipynb"
+    assert notes[2].startswith("a teacher grading this is shown: your code reaches into the grading process (gc)")

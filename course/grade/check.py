@@ -256,6 +256,24 @@ def run_check(args) -> int:
     return 0 if passed == len(visible) else 1
 
 
+def _notes_for_learner(problems: str) -> list[str]:
+    """The grader's notes on this run, as a learner reads them: the instructor's UNSANDBOXED warning becomes the
+    reason the sandbox could not start (a learner never passed --unsandboxed), and 'check by hand' notes meant
+    for a teacher say what a teacher will see."""
+    from course.grade import grader, sandbox
+
+    notes = []
+    for note in (p.strip() for p in problems.split("; ") if p.strip()):
+        if note == grader.UNSANDBOXED:
+            notes.append("your notebook ran without the grading sandbox, which cannot start here ("
+                         f"{sandbox.sandbox_problem() or 'unknown reason'}); the checks and the score are the same")
+        elif note.startswith("check by hand: it "):
+            notes.append("a teacher grading this is shown: your code " + note[len("check by hand: it "):])
+        else:
+            notes.append(note)
+    return notes
+
+
 def _run_full(path: Path, timeout: int) -> int:
     print(f"Grading {path} as the grader does (hidden checks included) ...", flush=True)
     try:
@@ -265,10 +283,11 @@ def _run_full(path: Path, timeout: int) -> int:
         return 2
     for gid, (points, passed, hint) in cells.items():
         print(f"  {'[pass]' if passed else '[FAIL]'} {gid} ({points:g} pt)" + ("" if passed else f"\n         {hint}"))
+    notes = _notes_for_learner(row.problems)
     if row.status != "graded":
-        print(f"not graded: {row.problems}")
+        print(f"not graded: {'; '.join(notes) or row.problems}")
         return 1
-    if row.problems:
-        print(f"  note: {row.problems}")
+    for note in notes:
+        print(f"  note: {note}")
     print(f"score: {row.score:g}/{row.max_score:g}")
     return 0 if row.score == row.max_score else 1
