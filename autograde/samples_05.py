@@ -177,6 +177,85 @@ ALT_DEQUE = {
         """,
 }
 
+ALT_RANDOM = {  # from the grader review (2026-12-03): a correct cache scored 19/22 when checks read raw pools
+    "block_pool": """
+        import random
+
+
+        class BlockPool:
+            \"\"\"Free blocks kept in a set; allocate() hands out a RANDOM free block (the policy is left open).\"\"\"
+
+            def __init__(self, num_blocks):
+                if num_blocks < 1:
+                    raise ValueError("need at least one block")
+                self._free = set(range(num_blocks))
+                self.ref_count = [0] * num_blocks
+
+            def allocate(self):
+                if not self._free:
+                    raise MemoryError("no free KV block left: free a finished request or build a bigger pool")
+                block = random.choice(sorted(self._free))
+                self._free.discard(block)
+                self.ref_count[block] = 1
+                return block
+
+            def share(self, block):
+                if self.ref_count[block] == 0:
+                    raise ValueError("cannot share a free block")
+                self.ref_count[block] += 1
+
+            def release(self, block):
+                if self.ref_count[block] == 0:
+                    raise ValueError(f"block {block} is already free")
+                self.ref_count[block] -= 1
+                if self.ref_count[block] == 0:
+                    self._free.add(block)
+
+            @property
+            def num_free(self):
+                return sum(1 for r in self.ref_count if r == 0)
+        """,
+    "paged_cache": """
+        class PagedKVCache:
+            def __init__(self, config, num_blocks, block_size, dtype=torch.float32):
+                self.block_size = block_size
+                self.pool = BlockPool(num_blocks)
+                self.k, self.v = [], []
+                for _layer in range(config.n_layers):
+                    self.k.append(torch.zeros(num_blocks, config.n_kv_heads, block_size, config.head_dim, dtype=dtype))
+                    self.v.append(torch.zeros(num_blocks, config.n_kv_heads, block_size, config.head_dim, dtype=dtype))
+                self.tables, self.lengths = {}, {}
+
+            def _blocks_for(self, n_tokens):
+                return (n_tokens + self.block_size - 1) // self.block_size
+
+            def update(self, seq_id, layer, start_pos, k_new, v_new):
+                n_new = k_new.shape[2]
+                end = start_pos + n_new
+                table = self.tables.get(seq_id)
+                if table is None:
+                    table = self.tables[seq_id] = []
+                for _ in range(self._blocks_for(end) - len(table)):
+                    table.append(self.pool.allocate())
+                self.lengths[seq_id] = max(end, self.lengths.get(seq_id, 0))
+                pos = start_pos
+                while pos < end:  # write a run of tokens into one block at a time
+                    b, off = divmod(pos, self.block_size)
+                    n = min(self.block_size - off, end - pos)
+                    self.k[layer][table[b], :, off:off + n] = k_new[0, :, pos - start_pos:pos - start_pos + n]
+                    self.v[layer][table[b], :, off:off + n] = v_new[0, :, pos - start_pos:pos - start_pos + n]
+                    pos += n
+                ks = [self.k[layer][blk] for blk in table[:self._blocks_for(end)]]
+                vs = [self.v[layer][blk] for blk in table[:self._blocks_for(end)]]
+                return torch.cat(ks, dim=1)[None, :, :end], torch.cat(vs, dim=1)[None, :, :end]
+
+            def free(self, seq_id):
+                for blk in self.tables.pop(seq_id, []):
+                    self.pool.release(blk)
+                self.lengths.pop(seq_id, None)
+        """,
+}
+
 SAMPLES = {
     "reference": dict(about="the solutions' code", expect="full"),
     "blank": dict(about="the exercise as released", expect="zero", blank=True),
@@ -230,6 +309,31 @@ SAMPLES = {
         expect="loses", patches={"paged_cache": [
             ("self.k = [torch.zeros(shape, dtype=dtype)", "self.k = [torch.zeros(shape)"),
             ("self.v = [torch.zeros(shape, dtype=dtype)", "self.v = [torch.zeros(shape)")]}),
+    "paged-alt-pop-highest-first": dict(
+        about="a plain stack as the free list: the highest block id comes out first (the policy is left open)",
+        expect="full", patches={"block_pool": [
+            ("self.free = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...",
+             "self.free = list(range(num_blocks))  # a plain stack: pop() hands out the highest id first")]}),
+    "paged-alt-random-policy-runs": dict(
+        about="a random free block on every allocate (unseeded), writes a run of tokens per block, gathers by "
+              "concatenating blocks", expect="full", answers=ALT_RANDOM),
+    "paged-bug-global-cfg": dict(
+        about="PagedKVCache sizes its pools from the notebook's global cfg instead of its config argument",
+        expect="loses", patches={"paged_cache": [
+            ("shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)",
+             "shape = (num_blocks, cfg.n_kv_heads, block_size, cfg.head_dim)")]}),
+    "paged-bug-rewind-stale": dict(
+        about="an update before the end (a rewrite) returns every token stored so far, not 0 .. start_pos + T_new - 1",
+        expect="loses", patches={"paged_cache": [
+            ("""        blocks = table[: -(-end // self.block_size)]
+        H_kv, D_h = k_new.shape[1], k_new.shape[3]
+        k = self.k[layer][blocks].transpose(0, 1).reshape(H_kv, -1, D_h)[:, :end]  # [H_kv, end, D_h]
+        v = self.v[layer][blocks].transpose(0, 1).reshape(H_kv, -1, D_h)[:, :end]""",
+             """        n = self.lengths[seq_id]
+        blocks = table[: -(-n // self.block_size)]
+        H_kv, D_h = k_new.shape[1], k_new.shape[3]
+        k = self.k[layer][blocks].transpose(0, 1).reshape(H_kv, -1, D_h)[:, :n]
+        v = self.v[layer][blocks].transpose(0, 1).reshape(H_kv, -1, D_h)[:, :n]""")]}),
     "paged-alt-heap-index": dict(about="lowest-id-first heap, divmod slots, index-tensor writes and reads",
                                  expect="full", answers=ALT_HEAP),
     "paged-alt-fifo-loops": dict(about="first-in-first-out free list, token loops, gather by concatenating slices",

@@ -2,8 +2,10 @@
 
 Every run drives the learner's BlockPool / PagedKVCache / fork / SequenceView on fixed, seeded inputs and returns
 only what does not depend on a free-list policy the instructions leave open (which block id comes out first):
-counts, reference counts looked up through the learner's own tables, gathered tensors, tokens, and whether the
-right exception was raised. The comparison with the solution's values happens outside the sandbox.
+counts, reference counts looked up through the learner's own tables, gathered tensors, pools with their blocks put
+in table order, tokens, and whether the right exception was raised. Where the notebook's rules are about block ids
+(distinct, in range, shared by a fork), the ids come back raw and a compare function here checks those rules only.
+The comparison with the solution's values happens outside the sandbox.
 """
 import torch
 
@@ -14,6 +16,7 @@ from course.grade.verdicts import Check, close, exact, raises
 
 TINY = ModelConfig.from_name("tiny")  # 2 layers, H_kv = 2, D_h = 16
 MQA = TINY.with_(n_kv_heads=1)
+SMOLLM = ModelConfig.from_name("smollm2-135m")  # the course model: 30 layers, H_kv = 3, D_h = 64
 
 
 def randn(seed, *shape):
@@ -23,10 +26,12 @@ def randn(seed, *shape):
 # ----------------------------------------------------------------------------- the pool
 
 def pool_cycle(ns):
+    """Counts after allocate, share and release, and the ids handed out: [a, b] first, then [c, d] after a was
+    freed. Which ids come out is the learner's policy; `pool_ids` judges only what the notebook asks of them."""
     pool = ns["BlockPool"](3)
     out = [pool.num_free]
     a, b = pool.allocate(), pool.allocate()
-    out += [a != b, {a, b} <= {0, 1, 2}, pool.ref_count[a], pool.ref_count[b], pool.num_free]
+    out += [pool.ref_count[a], pool.ref_count[b], pool.num_free]
     pool.share(a)
     out.append(pool.ref_count[a])
     pool.release(a)
@@ -34,8 +39,18 @@ def pool_cycle(ns):
     pool.release(a)
     out += [pool.ref_count[a], pool.num_free]
     c, d = pool.allocate(), pool.allocate()
-    out.append({c, d} == {0, 1, 2} - {b})
-    return out
+    return [out, [a, b, c, d]]
+
+
+def pool_ids(got, ref) -> bool:
+    """The counts as the reference's; a != b, both in 0..2; then c, d are exactly the two blocks b is not."""
+    if not (isinstance(got, list) and len(got) == 2 and exact(got[0], ref[0])):
+        return False
+    ids = got[1]
+    if not (isinstance(ids, list) and len(ids) == 4 and all(type(i) is int for i in ids)):
+        return False
+    a, b, c, d = ids
+    return a != b and {a, b} <= {0, 1, 2} and c != d and {c, d} == {0, 1, 2} - {b}
 
 
 def pool_empty(n):
@@ -53,8 +68,13 @@ def says_what_to_do(ns):
     try:
         pool.allocate()
     except MemoryError as err:
-        return len(str(err)) > 20
-    return False
+        return str(err)
+    return None
+
+
+def says_enough(got, ref) -> bool:
+    """The MemoryError's message, judged outside: a sentence (more than 20 characters), as the reference's is."""
+    return type(got) is str and len(got) > 20 and type(ref) is str and len(ref) > 20
 
 
 def release_free_block(ns):
@@ -115,10 +135,46 @@ def chunk_after_prompt(ns):
 
 
 def pool_dtype(ns):
-    cache = ns["PagedKVCache"](TINY, num_blocks=2, block_size=2, dtype=torch.float16)
+    """float16 pools: both pools of every layer as allocated (zeros of [num_blocks, H_kv, block_size, D_h]), then
+    what an update in layer 1 gathers, and layer 1's and layer 0's pools with their blocks put in table order
+    (unused blocks after, lowest id first), so that the values do not depend on which block ids the free list
+    hands out, a policy the notebook leaves open."""
+    cache = ns["PagedKVCache"](TINY, num_blocks=3, block_size=2, dtype=torch.float16)
+    fresh = [cache.k[0].clone(), cache.v[0].clone(), cache.k[-1].clone(), cache.v[-1].clone()]
     x = randn(16, 1, 2, 3, 16).half()
     k_all, v_all = cache.update(0, 1, 0, x, x * 2)
-    return [cache.k[0], cache.v[-1], k_all.clone(), v_all.clone()]
+    return fresh + [k_all.clone(), v_all.clone()] + in_table_order(cache, 0, (1, 0))
+
+
+def in_table_order(cache, seq_id, layers):
+    """Each layer's K and V pools with the sequence's blocks first, in table order, then every other block by id."""
+    table = list(cache.tables[seq_id])
+    order = table + sorted(set(range(cache.k[0].shape[0])) - set(table))
+    return [pool[layer][order].clone() for layer in layers for pool in (cache.k, cache.v)]
+
+
+def course_shape(ns):
+    """The course model's own shape (SmolLM2-135M: 30 layers, H_kv = 3, D_h = 64), a small pool: the pools are
+    sized from the config given, and an update in the last layer stores and gathers [1, 3, T, 64]."""
+    cache = ns["PagedKVCache"](SMOLLM, num_blocks=3, block_size=4)
+    fresh = [len(cache.k), len(cache.v), [(tuple(k.shape), tuple(v.shape)) for k, v in zip(cache.k, cache.v)]]
+    x = randn(19, 1, 3, 6, 64)
+    k_all, v_all = cache.update("s", 29, 0, x[:, :, :5], -x[:, :, :5])
+    out = [k_all.clone(), v_all.clone()]
+    k_all, v_all = cache.update("s", 29, 5, x[:, :, 5:], -x[:, :, 5:])
+    return fresh + out + [k_all.clone(), v_all.clone(), len(cache.tables["s"]), cache.pool.num_free]
+
+
+def rewind(ns):
+    """7 tokens, then an update at start_pos 3 of 2 tokens (a rejected speculative draft rewrites positions 3, 4):
+    it returns positions 0 .. 4 only, with the new 3 and 4; decoding on from 5 sees those."""
+    c = ns["PagedKVCache"](TINY, num_blocks=6, block_size=2)
+    a, b = randn(17, 1, 2, 7, 16), randn(18, 1, 2, 3, 16)
+    c.update(0, 0, 0, a, a * 2)
+    k_all, v_all = c.update(0, 0, 3, b[:, :, :2], b[:, :, :2] * 2)
+    out = [k_all.clone(), v_all.clone()]
+    k_all, v_all = c.update(0, 0, 5, b[:, :, 2:], b[:, :, 2:] * 2)
+    return out + [k_all.clone(), v_all.clone()]
 
 
 def gather(ns):
@@ -138,7 +194,7 @@ def free_all(ns):
     cache.update(1, 0, 0, x[:, :, :3], x[:, :, :3])
     out = [cache.pool.num_free]
     cache.free(0)
-    out += [cache.pool.num_free, 0 in cache.tables]
+    out += [cache.pool.num_free, sorted(cache.tables)]  # the sequences still held: [1]
     cache.free(1)
     return out + [cache.pool.num_free]
 
@@ -170,7 +226,7 @@ def everything_returns(ns):
         c.update(seq, 0, 0, x, x)
     for seq in ("b", "a", "c"):
         c.free(seq)
-    return [c.pool.num_free, all(r == 0 for r in c.pool.ref_count)]
+    return [c.pool.num_free, list(c.pool.ref_count)]
 
 
 def layers_share_a_table(ns):
@@ -188,17 +244,32 @@ def layers_share_a_table(ns):
 # ----------------------------------------------------------------------------- fork
 
 def fork_basic(ns):
+    """The two tables (their ids are the learner's policy: `fork_tables` judges how they relate), then counts,
+    and what child and parent gather after each decodes its own 7th token."""
     cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
     x = randn(10, 1, 2, 6, 16)
     for layer in range(TINY.n_layers):
         cache.update("p", layer, 0, x, x)
     ns["fork"](cache, "p", "c")
-    p, c = cache.tables["p"], cache.tables["c"]
-    out = [c[0] == p[0], cache.pool.ref_count[p[0]], c[1] != p[1], cache.pool.num_free, cache.lengths["c"]]
+    p, c = list(cache.tables["p"]), list(cache.tables["c"])
+    out = [[p, c], cache.pool.ref_count[p[0]], cache.pool.num_free, cache.lengths["c"]]
     y = randn(11, 1, 2, 1, 16)
     k_c, _ = cache.update("c", 0, 6, y, y)
     k_p, _ = cache.update("p", 0, 6, -y, -y)
     return out + [k_c.clone(), k_p.clone()]
+
+
+def fork_tables(got, ref) -> bool:
+    """Two-block tables of ints: the full first block shared (same id), the partly filled one copied (other ids);
+    everything after the tables as the reference's."""
+    if not (isinstance(got, list) and len(got) == len(ref) and exact(got[1:], ref[1:])):
+        return False
+    tables = got[0]
+    if not (isinstance(tables, list) and len(tables) == 2 and all(isinstance(t, list) and len(t) == 2
+                                                                 and all(type(i) is int for i in t) for t in tables)):
+        return False
+    p, c = tables
+    return c[0] == p[0] and c[1] != p[1] and len({p[0], p[1], c[1]}) == 3
 
 
 def fork_then_free_parent(ns):
@@ -216,7 +287,7 @@ def fork_then_free_parent(ns):
     out += [k_all.clone(), v_all.clone(), c.pool.num_free]
     c.free("c")
     c.free("other")
-    return out + [c.pool.num_free, all(r == 0 for r in c.pool.ref_count)]
+    return out + [c.pool.num_free, list(c.pool.ref_count)]
 
 
 def fork_twice(ns):
@@ -306,12 +377,12 @@ REFS = "hint: a shared block goes back to the free list only when its last user 
 
 CHECKS = {
     "test_pool_allocate": [
-        Check("allocate, share, release", pool_cycle, exact,
+        Check("allocate, share, release", pool_cycle, pool_ids,
               "hint: allocate() takes a free block at count 1; release() frees it when the count reaches 0"),
     ],
     "test_pool_refuses": [
         Check("an empty pool", pool_empty(2), raises, "hint: when no block is free, raise MemoryError"),
-        Check("the message", says_what_to_do, exact, "hint: say in the MemoryError what to do"),
+        Check("the message", says_what_to_do, says_enough, "hint: say in the MemoryError what to do"),
     ],
     "test_cache_blocks": [
         Check("a full block, then the next token", block_counts, exact, BOUNDARY),
@@ -332,14 +403,22 @@ CHECKS = {
         Check("a chunk of several blocks after the prompt", chunk_after_prompt, exact,
               "hint: after the prompt too, take as many blocks as start_pos + T_new tokens need: a chunk can cross "
               "more than one boundary"),
-        Check("float16 pools", pool_dtype, exact, "hint: allocate the K and V pools with the dtype you are given"),
+        Check("float16 pools", pool_dtype, exact,
+              "hint: allocate the K and V pools once, as zeros of [num_blocks, H_kv, block_size, D_h] and the dtype "
+              "you are given"),
+        Check("the course model's shape", course_shape, exact,
+              "hint: size the pools from the config you are given (config.n_layers, config.n_kv_heads, "
+              "config.head_dim), not from the notebook's own cfg"),
+        Check("rewind: an update before the end", rewind, exact,
+              "hint: update() returns positions 0 .. start_pos + T_new - 1, also when start_pos is below the "
+              "tokens already stored (a rewrite)"),
         Check("three layers, one table", layers_share_a_table, exact,
               "hint: each layer has its own K/V pool, and all layers share one block table"),
         Check("releasing a free block", release_free_block, raises,
               "hint: releasing a block that is already free must raise ValueError"),
     ],
     "test_fork": [
-        Check("fork a 6-token sequence (block size 4)", fork_basic, exact,
+        Check("fork a 6-token sequence (block size 4)", fork_basic, fork_tables,
               "hint: share() every full block of the parent; copy the partly filled last one into a new block"),
     ],
     "test_fork_hidden": [
