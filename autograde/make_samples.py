@@ -255,6 +255,10 @@ MEMORY = {
     "mem-bug-batch-zero": Sample("max_context divides by the batch without checking it (batch = 0)", "loses",
                                  patches={"max_context": [("    if batch < 1:\n        raise ValueError(f\"batch must be at "
                                                            "least 1 sequence, got {batch}\")\n", "")]}),
+    "mem-bug-negative-batch": Sample("refuses batch = 0 only: a negative batch gives a negative byte count and context",
+                                     "loses", patches={
+        "kv_cache_bytes": [("    if batch < 1:", "    if batch == 0:")],
+        "max_context": [("    if batch < 1:", "    if batch == 0:")]}),
     "mem-alt-prod": Sample("math.prod and max(0, ...)", "full", {
         "kv_cache_bytes": """
         import math
@@ -446,6 +450,10 @@ KV = {
     "kv-bug-new-cache-dtype": Sample("new_cache drops its dtype argument (float32 layers always)", "loses",
                                      patches={"layer_cache": [
         ("config.head_dim, dtype) for _ in", "config.head_dim) for _ in")]}),
+    "kv-bug-new-cache-global-cfg": Sample("new_cache sizes every layer from the notebook's global cfg, not its config "
+                                          "argument", "loses", patches={"layer_cache": [
+        ("return [LayerCache(batch, config.n_kv_heads, max_seq_len, config.head_dim, dtype) for _ in range(config.n_layers)]",
+         "return [LayerCache(batch, cfg.n_kv_heads, max_seq_len, cfg.head_dim, dtype) for _ in range(cfg.n_layers)]")]}),
     "kv-alt-einsum": Sample("einsum, expand+reshape for GQA, narrow().copy_() writes", "full", {
         "layer_cache": """
         class LayerCache:

@@ -50,6 +50,8 @@ CHECKS = {
         Check("odd shape", kv(7, 5, 333, 2, 96, 2), exact, "hint: check every factor of the formula"),
         Check("an int, exactly", kv(32, 2, 4096, 8, 128, 2), exact, WHOLE),
         Check("batch 0", kv(32, 0, 4096, 8, 128, 2), raises, "hint: batch = 0 has no cache to size: raise ValueError"),
+        Check("negative batch", kv(32, -1, 4096, 8, 128, 2), raises,
+              "hint: batch must be at least 1: raise ValueError for every batch below 1, not only 0"),
     ],
     "test_kv_bytes_per_token": [
         Check("Llama-2-7B", per_token(llama_7b), exact, "hint: the cache stores K and V for the KV heads"),
@@ -77,6 +79,8 @@ CHECKS = {
         Check("no room", ctx(gpt2, 10**6, 10**6), exact, "hint: nothing is left for the cache"),
         Check("batch 0", ctx(llama_7b, 24 * GiB, 13 * GiB, batch=0), raises,
               "hint: batch = 0 has no sequence to size: raise ValueError"),
+        Check("negative batch", ctx(llama_7b, 24 * GiB, 13 * GiB, batch=-1), raises,
+              "hint: batch must be at least 1: raise ValueError for every batch below 1, not only 0"),
     ],
     "test_max_batch": [
         Check("70B at 32k", batch(llama_70b, 640 * GiB, 130 * GiB, 32_768), exact,

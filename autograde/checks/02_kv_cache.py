@@ -54,6 +54,13 @@ def rewind(ns):
     return (k_all.clone(), v_all.clone(), k_buffer[:, :, :5].clone())
 
 
+def new_cache_course_shape(ns):
+    """new_cache for the course model's own shape (SmolLM2-135M: 30 layers, H_kv = 3, D_h = 64), a small T_max:
+    every layer sized from the config it is given, not from a config the notebook happens to define."""
+    caches = ns["new_cache"](SMOLLM, 2, 5)
+    return (len(caches), [(tuple(c.k.shape), tuple(c.v.shape), str(c.k.dtype), str(c.v.dtype)) for c in caches])
+
+
 def new_cache_dtype(ns):
     caches = ns["new_cache"](ModelConfig.from_name("tiny"), 1, 4, dtype=torch.float16)
     return (caches[0].k, caches[-1].v)
@@ -110,6 +117,7 @@ def greedy(seed, config, prompt, n, own_attention=False):
 
 
 TINY = ModelConfig.from_name("tiny")
+SMOLLM = ModelConfig.from_name("smollm2-135m")  # the course model: 30 layers, H_kv = 3, D_h = 64
 MQA = TINY.with_(n_kv_heads=1)
 EXACT_TOL = close(1e-5)
 
@@ -119,6 +127,9 @@ CHECKS = {
               "hint: allocate both buffers once, as zeros of shape [B, H_kv, T_max, D_h] and the given dtype"),
         Check("new_cache passes its dtype on", new_cache_dtype, exact,
               "hint: new_cache must build every LayerCache with the dtype it is given"),
+        Check("new_cache for the course model's shape", new_cache_course_shape, exact,
+              "hint: new_cache must size every LayerCache from the config it is given (config.n_layers, "
+              "config.n_kv_heads, config.head_dim), not from the notebook's own cfg"),
     ],
     "test_cache_update": [
         Check("prefill then decode", update, exact,
