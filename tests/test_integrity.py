@@ -78,3 +78,22 @@ def test_check_full_words_the_graders_notes_for_a_learner(monkeypatch):
     assert "--unsandboxed" not in " ".join(notes)
     assert notes[1] == "file named 'x (1).ipynb': graded as x.ipynb"
     assert notes[2].startswith("a teacher grading this is shown: your code reaches into the grading process (gc)")
+
+
+def test_a_full_check_saves_the_visible_tests_to_progress(tmp_path, monkeypatch):
+    """After `check --full`, `kvcourse progress` still said tests 0/5 though the visible tests had passed in it."""
+    from course.grade import check
+    from course.paths import AUTOGRADE
+    from course.teach import progress
+
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    notebook = AUTOGRADE / "samples" / "reference" / "01_memory_formula" / "memory_formula.ipynb"
+    nb = nbformat.read(notebook, as_version=4)
+    ids = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells
+           if c.get("metadata", {}).get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")]
+    cells = {gid: (1.0, not gid.startswith("test_max_batch"), "") for gid in ids}  # one visible test fails
+    check._save_visible(notebook, cells)
+    (saved,) = progress.ProgressStore(tmp_path / "progress.sqlite").exercise_checks()
+    visible = [g for g in ids if not g.endswith("_hidden")]  # the hidden cells hold no test a learner can run
+    assert saved["exercise"] == "memory_formula" and saved["total"] == len(visible) == 5
+    assert saved["passed"] == len(visible) - 1 and set(saved["details"]) == set(visible)

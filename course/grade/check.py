@@ -256,6 +256,29 @@ def run_check(args) -> int:
     return 0 if passed == len(visible) else 1
 
 
+def _save_visible(path: Path, cells: dict) -> None:
+    """Save the visible tests' results of a full check to the progress file, as a plain check does (a full check
+    left `kvcourse progress` at "tests 0/5" after the visible tests had passed in it)."""
+    import nbformat
+
+    exercise = exercise_of(path)
+    if exercise is None or not cells:
+        return
+    try:
+        nb = nbformat.read(str(path), as_version=4)
+        visible = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.cell_type == "code"
+                   and c.get("metadata", {}).get("nbgrader", {}).get("grade")
+                   and not c.metadata["nbgrader"].get("solution") and HIDDEN_BEGIN not in c.source
+                   and any(ln.strip() and not ln.strip().startswith("#") for ln in c.source.splitlines())]
+        statuses = {gid: "pass" if cells[gid][1] else "fail" for gid in visible if gid in cells}
+        if statuses:
+            from course.teach.progress import record_exercise_check
+
+            record_exercise_check(exercise, sum(v == "pass" for v in statuses.values()), len(statuses), statuses)
+    except Exception as exc:  # progress is a convenience: never let it break the check itself
+        print(f"  note: could not save this check to your progress file ({exc})")
+
+
 def _notes_for_learner(problems: str) -> list[str]:
     """The grader's notes on this run, as a learner reads them: the instructor's UNSANDBOXED warning becomes the
     reason the sandbox could not start (a learner never passed --unsandboxed), and 'check by hand' notes meant
@@ -284,6 +307,7 @@ def _run_full(path: Path, timeout: int) -> int:
         return 2
     for gid, (points, passed, hint) in cells.items():
         print(f"  {'[pass]' if passed else '[FAIL]'} {gid} ({points:g} pt)" + ("" if passed else f"\n         {hint}"))
+    _save_visible(path, cells)
     notes = _notes_for_learner(row.problems)
     if row.status != "graded":
         print(f"not graded: {'; '.join(notes) or row.problems}")
