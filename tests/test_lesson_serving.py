@@ -62,6 +62,59 @@ def test_notebook_is_committed_without_outputs():
     assert "under 4 minutes" in nb.cells[0].source
 
 
+def _two_context_sweep(ms_64: dict, ms_512: dict):
+    """A sweep from timed rounds: {batch: [ms, ms, ...]} at C = 64 and C = 512."""
+    from course.engine.config import ModelConfig
+    from course.lessons.serving import BatchSweep, SweepPoint, batch_cost
+    from course.measure.roofline import Machine
+    from course.measure.timing import Timing
+
+    config = ModelConfig.from_name("smollm2-135m")
+    sweep = BatchSweep(Machine("cpu", "float32", 10e9, 50e9))
+    for c, rounds in ((64, ms_64), (512, ms_512)):
+        for b, ms in rounds.items():
+            sweep.points.append(SweepPoint(b, c, Timing([m / 1e3 for m in ms]), 1e-3, batch_cost(config, b, c, 4)))
+    return sweep
+
+
+def test_context_sentence_states_the_cause_only_when_the_data_supports_it():
+    from course.lessons.serving import context_sentence
+
+    # the reported run: B = 1 faster at C = 512 (37.4 ms) than at C = 64 (52.5 ms), so 4.7x against 9.1x
+    noisy = context_sentence(_two_context_sweep({1: [52.5, 50.0, 55.0], 64: [369.0, 370.0, 371.0]},
+                                                {1: [37.4, 36.0, 39.0], 64: [509.0, 510.0, 511.0]}))
+    assert "too noisy to compare" in noisy and "cache is read" not in noisy
+    # B = 1 slower at the long context, but its rounds spread so wide the two ratios overlap
+    overlap = context_sentence(_two_context_sweep({1: [20.0, 25.0, 60.0], 64: [300.0, 300.0, 300.0]},
+                                                  {1: [24.0, 26.0, 70.0], 64: [400.0, 400.0, 400.0]}))
+    assert "too noisy to tell the two apart" in overlap and "cache is read" not in overlap
+    clear = context_sentence(_two_context_sweep({1: [25.0, 25.1, 24.9], 64: [140.0, 141.0, 142.0]},
+                                                {1: [25.5, 25.4, 25.6], 64: [284.0, 283.0, 285.0]}))
+    assert clear.startswith("The longer context paid less for batching") and "cache is read" in clear
+
+
+@pytest.mark.slow
+def test_context_sentence_matches_the_recorded_sweep(results):
+    """The printed cause is there only when B = 1 was no faster at the longer context and the speedups stayed
+    apart across the timed rounds."""
+    sweep, text = results["batch_sweep"], results["batch_context_sentence"]
+    short, long_ = sweep[min(sweep, key=int)], sweep[max(sweep, key=int)]
+
+    def span(row):
+        best = row["batch"].index(row["best_batch"])
+        one, top = row["round_ms"][0], row["round_ms"][best]
+        return row["best_batch"] * min(one) / max(top), row["best_batch"] * max(one) / min(top)
+
+    (lo_a, hi_a), (lo_b, hi_b) = span(short), span(long_)
+    if long_["ms"][0] < short["ms"][0]:
+        assert "too noisy to compare" in text and "cache is read" not in text, text
+    elif "cache is read" in text:
+        assert long_["speedup"] < short["speedup"] and hi_b < lo_a, text
+    else:
+        assert "too noisy" in text or "gained more" in text, text
+    assert f"{long_['speedup']:.1f}×" in text and f"{short['speedup']:.1f}×" in text
+
+
 @pytest.mark.slow
 def test_batch_sweep(results):
     sweep = results["batch_sweep"]
@@ -195,7 +248,8 @@ def test_batch_sweep_on_the_tiny_model():
     assert sweep.contexts == [8, 32] and [p.batch for p in sweep.at(8)] == [1, 2, 4]
     assert all(p.predicted_s > 0 and p.seconds > 0 for p in sweep.points)
     text = sweep_sentences(sweep)
-    assert len(text) == 5 and "measured ÷ predicted ran from" in text[1] and "The longer context paid" in text[-1]
+    assert len(text) == 5 and "predicted ÷ measured (pred/meas above) ran from" in text[1]
+    assert text[-1].startswith(("The longer context", "Batching gained"))
     with pytest.raises(ValueError, match="starting at 1"):
         batch_sweep(model, machine, batches=(2, 4))
     with pytest.raises(ValueError, match="max_cache_bytes"):

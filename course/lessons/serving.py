@@ -170,6 +170,7 @@ class BatchSweep(Printed):
             rows = self.at(c)
             out[str(c)] = dict(batch=[p.batch for p in rows], ms=[p.seconds * 1e3 for p in rows],
                                predicted_ms=[p.predicted_s * 1e3 for p in rows],
+                               round_ms=[[t * 1e3 for t in p.timing.times] for p in rows],
                                tokens_per_s=[p.tokens_per_s for p in rows],
                                intensity=[p.cost.intensity for p in rows],
                                knee=self.knee(c), predicted_knee=self.predicted_knee(c),
@@ -253,18 +254,52 @@ def sweep_sentences(sweep: BatchSweep) -> list[str]:
                    f"the best batch, B = {best.batch}, took {duration(best.seconds)} per step for "
                    f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}. "
                    + sweep.knee_sentence(c))
-        ratios = [(p.seconds / p.predicted_s, p.batch) for p in rows]
+        ratios = [(p.predicted_s / p.seconds, p.batch) for p in rows]  # the table's pred/meas column
         (lo, b_lo), (hi, b_hi) = min(ratios), max(ratios)
-        out.append(f"C = {c}: measured ÷ predicted ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} (B = {b_hi}); "
+        out.append(f"C = {c}: predicted ÷ measured (pred/meas above) ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} "
+                   f"(B = {b_hi}); "
                    + ("the bytes-and-FLOPs prediction is a floor here, the rest is per-operation overhead."
-                      if lo >= 1 else "at some batches the step beat the prediction (the probes undershoot "
+                      if hi <= 1 else "at some batches the step beat the prediction (the probes undershoot "
                                       "what the model's own kernels reach)."))
     if len(sweep.contexts) > 1:
-        short, long_ = sweep.contexts[0], sweep.contexts[-1]
-        a, b = sweep.speedup(short), sweep.speedup(long_)
-        out.append(f"The longer context paid {'less' if b < a else 'more'} for batching: {b:.1f}× at C = {long_} "
-                   f"against {a:.1f}× at C = {short}" + (" — each sequence's own cache is read at every step."
-                                                          if b < a else "."))
+        out.append(context_sentence(sweep))
+    return out
+
+
+def _speedup_range(rows: list[SweepPoint], best: SweepPoint) -> tuple[float, float]:
+    """Lowest and highest speedup (best batch ÷ B = 1, in tokens/s) any pair of the timed rounds gives."""
+    one = rows[0].timing.times
+    return (best.batch * min(one) / max(best.timing.times), best.batch * max(one) / min(best.timing.times))
+
+
+def context_sentence(sweep: BatchSweep) -> str:
+    """Did the longer context gain less from batching, and is that the cache's doing? Only said when the data
+    supports it: B = 1 no faster at the longer context (a longer cache cannot make a step cheaper), and the two
+    speedups apart even at the extremes of the timed rounds. Otherwise the B = 1 times are too noisy to compare."""
+    short, long_ = sweep.contexts[0], sweep.contexts[-1]
+    a, b = sweep.speedup(short), sweep.speedup(long_)
+    one_s, one_l = sweep.at(short)[0], sweep.at(long_)[0]
+    lo_a, hi_a = _speedup_range(sweep.at(short), sweep.best(short))
+    lo_b, hi_b = _speedup_range(sweep.at(long_), sweep.best(long_))
+    ones = (f"B = 1 took {duration(one_l.seconds)} at C = {long_} against {duration(one_s.seconds)} at "
+            f"C = {short}")
+    if one_l.seconds < one_s.seconds:
+        return (f"Batching gained {b:.1f}× at C = {long_} against {a:.1f}× at C = {short}, but {ones}: a longer "
+                "cache cannot make a step cheaper, so the B = 1 times are too noisy to compare and the two ratios "
+                "say nothing about the cache here.")
+    apart = hi_b < lo_a if b < a else hi_a < lo_b
+    if not apart:
+        return (f"Batching gained {b:.1f}× at C = {long_} against {a:.1f}× at C = {short} ({ones}), but across "
+                f"the timed rounds the ratios ran {lo_b:.1f}–{hi_b:.1f}× and {lo_a:.1f}–{hi_a:.1f}×: the B = 1 "
+                "times are too noisy to tell the two apart.")
+    if b < a:
+        return (f"The longer context paid less for batching: {b:.1f}× at C = {long_} against {a:.1f}× at "
+                f"C = {short} ({ones}; the ratios ran {lo_b:.1f}–{hi_b:.1f}× and {lo_a:.1f}–{hi_a:.1f}× across "
+                "the timed rounds) — each sequence's own cache is read at every step, so a bigger batch adds bytes.")
+    return (f"The longer context gained more from batching here: {b:.1f}× at C = {long_} against {a:.1f}× at "
+            f"C = {short} ({ones}).")
+
+
     return out
 
 
