@@ -106,34 +106,29 @@ def _text_scan(source: str) -> set[str]:
         {t for t in REACHING_TEXT if t in source}
 
 
-def _release_imports(release_nb) -> set[str]:
-    found = set()
-    for cell in release_nb.get("cells", []):
+def _parsed(nb) -> list[tuple[dict, str, ast.AST | None]]:
+    """(cell, source, tree or None where it does not parse) for every code cell."""
+    out = []
+    for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code":
+            source = _source(cell)
             try:
-                found |= _course_imports(ast.parse(_source(cell)))
+                out.append((cell, source, ast.parse(source)))
             except SyntaxError:
-                pass
-    return found
+                out.append((cell, source, None))
+    return out
 
 
 def flags(nb, release_nb) -> list[str]:
     """Notes for report.csv: course imports the release does not make, and code that reaches into the process."""
-    allowed = _release_imports(release_nb)
-    extra, reaching, modules = set(), set(), set()
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") == "code":
-            try:
-                modules |= _imported_names(ast.parse(_source(cell)))
-            except SyntaxError:
-                pass
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code" or _is_test(cell):
+    allowed = {a for _, _, tree in _parsed(release_nb) if tree is not None for a in _course_imports(tree)}
+    cells = _parsed(nb)
+    modules = {n for _, _, tree in cells if tree is not None for n in _imported_names(tree)}
+    extra, reaching = set(), set()
+    for cell, source, tree in cells:
+        if _is_test(cell):
             continue
-        source = _source(cell)
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
+        if tree is None:
             reaching |= _text_scan(source)
             extra |= {m for m in re.findall(r"(?:from|import)\s+(course(?:\.\w+)*)", source)} - \
                 {a.split(":")[0] for a in allowed}
