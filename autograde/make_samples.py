@@ -622,6 +622,19 @@ SAMPLER = {
                                          "draws the same", "loses", patches={"sampler": [
         ("    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]",
          "    torch.manual_seed(1234)  # 'reproducible'\n    ids = torch.multinomial(flat, 1).squeeze(-1)  # [B]")]}),
+    "samp-bug-reseeds-global": Sample("reseeds the global RNG with the generator's seed and draws from the global "
+                                      "RNG: one generator draws the same twice, and the caller's global RNG is reset",
+                                      "loses", patches={"sampler": [
+        ("    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]",
+         "    if generator is not None:\n        torch.manual_seed(generator.initial_seed())\n"
+         "    ids = torch.multinomial(flat, 1).squeeze(-1)  # [B]")]}),
+    "samp-bug-greedy-batch": Sample("T = 0 marks every logit equal to the batch's overall maximum: wrong on a batch "
+                                    "and on ties", "loses", patches={"sampler": [
+        ("        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()",
+         "        return (logits == logits.max()).float()"),
+        ("    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat",
+         "    if temperature == 0:\n        return logits.argmax(-1)\n"
+         "    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat")]}),
     "samp-bug-identity": Sample("every function hands the logits back unchanged", "loses", answers=IDENTITY_SAMPLER),
     "adv-patch-torch": Sample("hands the logits back unchanged and patches torch.allclose, torch.equal, torch.isfinite",
                               "loses", answers=IDENTITY_SAMPLER, honest="samp-bug-identity",
@@ -642,6 +655,8 @@ SAMPLER = {
         def top_p_filter(logits, p):
             if p <= 0 or p > 1:
                 raise ValueError("p must be in (0, 1]")
+            if p == 1:  # every token: a running total may round to 1 before the last one
+                return logits.clone()
             rows = logits.reshape(-1, logits.shape[-1]).clone()
             for row in rows:
                 probs = row.softmax(-1)
@@ -686,6 +701,8 @@ SAMPLER = {
         def top_p_filter(logits, p):
             if not (0.0 < p <= 1.0):
                 raise ValueError(f"p must be in (0, 1], got {p}")
+            if p == 1.0:
+                return logits.clone()
             values, order = logits.sort(-1, descending=True)
             cdf = values.softmax(-1).cumsum(-1)
             n_keep = torch.searchsorted(cdf, torch.full(cdf.shape[:-1] + (1,), p), right=False) + 1
@@ -697,7 +714,7 @@ SAMPLER = {
         "sampler": """
         def sampling_probs(logits, temperature=1.0, top_k=None, top_p=None):
             if temperature == 0:
-                return (logits == logits.max(-1, keepdim=True).values).float()
+                return (torch.arange(logits.shape[-1]) == logits.argmax(-1, keepdim=True)).float()
             x = apply_temperature(logits.to(torch.float32), temperature)
             if top_k is not None:
                 x = top_k_filter(x, top_k)

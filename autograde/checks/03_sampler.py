@@ -4,10 +4,14 @@ Filters are compared on their returned logits (which tokens stay finite, and tha
 values); probabilities within 1e-6; sampled frequencies against the reference sampler's own frequencies.
 Ties in top-k: every token tied with the k-th largest logit stays (so more than k may survive), as the
 notebook says. Every function must leave the caller's logits as they were (the notebook's own tests call them
-twice on one tensor), and `sample` must draw with the generator it is given, not the global RNG.
+twice on one tensor), and `sample` must draw with the generator it is given, not the global RNG. Greedy (T = 0):
+each row's argmax, the lowest id on a tie; probabilities in float32 whatever the logits' dtype (both stated in the
+notebook). Draws whose ids a correct sampler may choose differently come back raw and are judged here by the
+relations the notebook asks for (a seed repeats its draw, another seed or the next draw does not).
 """
 import torch
 
+from course.grade.plain import Array
 from course.grade.verdicts import Check, close, exact, frequencies, pair_equal, raises
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
@@ -63,6 +67,8 @@ INF = float("inf")
 # the check counts them: a row of 8 keeps 4 at p = 0.5, one of 4 keeps 2, [.5, .5] keeps 1.
 EXACT_SHARES = torch.tensor([[0.0] * 8, [0.0] * 4 + [-INF] * 4, [0.0, -INF, 0.0] + [-INF] * 5, [0.0] + [-INF] * 7])
 UNCHANGED = "the caller's logits must not change"
+GREEDY_ROWS = torch.tensor([[0.0, 5.0, 1.0, 4.0], [3.0, -1.0, 2.0, 7.0], [2.0, 6.0, 6.0, -1.0],
+                            [1.0, 1.0, 1.0, 1.0]])  # each row's maximum elsewhere; rows 3 and 4 tie
 MIXED = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, -2.0, 1.5, 1.0, 0.5]])
 
 
@@ -81,9 +87,9 @@ def input_after(use):
 
 
 def generator_decides(ns):
-    """Under one global seed, two generator seeds must draw differently; under two global seeds, one generator
-    seed must draw the same. 200 draws from 64 equally likely tokens: a correct sampler repeats another seed's
-    draw with chance 64**-200. The global RNG's state is put back afterwards."""
+    """Under one global seed, two generator seeds draw (a, b); under another global seed, a's generator seed draws
+    again (c). 200 draws from 64 equally likely tokens each; judged outside: a != b and a == c. The global RNG's
+    state is put back afterwards."""
     flat = torch.zeros(200, 64)
     state = torch.get_rng_state()
     try:
@@ -95,7 +101,70 @@ def generator_decides(ns):
         c = ns["sample"](flat, generator=torch.Generator().manual_seed(1))
     finally:
         torch.set_rng_state(state)
-    return (not torch.equal(a, b), torch.equal(a, c))
+    return (a, b, c)
+
+
+def ids_of(got, ref, V=64) -> bool:
+    """got is an int array of ref's shape and dtype kind, every id in 0 .. V-1."""
+    return (isinstance(got, Array) and isinstance(ref, Array) and got.data.shape == ref.data.shape
+            and got.data.dtype.kind in "iu" and bool(((got.data >= 0) & (got.data < V)).all()))
+
+
+def same(x, y) -> bool:
+    return bool((x.data == y.data).all())
+
+
+def seeds_decide(got, ref) -> bool:
+    """(a, b, c) of generator_decides: other seeds draw otherwise (a != b), the same seed draws the same (a == c),
+    whatever the global RNG; the reference's draws obey the same relations."""
+    return (isinstance(got, tuple) and len(got) == 3 and all(ids_of(g, ref[0]) for g in got)
+            and not same(got[0], got[1]) and same(got[0], got[2])
+            and not same(ref[0], ref[1]) and same(ref[0], ref[2]))
+
+
+def one_generator_twice(ns):
+    """Two draws in a row with ONE generator (its state advances: they differ, with chance 1 - 64**-200), then the
+    global RNG's next numbers after a seeded reset and a sample that was given a generator (it must not touch the
+    global RNG: those numbers are the ones the reference sees)."""
+    flat = torch.zeros(200, 64)
+    state = torch.get_rng_state()
+    try:
+        generator = torch.Generator().manual_seed(21)
+        a = ns["sample"](flat, generator=generator)
+        b = ns["sample"](flat, generator=generator)
+        torch.manual_seed(123)
+        ns["sample"](flat, generator=torch.Generator().manual_seed(5))
+        after = torch.rand(8)
+    finally:
+        torch.set_rng_state(state)
+    return (a, b, after)
+
+
+def generator_advances(got, ref) -> bool:
+    return (isinstance(got, tuple) and len(got) == 3 and ids_of(got[0], ref[0]) and ids_of(got[1], ref[1])
+            and not same(got[0], got[1]) and not same(ref[0], ref[1]) and exact(got[2], ref[2]))
+
+
+def draw_shape(ns):
+    """[1, V] logits give [1] ids: a batch of one stays a batch. One row keeps a single finite logit, so the id is
+    fixed; a second draw from a spread-out row shows the shape again."""
+    only = ns["sample"](torch.tensor([[-INF, -INF, 0.0, -INF]]), generator=torch.Generator().manual_seed(8))
+    spread = ns["sample"](torch.tensor([[0.0, 1.0, 2.0, 0.5]]), temperature=0.9, top_k=3,
+                          generator=torch.Generator().manual_seed(9))
+    return (only, tuple(spread.shape))
+
+
+def half_precision(ns):
+    """bfloat16 logits (a model's output): probabilities computed and returned in float32, as the notebook says."""
+    logits = (torch.randn(2, 12, generator=torch.Generator().manual_seed(6)) * 2).to(torch.bfloat16)
+    probs = ns["sampling_probs"](logits, temperature=0.7, top_k=6)
+    return (str(probs.dtype), probs)
+
+
+def wide_top_p_one(ns):
+    """p = 1 keeps every token, also in a real vocabulary (49152, SmolLM2's) whose running total rounds to 1 early."""
+    logits = torch.randn(49152, generator=torch.Generator().manual_seed(31)) * 4
+    return torch.isfinite(ns["top_p_filter"](logits, 1.0))
 
 
 CHECKS = {
@@ -138,6 +207,8 @@ CHECKS = {
         Check("k = 0", call("top_k_filter", ROWS, 0), raises, "hint: invalid k or p must raise ValueError"),
         Check("p = 0", call("top_p_filter", ROWS, 0.0), raises, "hint: invalid k or p must raise ValueError"),
         Check("p > 1", call("top_p_filter", ROWS, 1.5), raises, "hint: invalid k or p must raise ValueError"),
+        Check("p = 1 on a 49152-token vocabulary", wide_top_p_one, exact,
+              "hint: p = 1 keeps every token (a float32 running total can reach 1 before the last token)"),
         Check("top-p: the running total lands exactly on p", kept_per_row(0.5), exact,
               "hint: drop a token when the mass before it is >= p: once the kept tokens add up to exactly p, "
               "the nucleus is full"),
@@ -174,9 +245,19 @@ CHECKS = {
               close(0.0, same_dtype=False), "hint: temperature 0 is argmax, per row"),
         Check("[V] gives one id", single, exact, "hint: [V] logits give a single id (a 0-d tensor)"),
         Check("seeded", repeat_draw, pair_equal, "hint: the same seed must give the same samples"),
-        Check("the generator decides the draw", generator_decides, exact,
+        Check("the generator decides the draw", generator_decides, seeds_decide,
               "hint: draw with the generator you are given (generator=generator), not the global RNG, and never "
               "reseed it: other seeds must give other samples"),
+        Check("one generator, two draws; the global RNG untouched", one_generator_twice, generator_advances,
+              "hint: draw with the generator itself (its state moves on, so the next draw differs), never rebuild "
+              "or reseed it, and leave the global RNG alone (no torch.manual_seed)"),
+        Check("greedy on a batch, ties", call("sampling_probs", GREEDY_ROWS, temperature=0), close(0.0, same_dtype=False),
+              "hint: T = 0 is the one-hot of each row's own argmax; on a tie, the lowest token id"),
+        Check("[1, V] gives [1]", draw_shape, shape_and(exact),
+              "hint: [B, V] logits give [B] ids, also when B = 1 (squeeze(-1), not squeeze())"),
+        Check("bfloat16 logits", half_precision, shape_and(close(1e-6)),
+              "hint: compute the probabilities in float32 (logits.float()) and return float32, whatever the "
+              "logits' dtype"),
         Check("sampling leaves its input alone",
               input_after(lambda ns, x: (ns["sampling_probs"](x, temperature=0.7, top_k=3, top_p=0.8),
                                          ns["sample"](x, temperature=0.7, top_k=3, top_p=0.8,

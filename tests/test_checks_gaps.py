@@ -1,0 +1,160 @@
+"""The declared checks (autograde/checks) run directly on a notebook's code, without the sandbox: fast proof that
+each planted bug the grader review found (2026-12-03) loses its cell, and that correct code written with another
+free-list policy keeps full marks.
+
+The sealed grader runs the same `run(ns)` in the sandbox and judges the same plain data with the same compare
+functions (tests/test_grading.py grades the samples that way, slowly); here the namespace comes from exec'ing the
+sample's set-up and answer cells in this process, so only the project's own samples and patches of the reference
+solution run here, never a hostile submission.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import nbformat
+import pytest
+
+from course.grade.plain import decode, encode, error
+from course.grade.verdicts import checks_path, judge, load_checks
+from course.paths import AUTOGRADE
+
+sys.path.insert(0, str(AUTOGRADE))
+import make_samples  # noqa: E402
+from make_samples import Sample  # noqa: E402
+
+
+def namespace(source: bytes) -> dict:
+    """Every code cell but the test cells, exec'd in order, as the grader runs them (the demos skip themselves)."""
+    nb = nbformat.reads(source.decode(), as_version=4)
+    ns: dict = {}
+    saved = os.environ.get("NBGRADER_EXECUTION")
+    os.environ["NBGRADER_EXECUTION"] = "autograde"
+    try:
+        for cell in nb.cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if cell.cell_type == "code" and not (meta.get("grade") and not meta.get("solution")):
+                exec(compile(cell.source, "<notebook>", "exec"), ns)
+    finally:
+        if saved is None:
+            os.environ.pop("NBGRADER_EXECUTION")
+        else:
+            os.environ["NBGRADER_EXECUTION"] = saved
+    return ns
+
+
+def values(checks: dict, ns: dict) -> dict:
+    out = {}
+    for gid, items in checks.items():
+        out[gid] = []
+        for check in items:
+            try:
+                value = encode(check.run(ns))
+            except BaseException as exc:  # what the harness records for a raising learner
+                value = error(exc)
+            out[gid].append(decode(value))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def checks_of(assignment: str, cells: tuple = ()) -> dict:
+    checks = load_checks(checks_path(assignment))
+    return {g: c for g, c in checks.items() if not cells or g in cells}
+
+
+@functools.lru_cache(maxsize=None)
+def reference(assignment: str, cells: tuple = ()) -> dict:
+    return values(checks_of(assignment, cells), namespace(make_samples.build(assignment, "reference", Sample("", "full"))))
+
+
+def failed_cells(assignment: str, sample: Sample, cells: tuple = ()) -> set:
+    checks = checks_of(assignment, cells)
+    got = values(checks, namespace(make_samples.build(assignment, "test", sample)))
+    return {gid for gid, v in judge(checks, got, reference(assignment, cells)).items() if not v.passed}
+
+
+def sample(assignment: str, student: str) -> Sample:
+    return make_samples.SAMPLES[assignment][student]
+
+
+# ----------------------------------------------------------------------------- bugs the review found
+
+# The review's planted bugs that are not graded samples (the full sample run is slow): patches of the reference.
+EXTRA_BUGS = {
+    "samp-bug-generator-seed-only": ("03_sampler", Sample("rebuilds a generator from the given one's seed on every "
+                                                          "call: one generator draws the same twice", "loses",
+                                                          patches={"sampler": [
+        ("    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]",
+         "    g = torch.Generator().manual_seed(generator.initial_seed()) if generator is not None else None\n"
+         "    ids = torch.multinomial(flat, 1, generator=g).squeeze(-1)  # [B]")]}), "test_sampler_hidden"),
+    "samp-bug-top-p-one-drops-tail": ("03_sampler", Sample("p = 1 is not special: a float32 running total reaches 1 "
+                                                           "early and the tail is dropped", "loses",
+                                                           patches={"top_p_filter": [
+        ("    if p == 1:\n        return logits\n", "")]}), "test_filters_hidden"),
+    "samp-bug-squeeze-batch-of-1": ("03_sampler", Sample("squeeze() makes [1, V] give a 0-d id", "loses",
+                                                         patches={"sampler": [
+        ("    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]\n"
+         "    return ids.reshape(probs.shape[:-1])",
+         "    return torch.multinomial(flat, 1, generator=generator).squeeze()")]}), "test_sampler_hidden"),
+    "samp-bug-keeps-half-precision": ("03_sampler", Sample("softmax in the logits' own dtype (bfloat16 stays)", "loses",
+                                                           patches={"sampler": [
+        ("logits = apply_temperature(logits.float(), temperature)",
+         "logits = apply_temperature(logits, temperature)")]}), "test_sampler_hidden"),
+}
+
+# graded samples (autograde/samples) for the rest: assignment, the one cell each must lose
+SAMPLE_BUGS = {
+    "mem-bug-negative-batch": ("01_memory_formula", {"test_kv_cache_bytes_hidden", "test_max_context_hidden"}),
+    "kv-bug-new-cache-global-cfg": ("02_kv_cache", {"test_cache_allocates"}),
+    "samp-bug-reseeds-global": ("03_sampler", {"test_sampler_hidden"}),
+    "samp-bug-greedy-batch": ("03_sampler", {"test_sampler_hidden"}),
+    "paged-bug-global-cfg": ("05_paged_cache", {"test_cache_hidden"}),
+    "paged-bug-rewind-stale": ("05_paged_cache", {"test_cache_hidden"}),
+}
+
+
+@pytest.mark.parametrize("name", list(EXTRA_BUGS))
+def test_review_bug_loses_its_cell(name):
+    assignment, bug, cell = EXTRA_BUGS[name]
+    assert failed_cells(assignment, bug, (cell,)) == {cell}
+
+
+@pytest.mark.parametrize("name", list(SAMPLE_BUGS))
+def test_review_bug_sample_loses_exactly_its_cells(name):
+    """The sample loses the cells the review named and no other (the rest of its code is the reference's)."""
+    assignment, cells = SAMPLE_BUGS[name]
+    assert failed_cells(assignment, sample(assignment, name)) == cells
+
+
+# ----------------------------------------------------------------------------- correct code keeps full marks
+
+@pytest.mark.parametrize("name", ["paged-alt-pop-highest-first", "paged-alt-random-policy-runs", "paged-alt-heap-index",
+                                  "paged-alt-fifo-loops"])
+def test_any_free_list_policy_gets_full_marks(name):
+    """Which block id the free list hands out is left open: highest first, random, lowest first, FIFO all pass."""
+    assert failed_cells("05_paged_cache", sample("05_paged_cache", name)) == set()
+
+
+@pytest.mark.parametrize("name", ["samp-alt-gumbel", "samp-alt-loops"])
+def test_sampler_alternatives_keep_full_marks(name):
+    assert failed_cells("03_sampler", sample("03_sampler", name)) == set()
+
+
+# ----------------------------------------------------------------------------- no check a constant can satisfy
+
+@pytest.mark.parametrize("assignment", ["01_memory_formula", "02_kv_cache", "03_sampler", "05_paged_cache"])
+def test_no_check_returns_a_flag(assignment):
+    """A check whose value holds a True/False the check computed (`a != b`, `x in table`, a tuple of flags) can be
+    forged by a submission that hands back the constant; checks return the learner's raw values (ids, counts,
+    tensors, messages) and a compare function judges them outside."""
+    def has_flag(value) -> bool:
+        if isinstance(value, (list, tuple)):
+            return any(has_flag(v) for v in value)
+        if isinstance(value, dict):
+            return any(has_flag(v) for v in value.values())
+        return type(value) is bool
+
+    ref = reference(assignment)
+    flagged = [(gid, k) for gid, items in ref.items() for k, v in enumerate(items) if has_flag(v)]
+    assert not flagged, f"checks whose value holds a flag: {flagged}"
