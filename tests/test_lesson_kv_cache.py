@@ -15,11 +15,12 @@ QUOTED = {  # (model, T, B): bytes, the FP16 cache sizes usually quoted for thes
     ("llama-2-7b", 4096, 1): 2 * GiB,
     ("llama-2-7b", 4096, 8): 16 * GiB,
     ("gpt2-124m", 1024, 1): 36 * MiB,
-    ("llama-2-70b", 128_000, 1): 327_680 * 128_000,
-    ("llama-2-70b", 131_072, 1): 327_680 * 131_072,
-    ("llama-2-70b", 32_000, 4): 327_680 * 32_000 * 4,
+    # past Llama-2-70B's 4,096-token context: quoted for it, shown for Llama-3.1-70B (same cache shape)
+    ("llama-3.1-70b", 128_000, 1): 327_680 * 128_000,
+    ("llama-3.1-70b", 131_072, 1): 327_680 * 131_072,
+    ("llama-3.1-70b", 32_000, 4): 327_680 * 32_000 * 4,
 }
-PER_TOKEN = {"llama-2-7b": 524_288, "gpt2-124m": 36_864, "llama-2-70b": 327_680}
+PER_TOKEN = {"llama-2-7b": 524_288, "gpt2-124m": 36_864, "llama-2-70b": 327_680, "llama-3.1-70b": 327_680}
 
 
 NOTEBOOK = LESSONS / "02_kv_cache.ipynb"
@@ -99,9 +100,20 @@ def test_quoted_table_exact(results):
     for key, expected in QUOTED.items():
         assert rows[key]["total_bytes"] == expected == rows[key]["measured_bytes"]
         assert rows[key]["bytes_per_token"] == PER_TOKEN[key[0]]
-    assert 39 <= rows[("llama-2-70b", 128_000, 1)]["GiB"] <= 43
-    assert 39 <= rows[("llama-2-70b", 131_072, 1)]["GB"] <= 43
-    assert abs(rows[("llama-2-70b", 32_000, 4)]["total_bytes"] / GB - 40) < 2.5
+    assert 39 <= rows[("llama-3.1-70b", 128_000, 1)]["GiB"] <= 43
+    assert 39 <= rows[("llama-3.1-70b", 131_072, 1)]["GB"] <= 43
+    assert abs(rows[("llama-3.1-70b", 32_000, 4)]["total_bytes"] / GB - 40) < 2.5
+
+
+def test_no_quoted_row_past_its_models_context():
+    from course.lessons.kv_lesson import published_table
+    from course.measure.costs import _config
+
+    table = published_table()
+    for r in table.rows:
+        assert r["seq_len"] <= _config(r["model"]).max_seq_len, r
+    assert {r["quoted_for"] for r in table.rows if "quoted_for" in r} == {"llama-2-70b"}
+    assert "whose context is 4,096 tokens" in str(table)
 
 
 def test_paging_wastes_less_than_preallocation(results):

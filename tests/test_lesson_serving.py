@@ -229,13 +229,18 @@ def test_requests_that_fit():
     from course.lessons.serving import fit_sentences, requests_that_fit
 
     rows = {(r["model"], r["context"]): r for r in requests_that_fit()}
-    assert rows["llama-2-7b", 4096]["requests"] == 30 and rows["llama-2-7b", 32768]["requests"] == 3
-    assert rows["llama-2-70b", 4096]["requests"] == 0 and not rows["llama-2-70b", 4096]["weights_fit"]
+    assert rows["llama-2-7b", 4096]["requests"] == 30
+    # past Llama-2's 4,096-token window: not served, not counted, and said so
+    assert rows["llama-2-7b", 32768]["requests"] == 0 and not rows["llama-2-7b", 32768]["within_context"]
+    assert rows["llama-3.1-8b", 32768]["requests"] == 14  # (80 − 16.06 GB) ÷ 4.29 GB, 8 KV heads
+    assert rows["llama-3.1-70b", 4096]["requests"] == 0 and not rows["llama-3.1-70b", 4096]["weights_fit"]
     text = fit_sentences(list(rows.values()))
-    assert sum("llama-2-70b" in s for s in text) == 1  # said once, not once per context
-    int8 = requests_that_fit(("llama-2-70b",), weights_dtype="int8")
-    assert [r["requests"] for r in int8] == [8, 1]
-
+    assert sum("llama-3.1-70b" in s for s in text) == 1  # said once, not once per context
+    assert "llama-2-7b at C = 32,768: beyond its 4,096-token context window" in " ".join(text)
+    assert not any("32,768" in s and "fit" in s for s in text if s.startswith("llama-2-7b"))
+    int8 = requests_that_fit(("llama-3.1-70b",), weights_dtype="int8")
+    assert [r["requests"] for r in int8] == [7, 0]
+    assert "so no request fits beside" in fit_sentences(int8)[1]
 
 def test_batch_sweep_on_the_tiny_model():
     from course.engine.model import tiny_model

@@ -79,12 +79,18 @@ class PublishedTable:
         return {"published_table": self.rows}
 
     def __str__(self) -> str:
-        out = [f"{'model':<12} {'T':>8} {'B':>2} {'bytes/token':>12} {'GiB':>7} {'GB':>7}  "
+        out = [f"{'model':<14} {'T':>8} {'B':>2} {'bytes/token':>12} {'GiB':>7} {'GB':>7}  "
                f"{'= real KVCache':<15} quoted"]
         for r in self.rows:
             same = "yes" if r["measured_bytes"] == r["total_bytes"] else f"NO ({r['measured_bytes']:,})"
-            out.append(f"{r['model']:<12} {r['seq_len']:>8,} {r['batch']:>2} {r['bytes_per_token']:>12,} "
+            out.append(f"{r['model']:<14} {r['seq_len']:>8,} {r['batch']:>2} {r['bytes_per_token']:>12,} "
                        f"{r['GiB']:>7.2f} {r['GB']:>7.2f}  {same:<15} {r['quoted']}")
+        for quoted, stand_in in sorted({(r["quoted_for"], r["model"]) for r in self.rows if r.get("quoted_for")}):
+            q, m = costs._config(quoted), costs._config(stand_in)
+            out.append(textwrap.fill(
+                f"{stand_in}: these lengths are quoted for {quoted}, whose context is {q.max_seq_len:,} tokens; "
+                f"{stand_in} ({m.max_seq_len:,} tokens) has the same cache shape (L = {m.n_layers}, "
+                f"H_kv = {m.n_kv_heads}, D_h = {m.head_dim}), so the same bytes.", 108, subsequent_indent="  "))
         return "\n".join(out)
 
 
@@ -94,6 +100,10 @@ def published_table(dtype="fp16") -> PublishedTable:
     rows = []
     for row in costs.quoted_kv_table(dtype):
         row = dict(row)
+        stand_in = costs.long_context_stand_in(row["model"], row["seq_len"])
+        if stand_in is not None:  # a quoted length past the model's own context: a model that has it
+            assert costs.kv_bytes_per_token(stand_in, dtype) == row["bytes_per_token"]
+            row["quoted_for"], row["model"] = row["model"], stand_in.name
         row["measured_bytes"] = costs.measure_kv_cache_bytes(row["model"], row["seq_len"], row["batch"], dtype)
         rows.append(row)
     return PublishedTable(rows)

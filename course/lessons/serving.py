@@ -5,7 +5,8 @@
     BatchSweep.knee      this machine's critical batch, from the data: the first B whose step costs twice B = 1's
     plot_batch_sweep     step time and tokens/s against B; plot_batch_roofline: the decode points move right
     published_gpu_table  Llama-2-7B decode on an A100 / H100 on paper, from the vendors' published specs
-    requests_that_fit    how many requests fit a memory budget, from the formula (Llama-2-7B/70B on 80 GB)
+    requests_that_fit    how many requests fit a memory budget, from the formula (Llama-2-7B, Llama-3.1-8B/70B
+                         on 80 GB; none past a model's context window)
     cache_vs_weights     where B·T tokens of cache overtake the weights
 
 The paged cache, the scheduler and their pictures are in course.lessons.serving_runs.
@@ -403,19 +404,25 @@ def paper_summary(model: str = "llama-2-7b", context: int = 4096, dtype_bytes: f
 # The cache as the limit
 # ---------------------------------------------------------------------------------------------
 
-def requests_that_fit(models: Sequence[str] = ("llama-2-7b", "llama-2-70b"), contexts: Sequence[int] = (4096, 32768),
-                      memory_bytes: int = 80 * GB, dtype: str = "fp16", weights_dtype: str | None = None) -> list[dict]:
+def requests_that_fit(models: Sequence[str] = ("llama-2-7b", "llama-3.1-8b", "llama-3.1-70b"),
+                      contexts: Sequence[int] = (4096, 32768), memory_bytes: int = 80 * GB, dtype: str = "fp16",
+                      weights_dtype: str | None = None) -> list[dict]:
     """How many sequences of each context fit in one GPU's memory after the weights (0 if the weights don't fit).
 
-    dtype is the cache's; weights_dtype the weights' (default: the same)."""
+    dtype is the cache's; weights_dtype the weights' (default: the same). A context past the model's own window
+    is marked within_context=False and counts no request: the model cannot serve it."""
+    from course.measure.costs import _config
+
     rows = []
     for name in models:
         w = weights_bytes(name, weights_dtype or dtype)
         per_token = kv_bytes_per_token(name, dtype)
-        free = memory_bytes - w
+        free, window = memory_bytes - w, _config(name).max_seq_len
         for c in contexts:
+            within = c <= window
             rows.append(dict(model=name, context=c, weights_gb=w / GB, kv_gb_per_request=per_token * c / GB,
-                             requests=int(free // (per_token * c)) if free > 0 else 0, weights_fit=free > 0,
+                             requests=int(free // (per_token * c)) if free > 0 and within else 0,
+                             weights_fit=free > 0, within_context=within, max_context=window,
                              weights_dtype=weights_dtype or dtype, memory_gb=memory_bytes / GB))
     return rows
 
@@ -430,9 +437,14 @@ def fit_sentences(rows: list[dict]) -> list[str]:
                 out.append(f"{r['model']}: its {w} alone exceed {r['memory_gb']:.0f} GB — no request fits on one "
                            f"GPU (split it over several, or quantise the weights).")
                 said.add(r["model"])
+        elif not r.get("within_context", True):
+            out.append(f"{r['model']} at C = {r['context']:,}: beyond its {r['max_context']:,}-token context "
+                       "window: it cannot serve a request that long.")
         else:
+            n = r["requests"]
+            fit = "no request fits" if n == 0 else "1 request fits" if n == 1 else f"{n} requests fit"
             out.append(f"{r['model']} at C = {r['context']:,}: {r['kv_gb_per_request']:.2f} GB of cache per request, "
-                       f"so {r['requests']} request(s) fit beside {w}.")
+                       f"so {fit} beside {w}.")
     return out
 
 

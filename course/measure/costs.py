@@ -104,10 +104,34 @@ def human_bytes(n: float, binary: bool = True) -> str:
     return f"{n:.2f} {units[-1]}"
 
 
+# Long-context models the lessons quote where Llama-2's 4,096-token context falls short. Same cache shape as a
+# Llama-2 neighbour (Llama-3.1-70B: L = 80, H_kv = 8, D_h = 128, as Llama-2-70B), so the same bytes per token.
+LONG_CONTEXT: dict[str, ModelConfig] = {
+    "llama-3.1-8b": PRESETS["llama-3-8b"].with_(name="llama-3.1-8b", max_seq_len=131_072,
+                                                  source="meta-llama/Llama-3.1-8B config.json"),
+    "llama-3.1-70b": ModelConfig("llama-3.1-70b", n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, dim=8192,
+                                 ffn_dim=28672, vocab_size=128256, max_seq_len=131_072, rope_theta=500_000.0,
+                                 source="meta-llama/Llama-3.1-70B config.json"),
+}
+
+
+def long_context_stand_in(config: ModelConfig | str, seq_len: int) -> ModelConfig | None:
+    """A model from LONG_CONTEXT with the same cache shape (L, H_kv, D_h) whose context covers seq_len, for a
+    quoted length past this model's own context; None if the model covers it or no such model is listed."""
+    c = _config(config)
+    if seq_len <= c.max_seq_len:
+        return None
+    shape = (c.n_layers, c.n_kv_heads, c.head_dim)
+    return next((m for m in LONG_CONTEXT.values() if (m.n_layers, m.n_kv_heads, m.head_dim) == shape
+                 and m.max_seq_len >= seq_len), None)
+
+
 def _config(config: ModelConfig | str) -> ModelConfig:
     if isinstance(config, ModelConfig):
         return config
     if isinstance(config, str):
+        if config.lower() in LONG_CONTEXT:
+            return LONG_CONTEXT[config.lower()]
         return ModelConfig.from_name(config)
     raise ValueError(f"config must be a ModelConfig or a preset name ({sorted(PRESETS)}), got {config!r}")
 
