@@ -179,7 +179,12 @@ def gaps_over(model, prompts: list[list[int]], n_new: int = 20) -> list[float]:
     """greedy_gaps for several prompts, pooled."""
     from tqdm.auto import tqdm
 
-    return [g for ids in tqdm(prompts, desc="greedy steps", leave=False) for g in greedy_gaps(model, ids, n_new)]
+    from course.measure.display import working
+
+    with working(f"Decoding {n_new} greedy tokens for each of {len(prompts)} prompts, keeping every step's logits",
+                 "several seconds on a 2-core CPU"):
+        return [g for ids in tqdm(prompts, desc="prompts decoded", unit="prompt", leave=False)
+                for g in greedy_gaps(model, ids, n_new)]
 
 
 @dataclass

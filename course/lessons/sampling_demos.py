@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from course.engine.sampling import apply_temperature, check_params, entropy_bits, top_p_filter, transform_logits
 from course.engine.continuations import sample_continuations
 from course.engine.prompts import Prompt
+from course.measure.display import working
 
 
 # -- order of composition ----------------------------------------------------------------------------------
@@ -117,10 +118,12 @@ def run_tasks(model, tokenizer, tasks: list[Task] = GUIDANCE, n: int = 4, max_ne
               seed: int = 0) -> list[TaskResult]:
     """n sampled answers per task (each task its own seed: seed, seed + 1, ...)."""
     results = []
-    for i, task in enumerate(tqdm(tasks, desc="sampling", leave=False)):
-        texts = sample_continuations(model, tokenizer, task.prompt.ids(tokenizer), n, max_new_tokens,
-                                     temperature=task.temperature, top_p=task.top_p, seed=seed + i)
-        results.append(TaskResult(task, texts))
+    with working(f"Sampling {n} answers of up to {max_new_tokens} tokens for each of {len(tasks)} settings",
+                 "under a minute on a 2-core CPU"):
+        for i, task in enumerate(tqdm(tasks, desc="settings sampled", unit="setting", leave=False)):
+            texts = sample_continuations(model, tokenizer, task.prompt.ids(tokenizer), n, max_new_tokens,
+                                         temperature=task.temperature, top_p=task.top_p, seed=seed + i)
+            results.append(TaskResult(task, texts))
     return results
 
 

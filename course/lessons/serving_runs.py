@@ -429,11 +429,15 @@ def prefix_run(model, tokenizer, system: str = SYSTEM_PROMPT, questions: Sequenc
     while all(len(p) > prefix and p[prefix] == prompts[0][prefix] for p in prompts):
         prefix += 1
     requests = [Request(i, tuple(p), max_new_tokens, arrival=i * gap_s) for i, p in enumerate(prompts)]
-    warm_up(model, requests, max_batch, progress)
-    runs = {}
-    for share in (False, True):
-        runs[share] = serve(model, requests, "continuous", max_batch=max_batch, block_size=block_size,
-                            share_prefix=share, progress=progress)
+    from course.measure.display import working
+
+    with working(f"Serving {len(requests)} requests that open with the same {prefix}-token prefix, continuously, "
+                 "without and then with shared blocks (after an untimed warm-up)", "under a minute on a 2-core CPU"):
+        warm_up(model, requests, max_batch, progress)
+        runs = {}
+        for share in (False, True):
+            runs[share] = serve(model, requests, "continuous", max_batch=max_batch, block_size=block_size,
+                                share_prefix=share, progress=progress)
     return PrefixRun(runs[True], runs[False], prefix, block_size)
 
 

@@ -296,17 +296,21 @@ def measure_costs(model, ks, depths, context: int = 128, repeats: int = 5) -> Co
                 m(ids[:, context:], start_pos=context, cache=cache)
         return run
 
-    jobs = {("t", 1): pass_fn(model, 1)}
-    jobs.update({("v", k): pass_fn(model, k + 1) for k in ks})
-    jobs.update({("d", n): pass_fn(shallow_copy(model, n), 1) for n in depths})
-    best = {key: float("inf") for key in jobs}
-    for run in jobs.values():
-        run()  # warm-up
-    for _ in tqdm(range(repeats), desc="timing passes", leave=False):
-        for key, run in jobs.items():
-            with Stopwatch(model.device) as sw:
-                run()
-            best[key] = min(best[key], sw.seconds)
+    from course.measure.display import working
+
+    with working(f"Caching a {context}-token context, then timing one target step, {len(ks)} verification passes "
+                 f"and {len(depths)} draft step(s) in {repeats} interleaved rounds", "several seconds on a 2-core CPU"):
+        jobs = {("t", 1): pass_fn(model, 1)}
+        jobs.update({("v", k): pass_fn(model, k + 1) for k in ks})
+        jobs.update({("d", n): pass_fn(shallow_copy(model, n), 1) for n in depths})
+        best = {key: float("inf") for key in jobs}
+        for run in tqdm(jobs.values(), desc="warm-up passes", unit="pass", leave=False):
+            run()  # warm-up
+        for _ in tqdm(range(repeats), desc="timing rounds", unit="round", leave=False):
+            for key, run in jobs.items():
+                with Stopwatch(model.device) as sw:
+                    run()
+                best[key] = min(best[key], sw.seconds)
     return Costs(target_step=best[("t", 1)], verify={k: best[("v", k)] for k in ks},
                  draft_step={n: best[("d", n)] for n in depths})
 
@@ -476,15 +480,21 @@ def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=Q
     prefix = chat_prefix_ids(tokenizer, system)
     store = PagedPrefixCache(model, max_bytes=max_bytes)  # shared blocks, nothing copied
     rows = []
-    for question in tqdm(questions, desc="requests", leave=False):
-        ids = tokenizer.chat_ids(question, system=system)
-        if ids[:len(prefix)] != prefix:
-            raise ValueError("the system turn does not tokenize as a prefix of the request; check the chat template")
-        plain = generate(model, ids, max_new_tokens, eos_id=tokenizer.eos_id)
-        cached = generate(model, ids, max_new_tokens, prefix_cache=store, prefix_len=len(prefix),
-                          eos_id=tokenizer.eos_id)
-        rows.append(PrefixRow(question, len(ids), cached.reused_tokens, plain.time_to_first_token,
-                              cached.time_to_first_token, plain.tokens == cached.tokens))
+    from course.measure.display import working
+
+    with working(f"Answering {len(questions)} questions twice each ({len(prefix)}-token system prompt, "
+                 f"{max_new_tokens} new tokens): full prefill, then through the prefix store",
+                 "under a minute on a 2-core CPU"):
+        for question in tqdm(questions, desc="questions answered", unit="question", leave=False):
+            ids = tokenizer.chat_ids(question, system=system)
+            if ids[:len(prefix)] != prefix:
+                raise ValueError("the system turn does not tokenize as a prefix of the request; check the chat "
+                                 "template")
+            plain = generate(model, ids, max_new_tokens, eos_id=tokenizer.eos_id)
+            cached = generate(model, ids, max_new_tokens, prefix_cache=store, prefix_len=len(prefix),
+                              eos_id=tokenizer.eos_id)
+            rows.append(PrefixRow(question, len(ids), cached.reused_tokens, plain.time_to_first_token,
+                                  cached.time_to_first_token, plain.tokens == cached.tokens))
     return PrefixExperiment(len(prefix), store.entry_bytes(len(prefix)), rows, store)
 
 

@@ -4,6 +4,7 @@
     show_figure   display a Figure as a PNG: the same in JupyterLab, a headless run and a saved notebook
     text_only     KVCOURSE_QUIZ=text: print plain text instead of displaying widgets (terminals, editors)
     headless      no widget front end is expected (tests, KVCOURSE_HEADLESS=1, no kernel): show static views
+    working       one line saying what a slow step builds before it starts, and its time when it ends
 
 The two switches differ on purpose: a headless run still displays a quiz widget (its MIME bundle carries a
 text/plain fallback that the run keeps), while text_only prints the text and displays nothing.
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import io
 import os
+import time
+from contextlib import contextmanager
 
 
 def figure_png(fig, dpi: float | None = None) -> bytes:
@@ -57,3 +60,16 @@ class Printed:
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
+
+
+@contextmanager
+def working(what: str, expect: str = ""):
+    """Say what a slow step is building before it starts, and how long it took when it ends.
+
+    A printed line shows in every front end, even one where a progress-bar widget does not render. `expect`
+    is a rough bound for the learner ("under a minute on a 2-core CPU"), never a measured number.
+    """
+    print(f"{what}{f' ({expect})' if expect else ''} …", flush=True)
+    t0 = time.perf_counter()
+    yield
+    print(f"  done in {time.perf_counter() - t0:.1f} s", flush=True)
