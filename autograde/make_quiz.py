@@ -1,9 +1,14 @@
-"""Write the checkpoint-quiz assignment (solutions/04_checkpoint_quiz) from course/questions.yaml.
+"""Write the checkpoint-quiz assignment (solutions/04_checkpoint_quiz) from autograde/quiz_questions.yaml.
 
-Every question marked `autograded: true` (the five checkpoints of lessons 1-3) becomes one answer cell and
-one test cell, named by its number in the quiz (answer_1 … answer_5), not by the bank's id. The visible part of the test only checks that the answer is one of the option letters; the
-hidden part compares a digest of the answer, so neither the student version nor the feedback shows
-which letter is right. Regenerate after editing questions.yaml, then `python -m course.grade.grading exercises`:
+The graded questions live here, on the instructor's side (like solutions/), not in the `course` package: every
+learner has the package, whose question bank (course/teach/questions.yaml) holds the lessons' practice
+checkpoints WITH their answers. The graded ones ask about the same topics with other scenarios and numbers.
+
+Every question of quiz_questions.yaml becomes one answer cell and one test cell, named by its number in the
+quiz (answer_1 … answer_5), not by its id. The visible part of the test only checks that the answer is one of
+the option letters; the hidden part compares a digest of the answer, so neither the student version nor the
+feedback shows which letter is right. Regenerate after editing quiz_questions.yaml, then
+`python autograde/make_exercises.py`:
 
     python autograde/make_quiz.py
 """
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import nbformat
@@ -19,9 +25,29 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from course.paths import SOLUTIONS  # noqa: E402
+from course.teach.questions import QUESTIONS_PATH, QuestionDataError, bank_from_data  # noqa: E402
 from course.teach.quiz import fill_numbers, load_questions  # noqa: E402
 
 ASSIGNMENT, NOTEBOOK = "04_checkpoint_quiz", "checkpoint_quiz"
+QUIZ_PATH = Path(__file__).resolve().with_name("quiz_questions.yaml")
+
+
+def graded_questions(path: Path = QUIZ_PATH) -> list:
+    """The graded quiz's questions (course.teach.questions.Question, autograded=True), in quiz order.
+
+    Validated like the package's bank, with its lessons; an id that is also in the package's bank, or a file
+    with no question, is an error."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    package = load_questions()
+    lessons = yaml.safe_load(QUESTIONS_PATH.read_text(encoding="utf-8"))["lessons"]
+    bank = bank_from_data({"lessons": lessons, "questions": data.get("questions")}, Path(path))
+    problems = [f"question {q.id!r} is also in the package's bank {QUESTIONS_PATH}; graded ids must be new"
+                for q in bank.questions if q.id in {p.id for p in package.questions}]
+    if problems:
+        raise QuestionDataError(f"{path}: " + "; ".join(problems))
+    return [replace(q, autograded=True) for q in bank.questions]
 
 
 def variable(number: int) -> str:
@@ -54,8 +80,9 @@ HAND_IN = (
 def build(questions) -> nbformat.NotebookNode:
     cells = [new_markdown_cell(
         "# Exercise 4 · Checkpoint quiz\n\n"
-        f"**You will:** answer the {len(questions)} checkpoint questions of the lessons (prefill vs decode, the "
-        "KV cache, sampling) for a grade.\n\n"
+        f"**You will:** answer {len(questions)} questions on lessons 1-3 (prefill vs decode, the KV cache, "
+        "sampling) for a grade. They are not the lessons' checkpoint questions: they put the same ideas to work "
+        "on new models, numbers and situations.\n\n"
         "**Time:** about 10 minutes.\n\n"
         "**How it works.** Under each question, replace the two `YOUR CODE HERE` lines with one line that sets the "
         "variable to the letter you choose, in quotes: `" + variable(1) + " = \"<letter>\"`. The visible check under it only "
@@ -100,9 +127,9 @@ def build(questions) -> nbformat.NotebookNode:
 
 
 def main(dest: Path = SOLUTIONS) -> Path:
-    questions = load_questions().autograded()
+    questions = graded_questions()
     if not questions:
-        raise SystemExit("course/questions.yaml has no question with `autograded: true`")
+        raise SystemExit(f"{QUIZ_PATH} has no question")
     path = Path(dest) / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(build(questions), str(path))

@@ -53,8 +53,7 @@ def test_every_question_is_well_formed(bank):
 def test_seed_checkpoints_and_interview_questions_are_all_there(bank):
     seed = {q.id: q for q in bank.questions if q.source == "seed"}
     assert sorted(seed) == sorted(["prefill-ab", "prefill-bound", "kv-70b", "kv-beam", "sampling-golden"])
-    assert all(q.autograded for q in seed.values())
-    assert [q.id for q in bank.autograded()] == sorted(seed, key=[q.id for q in bank.questions].index)
+    assert bank.autograded() == [], "graded questions live in autograde/quiz_questions.yaml, not in the package"
     # the seed's facts, checked through the options marked correct
     assert "40 GB" in seed["kv-70b"].correct.text
     assert "beam width" in seed["kv-beam"].correct.text
@@ -413,3 +412,136 @@ def test_headless_notebook_prints_the_quiz_as_text(run_notebook, tmp_path, bank)
                if o.get("output_type") == "display_data")
     assert not any(e[:50] in texts[0] for e in _explanations(bank, "02_kv_cache"))
     assert ProgressStore(tmp_path / "nb-progress.sqlite").measurements("02_kv_cache")["cache_speedup"] == 4.5
+
+
+# ---------------------------------------------------------------------- the graded quiz (exercise 04)
+def _make_quiz():
+    import sys
+
+    sys.path.insert(0, str(PROJECT_ROOT / "autograde"))
+    import make_quiz
+
+    return make_quiz
+
+
+@pytest.fixture(scope="module")
+def graded():
+    return _make_quiz().graded_questions()
+
+
+def test_the_graded_quiz_is_its_own_five_questions(bank, graded):
+    """Five new questions on lessons 1-3: no id, prompt or option of a lesson checkpoint (which learners may
+    retry until right, with the answers in the package) comes back in the graded quiz."""
+    from collections import Counter
+
+    assert len(graded) == 5 and all(q.autograded for q in graded)
+    assert [q.lesson for q in graded] == ["01_prefill_decode"] * 2 + ["02_kv_cache"] * 2 + ["03_sampling"]
+    practice_ids = {q.id for q in bank.questions}
+    practice_texts = {t for q in bank.questions for t in [q.prompt] + [o.text for o in q.options]}
+    for q in graded:
+        assert q.id not in practice_ids
+        assert q.prompt not in practice_texts and not {o.text for o in q.options} & practice_texts, q.id
+        assert len(q.options) >= 3 and all(o.explanation for o in q.options)
+    assert max(Counter(q.answer for q in graded).values()) <= 2, "one letter everywhere must score at most 40 %"
+
+
+def test_the_graded_questions_numbers_are_right(graded):
+    by_id = {q.id: q for q in graded}
+    per_token = 2 * 80 * 8 * 128 * 2  # Llama-3.1-70B, FP16
+    assert per_token == 327_680 and round(per_token * 100_000 * 3 / 1e9) == 98
+    assert "About 98 GB" in by_id["quiz-kv-size"].correct.text
+    smol = 2 * 30 * 3 * 64 * 4  # SmolLM2-135M, float32
+    assert smol == 46_080 and round(smol * 2_000 / 1e6) == 92 and round(5 * smol * 2_000 / 1e6) == 461
+    assert "461 MB" in by_id["quiz-kv-beam-width"].correct.text
+    assert by_id["quiz-finish-first"].correct.text.startswith("X")
+
+
+def _leaks(texts: dict, graded) -> list:
+    """(file, what) for every graded id, right option or explanation found in `texts` (whitespace squeezed)."""
+    squeeze = lambda t: re.sub(r"\s+", " ", t)  # noqa: E731
+    found = []
+    for path, text in texts.items():
+        flat = squeeze(text)
+        for q in graded:
+            for needle in [q.id, squeeze(q.correct.text)[:60]] + [squeeze(o.explanation)[:60] for o in q.options]:
+                if needle in flat:
+                    found.append((str(path), needle))
+    return found
+
+
+def test_the_package_holds_no_graded_question_or_answer(graded):
+    """Every learner has the package: none of the graded quiz's ids, right options or explanations is in it,
+    and its question bank marks nothing as graded (the sandbox's redacted copy would otherwise be all that
+    hides them)."""
+    import yaml
+
+    package = PROJECT_ROOT / "course"
+    texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in package.rglob("*")
+             if p.is_file() and p.suffix in (".py", ".yaml", ".yml", ".md", ".json", ".txt", ".ipynb")}
+    assert quiz.QUESTIONS_PATH in texts
+    assert _leaks(texts, graded) == []
+    data = yaml.safe_load(quiz.QUESTIONS_PATH.read_text())
+    assert not [q["id"] for q in data["questions"] if q.get("autograded")]
+
+
+def test_the_leak_check_catches_a_graded_question_put_back_in_the_bank(graded):
+    """The check can fail: a graded question (answer included) copied into the package's bank is found."""
+    import yaml
+
+    data = yaml.safe_load(quiz.QUESTIONS_PATH.read_text())
+    q = graded[-1]
+    data["questions"].append({"id": q.id, "lesson": q.lesson, "prompt": q.prompt, "answer": q.answer,
+                              "options": [{"key": o.key, "text": o.text, "explanation": o.explanation}
+                                          for o in q.options]})
+    leaked = _leaks({quiz.QUESTIONS_PATH: yaml.safe_dump(data, allow_unicode=True, sort_keys=False)}, graded)
+    assert {n for _, n in leaked} >= {q.id, re.sub(r"\s+", " ", q.correct.text)[:60]}
+
+
+def test_make_quiz_refuses_a_graded_id_that_is_in_the_package_bank(tmp_path):
+    import yaml
+
+    make_quiz = _make_quiz()
+    data = yaml.safe_load(make_quiz.QUIZ_PATH.read_text())
+    data["questions"][0]["id"] = "prefill-ab"
+    path = tmp_path / "quiz.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    with pytest.raises(quiz.QuestionDataError, match="graded ids must be new"):
+        make_quiz.graded_questions(path)
+
+
+def _submissions(folder: Path, graded, answers: dict[str, dict[int, str] | None]) -> Path:
+    """FOLDER/<student>/04_checkpoint_quiz/checkpoint_quiz.ipynb from the released exercise; None = as released."""
+    import nbformat
+
+    released = PROJECT_ROOT / "exercises" / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb"
+    for student, letters in answers.items():
+        nb = nbformat.read(str(released), as_version=4)
+        for cell in nb.cells:
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+            if letters is not None and gid.startswith("answer_"):
+                cell.source = f"{gid} = {letters[int(gid.split('_')[1])]!r}"
+        out = folder / student / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb"
+        out.parent.mkdir(parents=True)
+        nbformat.write(nb, str(out))
+    return folder
+
+
+@pytest.mark.slow
+def test_grading_the_quiz_rewards_knowledge_only(graded, tmp_path):
+    """Through the real grader: the right letters score 5/5, the released notebook 0, and one letter
+    everywhere at most 40 %."""
+    from course.grade import grading, sandbox
+
+    if sandbox.sandbox_problem():
+        pytest.skip("the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
+    right = {n: q.answer for n, q in enumerate(graded, start=1)}
+    answers = {"reference": right, "blank": None}
+    answers |= {f"all-{k.lower()}": {n: k for n in right} for k in "ABCD"}
+    folder = _submissions(tmp_path / "submissions", graded, answers)
+    rows = grading.grade(folder, tmp_path / "course", jobs=1, progress=False, log=lambda *_: None)
+    scores = {r.student: (r.score, r.max_score) for r in rows}
+    assert scores["reference"] == (5, 5)
+    assert scores["blank"][0] == 0
+    for k in "ABCD":
+        score, top = scores[f"all-{k.lower()}"]
+        assert top == 5 and score <= 0.4 * top, (k, score)

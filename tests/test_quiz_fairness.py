@@ -73,14 +73,39 @@ def test_seed_detector_tells_the_two_senses_apart():
     assert source_sense_seeds("The seed lesson's table") and source_sense_seeds("seed_kv_table()")
 
 
-def test_no_autograded_answer_is_written_in_the_package():
-    """The graded quiz's answers are redacted from the sandbox's question bank, but a docstring's example
-    answer("prefill-ab", "B") was the real one (a submission read it from course/teach/quiz.py)."""
-    from course.paths import PROJECT_ROOT
-    from course.teach.questions import load_questions
+def _graded():
+    import sys
 
-    graded = [(q.id, q.answer) for q in load_questions().autograded()]
-    assert graded, "the checkpoint quiz has autograded questions"
+    from course.paths import PROJECT_ROOT
+
+    sys.path.insert(0, str(PROJECT_ROOT / "autograde"))
+    import make_quiz
+
+    return make_quiz.graded_questions()
+
+
+def test_the_graded_quiz_is_fair_too():
+    """The graded questions (autograde/quiz_questions.yaml) follow the same rules: the right option is never the
+    longest nor alone in carrying a computation, and no letter is right more than twice in five."""
+    from collections import Counter
+
+    from course.teach.questions import QuestionBank
+
+    graded = _graded()
+    stats = fairness(QuestionBank({}, tuple(graded), ()))
+    assert stats["longest"] == [] and stats["lone_computation"] == [], stats
+    assert max(Counter(q.answer for q in graded).values()) <= 2
+    assert source_sense_seeds(" ".join(q.prompt + " " + " ".join(o.text + " " + o.explanation for o in q.options)
+                                       for q in graded)) == []
+
+
+def test_no_autograded_answer_is_written_in_the_package():
+    """No graded question's id is followed by its right letter anywhere in course/ (a docstring's example
+    answer("prefill-ab", "B") was once the real one, read by a submission from course/teach/quiz.py)."""
+    from course.paths import PROJECT_ROOT
+
+    graded = [(q.id, q.answer) for q in _graded()]
+    assert graded, "the checkpoint quiz has graded questions"
     package = PROJECT_ROOT / "course"
     texts = {p: p.read_text(encoding="utf-8") for p in package.rglob("*") if p.suffix in (".py", ".yaml", ".md")}
     for path, text in texts.items():

@@ -2,7 +2,8 @@
 
 The value must be a plain str; it is compared outside the sandbox, case and surrounding spaces ignored,
 with the letter the solution notebook sets (so no answer is stored here or in the installed package).
-The quiz's questions are numbered 1-5 (autograde/make_quiz.py): answer_N and its test cell test_N.
+The quiz's questions (autograde/quiz_questions.yaml, never in the package) are numbered 1-5 by
+autograde/make_quiz.py: answer_N and its test cell test_N.
 """
 from course.grade.verdicts import Check
 

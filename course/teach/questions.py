@@ -33,7 +33,8 @@ PLACEHOLDER = re.compile(
 
 # Questions renamed since answers were saved: old id -> (new id, old option letter -> new letter). The five
 # checkpoint questions of lessons 1-3 had ids a learner should never have seen; three of them also had their
-# options put in another order (so the graded quiz's answers are not mostly one letter). Reads map old rows.
+# options put in another order. Reads map old rows. These five were once also the graded quiz; they are practice
+# checkpoints now, and the graded quiz asks its own questions (autograde/quiz_questions.yaml, outside the package).
 RENAMED: dict[str, tuple[str, dict[str, str]]] = {
     "seed-1": ("prefill-ab", {"A": "A", "B": "B", "C": "C"}),
     "seed-3": ("prefill-bound", {"A": "A", "B": "C", "C": "B"}),
@@ -124,6 +125,8 @@ class QuestionBank:
         raise ValueError(f"{name} {wanted!r} is not in {self.path}; known ids: {', '.join(i.id for i in items)}")
 
     def autograded(self) -> list[Question]:
+        """Questions marked `autograded: true`: none in the package's bank (the graded quiz's questions live in
+        autograde/quiz_questions.yaml; autograde/make_quiz.py's graded_questions() loads them)."""
         return [q for q in self.questions if q.autograded]
 
     def check_lesson(self, lesson_id: str) -> Lesson:
@@ -256,6 +259,12 @@ def _load_cached(path: str, _mtime: int) -> QuestionBank:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise QuestionDataError(f"{path} is not valid YAML: {exc}") from exc
+    return bank_from_data(data, Path(path))
+
+
+def bank_from_data(data, path: Path | None = None) -> QuestionBank:
+    """A QuestionBank from parsed question data (validated; QuestionDataError names every problem). Also used
+    for question files kept outside the package, such as the graded quiz's (autograde/make_quiz.py)."""
     problems = validate(data)
     if problems:
         raise QuestionDataError(f"{path} has {len(problems)} problem(s):\n  " + "\n  ".join(problems))
@@ -268,7 +277,7 @@ def _load_cached(path: str, _mtime: int) -> QuestionBank:
         for q in data["questions"])
     cards = tuple(Card(id=c["id"], lesson=c["lesson"], prompt=c["prompt"].strip(), answer=c["answer"].strip(),
                        source=c.get("source", "course")) for c in data.get("interview") or [])
-    return QuestionBank(lessons=lessons, questions=questions, cards=cards, path=Path(path))
+    return QuestionBank(lessons=lessons, questions=questions, cards=cards, path=path)
 
 
 def questions(lesson_id: str | None = None, autograded: bool | None = None) -> list[Question]:
