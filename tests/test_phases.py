@@ -456,3 +456,40 @@ def test_interview_answers_follow_the_measured_bounds():
     compute = prefill_decode.interview_answers(_recorded_like(decode_bound="compute", decode_intensity=3.0))
     assert "memory is the wall" not in compute and "above this machine's ridge" in compute
     assert "decode measured compute-bound" in compute
+
+
+def test_itl_slope_sentence_says_when_the_fit_cannot_resolve_the_cache():
+    machine = roofline.Machine("cpu", "float32", 40e9, 100e9)
+    theory = costs.kv_bytes_per_token(SMOL, 4) / machine.bytes_per_s  # 46,080 B ÷ 40 GB/s ≈ 1.15 µs per token
+    flat = synthetic_sweep("decode", [16, 256, 1024], lambda C: 0.0576 + (0.002 if C == 256 else 0.0))
+    pre = synthetic_sweep("prefill", [16, 64, 256], lambda T: 1e-3 * T)
+    text = latency.itl_slope_sentence(latency.fit_latency_model(pre, flat), flat, SMOL, machine, torch.float32)
+    assert f"= 2·30·3·64·4 B ÷ 40.0 GB/s = {theory * 1e6:.3f} µs per cached token" in text
+    assert "cannot resolve the slope" in text
+    clean = synthetic_sweep("decode", [16, 2048, 8192], lambda C: 0.05 + theory * C)
+    text = latency.itl_slope_sentence(latency.fit_latency_model(pre, clean), clean, SMOL, machine, torch.float32)
+    assert "cannot resolve" not in text and "the fitted slope is 1.00× theory's" in text
+
+
+def test_one_output_token_has_one_price_in_prompt_tokens():
+    pre = synthetic_sweep("prefill", [16, 64, 256], lambda T: 0.05 + 1e-3 * T)
+    dec = synthetic_sweep("decode", [16, 256], lambda C: 0.04 + 1e-5 * C)
+    lm = latency.fit_latency_model(pre, dec)
+    ab = latency.checkpoint_ab(lm)
+    values = latency.ab_values(ab)
+    n = values["output_token_in_prompt_tokens"]
+    assert f"one output token costs as much time as {n:.0f} prompt tokens" in latency.explain_ab(ab, lm)
+    assert "exchange" not in latency.format_ab(ab)
+    text = prefill_decode.interview_answers(_recorded_like(**values))
+    assert f"costs as much time as {n:,.0f} prompt tokens" in text and text.count("prompt tokens.") == 1
+
+
+def test_latency_plot_keeps_the_held_out_star_in_view():
+    pre = synthetic_sweep("prefill", [16, 64, 256], lambda T: 1e-3 * T)
+    dec = synthetic_sweep("decode", [16, 256], lambda C: 0.05 + 1e-6 * C)
+    lm = latency.fit_latency_model(pre, dec)
+    ho = latency.HeldOut(512, 32, measured_s=3.0, measured_ttft_s=0.5, measured_itl_s=0.0685, predicted_s=2.0,
+                         predicted_ttft_s=0.5, predicted_itl_s=0.05)
+    fig = latency.plot_latency_fit(pre, dec, lm, ho)
+    assert fig.axes[1].get_ylim()[1] > 68.5 and fig.axes[1].get_ylim()[0] == 0
+    plt.close("all")

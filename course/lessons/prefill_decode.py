@@ -78,8 +78,12 @@ def interview_answers(v: dict) -> str:
         f"model in one parallel pass, {v['call_ttft_ms']:.0f} ms here, and that pass also filled the KV cache. "
         f"Every later token is one small decode step that reuses the cache: {v['call_itl_ms']:.0f} ms apiece. "
         f"Per token, prefill is the efficient phase - up to {v['prefill_tokens_per_s_max']:,.0f} tokens/s against "
-        f"{v['decode_tokens_per_s'][0]:,.0f} tokens/s for decode, so one output token costs about as much time as "
-        f"{prompt_per_output:,.0f} prompt tokens. The first token is slow only because it pays for the whole "
+        f"{v['decode_tokens_per_s'][0]:,.0f} tokens/s for decode" + (
+            f"; around {v['output_token_exchange_context']:,.0f} tokens of context (the checkpoint above) one output "
+            f"token costs as much time as {v['output_token_in_prompt_tokens']:,.0f} prompt tokens."
+            if "output_token_in_prompt_tokens" in v else
+            f", so one output token costs about as much time as {prompt_per_output:,.0f} prompt tokens.") +
+        " The first token is slow only because it pays for the whole "
         f"prompt at once; a longer prompt lengthens the wait (TTFT), more output lengthens the stream.")
     ridge = v["ridge_flop_per_byte"]
     decode_memory = v.get("decode_bound", "memory" if v["decode_intensity"] < ridge else "compute") == "memory"

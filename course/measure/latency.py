@@ -94,6 +94,32 @@ class LatencyModel:
                 f"ITL(C)  = {d * 1e3:.2f} ms + {e * 1e6:.3f} µs·C")
 
 
+def itl_slope_sentence(latency: LatencyModel, decode_: Sweep, config, machine, dtype) -> str:
+    """The fitted ITL slope beside the one theory expects, 2·L·H_kv·D_h·bytes ÷ bandwidth per cached token, and
+    whether the measured contexts can resolve it: the rise theory predicts across them, against the scatter of
+    the measured points around the fit."""
+    from course.measure.costs import dtype_bytes, kv_bytes_per_token
+
+    size = dtype_bytes(dtype)
+    per_token = kv_bytes_per_token(config, size)
+    theory = per_token / machine.bytes_per_s  # seconds per cached token
+    fitted = latency.itl_coef[1]
+    lo, hi = min(decode_.lengths), max(decode_.lengths)
+    rise = theory * (hi - lo)
+    scatter = math.sqrt(sum((latency.itl(c) - s) ** 2 for c, s in zip(decode_.lengths, decode_.seconds))
+                        / len(decode_.lengths))
+    head = (f"ITL slope: fitted {fitted * 1e6:.3f} µs per cached token; theory 2·L·H_kv·D_h·bytes ÷ bandwidth = "
+            f"2·{config.n_layers}·{config.n_kv_heads}·{config.head_dim}·{size:g} B ÷ "
+            f"{machine.bytes_per_s / 1e9:.1f} GB/s = {theory * 1e6:.3f} µs per cached token.")
+    if rise < 2 * scatter:
+        return (head + f" From C = {lo:,} to {hi:,} theory adds only {rise * 1e3:.2f} ms per step, less than twice "
+                f"the measured points' scatter around the fit ({scatter * 1e3:.2f} ms): the fit cannot resolve the "
+                "slope at these contexts (KVCOURSE_FULL=1 sweeps longer ones).")
+    ratio = fitted / theory
+    return (head + f" From C = {lo:,} to {hi:,} theory adds {rise * 1e3:.2f} ms per step, beyond the points' "
+            f"scatter ({scatter * 1e3:.2f} ms); the fitted slope is {ratio:.2f}× theory's.")
+
+
 def fit_latency_model(prefill_: Sweep, decode_: Sweep) -> LatencyModel:
     """Fit TTFT to the prefill sweep and ITL to the decode sweep (non-negative, relative least squares)."""
     if len(prefill_.lengths) < 2 or len(decode_.lengths) < 2:
@@ -203,13 +229,25 @@ def checkpoint_ab(latency: LatencyModel, requests: dict | None = None) -> dict:
                          decode_s=latency.decode_time(prompt_len, n_out), total_s=latency.total(prompt_len, n_out),
                          extrapolated=latency.extrapolates(prompt_len, n_out))
     out["slower"] = max((k for k in out), key=lambda k: out[k]["total_s"])
+    out["exchange"] = token_exchange(latency, out["A"]["prompt_tokens"], out["B"]["prompt_tokens"])
     return out
+
+
+def token_exchange(latency: LatencyModel, prompt_a: int, prompt_b: int) -> dict:
+    """The lesson's one definition of what an output token is worth in prompt tokens: at the mean of the two
+    prompt lengths T, one decode step at context T (ITL(T)) ÷ the time one more prompt token adds to prefill
+    (the fitted TTFT's slope between the two prompts)."""
+    T = (prompt_a + prompt_b) / 2
+    per_prompt_token = (latency.ttft(prompt_a) - latency.ttft(prompt_b)) / (prompt_a - prompt_b)
+    per_output_token = latency.itl(T)
+    return dict(context=T, per_output_token_s=per_output_token, per_prompt_token_s=per_prompt_token,
+                output_in_prompt_tokens=per_output_token / per_prompt_token)
 
 
 def format_ab(ab: dict) -> str:
     lines = [f"{'request':8} {'prompt':>7} {'output':>7} {'TTFT s':>8} {'decode s':>9} {'total s':>8}"]
     for name, r in ab.items():
-        if name == "slower":
+        if name in ("slower", "exchange"):
             continue
         lines.append(f"{name:8} {r['prompt_tokens']:>7} {r['output_tokens']:>7} {r['ttft_s']:>8.2f} "
                      f"{r['decode_s']:>9.2f} {r['total_s']:>8.2f}" + ("  (extrapolated)" if r["extrapolated"] else ""))
@@ -218,6 +256,9 @@ def format_ab(ab: dict) -> str:
 
 def ab_values(ab: dict) -> dict:
     out = {"ab_slower": ab["slower"]}
+    if "exchange" in ab:
+        out["output_token_in_prompt_tokens"] = ab["exchange"]["output_in_prompt_tokens"]
+        out["output_token_exchange_context"] = ab["exchange"]["context"]
     for name in CHECKPOINT_REQUESTS:
         out[f"ab_{name}_total_s"] = ab[name]["total_s"]
         out[f"ab_{name}_ttft_s"] = ab[name]["ttft_s"]
@@ -232,15 +273,12 @@ def explain_ab(ab: dict, latency: LatencyModel, held_out: HeldOut | None = None)
     A, B = ab["A"], ab["B"]
     extra_prefill = A["ttft_s"] - B["ttft_s"]
     extra_decode = B["decode_s"] - A["decode_s"]
-    T = (A["prompt_tokens"] + B["prompt_tokens"]) / 2
-    per_prompt_token = (latency.ttft(A["prompt_tokens"]) - latency.ttft(B["prompt_tokens"])) / \
-        (A["prompt_tokens"] - B["prompt_tokens"])
-    per_output_token = latency.itl(T)
+    x = ab.get("exchange") or token_exchange(latency, A["prompt_tokens"], B["prompt_tokens"])
     return (f"A's {A['prompt_tokens'] - B['prompt_tokens']:,} extra prompt tokens add {extra_prefill:.1f} s of prefill; "
             f"B's {B['output_tokens'] - A['output_tokens']:,} extra output tokens add {extra_decode:.1f} s of decode.\n"
-            f"Around {T:,.0f} tokens of context one output token costs {per_output_token * 1e3:.1f} ms and one more "
-            f"prompt token {per_prompt_token * 1e3:.2f} ms: an output token is worth "
-            f"{per_output_token / per_prompt_token:.0f} prompt tokens here. So {ab['slower']} is slower"
+            f"Around {x['context']:,.0f} tokens of context one output token costs {x['per_output_token_s'] * 1e3:.1f} ms "
+            f"and one more prompt token {x['per_prompt_token_s'] * 1e3:.2f} ms: one output token costs as much time "
+            f"as {x['output_in_prompt_tokens']:.0f} prompt tokens here. So {ab['slower']} is slower"
             + (" (both predictions extrapolate beyond the measured sizes)." if A["extrapolated"] or B["extrapolated"]
                else ".") + _robustness(ab, held_out))
 
@@ -276,15 +314,18 @@ def plot_latency_fit(prefill_: Sweep, decode_: Sweep, latency: LatencyModel, hel
         ax.plot(inside, [fn(x) * scale for x in inside], "-", color="tab:green", label="fit")
         ax.plot(beyond, [fn(x) * scale for x in beyond], "--", color="tab:green", label="fit, extrapolated")
         ax.set(xlabel=label.split(" vs ")[1], ylabel=label.split(" vs ")[0], title=label)
-        ax.set_ylim(bottom=0)  # from zero, so a small slope looks as small as it is
         ax.grid(True, alpha=0.3)
-    for name, (p, n) in CHECKPOINT_REQUESTS.items():
-        left.axvline(p, color="gray", ls=":", lw=1)
-        left.text(p, left.get_ylim()[1] * 0.9, f" {name}", fontsize=8)
-    if held_out is not None:
+    if held_out is not None:  # drawn before the y-limits are fixed, so the axes take it in
         left.plot([held_out.prompt_len], [held_out.measured_ttft_s], "r*", ms=10, label="held-out run")
         right.plot([held_out.prompt_len + held_out.n_out / 2], [held_out.measured_itl_s * 1e3], "r*", ms=10,
                    label="held-out run")
+    for ax in (left, right):
+        ax.relim()
+        ax.autoscale_view()
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.05)  # from zero, so a small slope looks as small as it is
+    for name, (p, n) in CHECKPOINT_REQUESTS.items():
+        left.axvline(p, color="gray", ls=":", lw=1)
+        left.text(p, left.get_ylim()[1] * 0.9, f" {name}", fontsize=8)
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.tight_layout()

@@ -30,6 +30,13 @@ class Sizes:
     held_out_repeats: int
     full: bool
 
+    def __str__(self) -> str:
+        kind = "full sweeps (KVCOURSE_FULL=1)" if self.full else "quick sweeps (KVCOURSE_FULL=1 for the full ones)"
+        return (f"{kind}: prefill at T = {', '.join(f'{t:,}' for t in self.prefill)} prompt tokens; decode at "
+                f"C = {', '.join(f'{c:,}' for c in self.decode)} cached tokens; held-out run: a "
+                f"{self.held_out_prompt:,}-token prompt, {self.held_out_new} new tokens, median of "
+                f"{self.held_out_repeats} runs")
+
 
 def default_sizes(full: bool | None = None) -> Sizes:
     """Quick sweeps by default; the full sweep to 2048 tokens when KVCOURSE_FULL=1 (or full=True)."""
