@@ -80,11 +80,23 @@ def test_composition_order_and_one_knob(recorded):
 @pytest.mark.slow
 def test_task_settings_examples(recorded):
     tasks = recorded["sampling_tasks"]
-    cold, hot = tasks["extraction, T = 0.1"], tasks["extraction, T = 1.5 (too hot)"]
+    cold, hot = tasks["extraction, T = 0.1"], tasks["extraction, T = 1.5"]
     assert cold["passed"] >= cold["n"] - 1  # semantic check: the answer names Tokyo
     assert hot["passed"] < cold["passed"]
     assert tasks["brainstorming, T = 1.0"]["distinct"] >= 2
     assert recorded["sampling_paris_pass"] >= 5
+
+
+def test_task_labels_claim_only_what_the_run_showed():
+    from course.lessons.sampling_demos import GUIDANCE, TaskResult
+
+    hot, cold = GUIDANCE[1], GUIDANCE[4]
+    assert hot.meant == "too hot" and cold.meant == "too cold" and "(" not in hot.name + cold.name
+    assert TaskResult(cold, list("abcd")).label == "brainstorming, T = 0.2 (meant as too cold, but all 4 differ in this run)"
+    assert TaskResult(cold, list("aacd")).label == "brainstorming, T = 0.2 (too cold: only 3 distinct of 4)"
+    assert TaskResult(hot, ["Tokyo", "x", "Tokyo", "Tokyo"]).label == "extraction, T = 1.5 (too hot: 1 of 4 miss Tokyo)"
+    assert "meant as too hot, but all 4 name Tokyo" in TaskResult(hot, ["Tokyo"] * 4).label
+    assert TaskResult(GUIDANCE[0], ["Tokyo"] * 4).label == "extraction, T = 0.1"
 
 
 @pytest.mark.slow

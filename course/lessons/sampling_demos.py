@@ -86,14 +86,15 @@ class Task:
     temperature: float
     top_p: float = 1.0
     must_contain: str | None = None  # a semantic check: the answer mentions this (case-insensitive)
+    meant: str | None = None  # what the setting is meant to show ("too hot", "too cold"); the label says if it did
 
 
 GUIDANCE: list[Task] = [
     Task("extraction, T = 0.1", CITY_QUESTION, 0.1, must_contain="Tokyo"),
-    Task("extraction, T = 1.5 (too hot)", CITY_QUESTION, 1.5, must_contain="Tokyo"),
+    Task("extraction, T = 1.5", CITY_QUESTION, 1.5, must_contain="Tokyo", meant="too hot"),
     Task("assistant, T = 0.7", Prompt("How can I get better at remembering new words in a foreign language?"), 0.7),
     Task("brainstorming, T = 1.0", Prompt("Give me one unusual idea for a birthday party."), 1.0),
-    Task("brainstorming, T = 0.2 (too cold)", Prompt("Give me one unusual idea for a birthday party."), 0.2),
+    Task("brainstorming, T = 0.2", Prompt("Give me one unusual idea for a birthday party."), 0.2, meant="too cold"),
 ]
 
 
@@ -113,6 +114,22 @@ class TaskResult:
             return None
         return sum(self.task.must_contain.lower() in t.lower() for t in self.texts)
 
+    @property
+    def label(self) -> str:
+        """The task's name, and whether this run showed what the setting is meant to show: too hot when some
+        answers fail the check, too cold when answers repeat. Never claimed before the run."""
+        meant, n = self.task.meant, len(self.texts)
+        if meant is None:
+            return self.task.name
+        if self.passed is not None:
+            shown = self.passed < n
+            how = (f"{n - self.passed} of {n} miss {self.task.must_contain}" if shown
+                   else f"all {n} name {self.task.must_contain} in this run")
+        else:
+            shown = self.distinct < n
+            how = f"only {self.distinct} distinct of {n}" if shown else f"all {n} differ in this run"
+        return f"{self.task.name} ({meant}: {how})" if shown else f"{self.task.name} (meant as {meant}, but {how})"
+
 
 def run_tasks(model, tokenizer, tasks: list[Task] = GUIDANCE, n: int = 4, max_new_tokens: int = 16,
               seed: int = 0) -> list[TaskResult]:
@@ -130,7 +147,7 @@ def run_tasks(model, tokenizer, tasks: list[Task] = GUIDANCE, n: int = 4, max_ne
 def print_tasks(results: list[TaskResult]) -> None:
     for r in results:
         check = "" if r.passed is None else f", {r.passed}/{len(r.texts)} mention {r.task.must_contain!r}"
-        print(f"{r.task.name}: {r.distinct} distinct of {len(r.texts)}{check}")
+        print(f"{r.label}: {r.distinct} distinct of {len(r.texts)}{check}")
         for t in r.texts:
             print("   ", repr(t))
 
