@@ -503,11 +503,20 @@ def plot_prefix(exp: PrefixExperiment):
 
     fig, ax = plt.subplots(figsize=(9, 3.2))
     x = torch.arange(len(exp.rows)).float()
-    ax.bar(x - 0.2, [r.ttft_plain * 1e3 for r in exp.rows], 0.4, label="full prefill")
-    ax.bar(x + 0.2, [r.ttft_cached * 1e3 for r in exp.rows], 0.4, label="system prompt K/V reused")
-    ax.set_xticks(x, [f"#{i + 1}" + (" (miss)" if r.reused_tokens == 0 else "") for i, r in enumerate(exp.rows)])
+    ax.bar(x - 0.2, [r.ttft_plain * 1e3 for r in exp.rows], 0.4, label="full prefill", color="tab:blue")
+    hit = [r.reused_tokens > 0 for r in exp.rows]
+    for is_hit, label, style in ((True, "through the store, a hit: K/V reused", dict(color="tab:orange")),
+                                 (False, "through the store, a miss: computes and stores the prefix",
+                                  dict(color="lightgray", edgecolor="dimgray", hatch="//"))):
+        xs = [float(i) + 0.2 for i, h in enumerate(hit) if h == is_hit]
+        if xs:
+            ax.bar(xs, [r.ttft_cached * 1e3 for r, h in zip(exp.rows, hit) if h == is_hit], 0.4, label=label, **style)
+    ax.set_xticks(x, [f"#{i + 1}" + (" (miss)" if r.reused_tokens == 0 else f" (reused {r.reused_tokens})")
+                      for i, r in enumerate(exp.rows)])
+    bs = exp.store.block_size
     ax.set(ylabel="time to first token (ms)",
-           title=f"{exp.prefix_tokens}-token system prompt, {len(exp.rows)} requests")
+           title=f"{exp.prefix_tokens}-token system prompt, {len(exp.rows)} requests; "
+                 f"reuse in whole {bs}-token blocks")
     ax.legend()
     fig.tight_layout()
     return fig

@@ -129,17 +129,41 @@ class PrefixSummary:
         lines = [f"{r.question[:44]:44s} {r.prompt_tokens} tokens, reused {r.reused_tokens:3d}: TTFT "
                  f"{r.ttft_plain * 1e3:5.0f} → {r.ttft_cached * 1e3:5.0f} ms, same answer: {r.identical}"
                  for r in e.rows]
-        per_token = e.entry_bytes / e.prefix_tokens
+        bs = getattr(e.store, "block_size", None)
+        block_bytes = getattr(getattr(e.store, "pool", None), "block_bytes", None)
+        hits = [r for r in e.rows if r.reused_tokens > 0]
+        lines.append("")
+        if bs and hits:
+            reused = max(r.reused_tokens for r in hits)
+            beyond = reused - e.prefix_tokens
+            what = (f"the {e.prefix_tokens}-token system prompt and the {beyond} token(s) after it that open the "
+                    "user's turn, the same in every request (the first request left those blocks cached)"
+                    if beyond > 0 else f"exactly the {e.prefix_tokens}-token system prompt" if beyond == 0 else
+                    f"the {e.prefix_tokens}-token system prompt up to its last full block; its last {-beyond} "
+                    "token(s) were prefilled again")
+            lines.append(wrap(f"Reuse comes in whole {bs}-token blocks: the hits reused up to {reused} tokens = "
+                              f"{reused // bs} blocks, {what}."))
+        held = s.bytes
+        if bs and block_bytes:
+            n_blocks = held // block_bytes
+            pinned = (f" ({n_blocks} full {bs}-token blocks = {n_blocks * bs} tokens of the system prompt"
+                      + (f"; its last {e.prefix_tokens - n_blocks * bs} token(s) fill no whole block)"
+                         if e.prefix_tokens > n_blocks * bs else ")"))
+            per_token = block_bytes / bs
+        else:
+            pinned, per_token = "", e.entry_bytes / e.prefix_tokens
         copied = (f"copying stored rows took {s.seconds_copying * 1e3:.0f} ms in total" if s.seconds_copying else
                   "nothing was copied: each hit's block table points at the stored blocks")
-        lines += ["", f"store: {s.hits} hits, {s.misses} miss(es), {s.bytes / 2**20:.1f} MiB held; {copied}",
+        lines += [wrap(f"store: {s.hits} hits, {s.misses} miss(es), {held / 2**20:.1f} MiB held{pinned}; {copied}"),
                   wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and " + (
                   f"time to first token fell by {saved:.0%}: the time saved "
                   f"{'trails' if saved < share else 'matches or beats'} the token share. " if saved >= SAME else
                   f"{lower_by(saved, 'time to first token was')}. ") +
-                  f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)"),
-                  wrap(f"The price is memory: {e.entry_bytes / 2**20:.1f} MiB for {e.prefix_tokens} tokens "
-                  f"({per_token / 1024:.0f} KiB per token in float32, 2·L·H_kv·D_h·4 bytes), so the "
-                  f"{e.store.max_bytes / 2**20:.0f} MiB store holds {e.store.max_bytes // e.entry_bytes} such prefixes "
-                  "before the least recently used one is evicted.")]
+                  f"({name} price cached input {discount:.0%} cheaper; that is the same reuse, billed.)")]
+        if held:
+            lines.append(wrap(
+                f"The price is memory: {per_token / 1024:.0f} KiB per token in float32 (2·L·H_kv·D_h·4 bytes), "
+                f"{held / 2**20:.1f} MiB for the prefix the store holds, so the {e.store.max_bytes / 2**20:.0f} MiB "
+                f"store holds {e.store.max_bytes // held} such prefixes before the least recently used one is "
+                "evicted."))
         return "\n".join(lines)
