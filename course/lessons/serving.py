@@ -472,10 +472,10 @@ def plot_cache_vs_weights(config: ModelConfig, contexts: Sequence[int] = (512, 2
     info = cache_vs_weights(config, dtype_bytes)
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for c in contexts:
-        ax.plot(batches, [b * c * info["kv_bytes_per_token"] / GiB for b in batches], "o-", label=f"cache, C = {c:,}")
+        ax.plot(batches, [b * c * info["kv_bytes_per_token"] / GiB for b in batches], "o-", label=f"cache, T = {c:,}")
     ax.axhline(info["weight_bytes"] / GiB, color="k", lw=2, label=f"weights ({info['weight_bytes'] / GiB:.2f} GiB)")
     ax.set(xscale="log", yscale="log", xlabel="batch B", ylabel="GiB",
-           title=f"{config.name}: the cache overtakes the weights at B·C ≈ {info['crossover_tokens']:,} tokens")
+           title=f"{config.name}: the cache overtakes the weights at B·T ≈ {info['crossover_tokens']:,} tokens")
     ax.set_xticks(list(batches))
     ax.set_xticklabels(list(batches))
     ax.grid(True, which="both", alpha=0.3)

@@ -125,8 +125,8 @@ def plot_mix(requests: Sequence[Request], mix: MixBytes, show: int = 24):
     ax.barh(y, paged, color="#9ecae1", label=f"paged: whole {mix.block_size}-token blocks")
     ax.barh(y, lengths, color="tab:blue", label="tokens the request holds")
     ax.set(xlabel="tokens", ylabel="request", yticks=[],
-           title=f"Reserved for each request: paged {mix.paged_waste:.1%} wasted, preallocated "
-                 f"{mix.preallocated_waste:.0%} wasted (whole mix of {mix.n_requests})")
+           title=f"The first {len(lengths)} of the mix's {mix.n_requests} requests; over the whole mix paged "
+                 f"wastes {mix.paged_waste:.1%}, preallocated {mix.preallocated_waste:.0%}")
     ax.invert_yaxis()
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -413,9 +413,10 @@ class PrefixRun:
             f"Median time to first token {duration(self.shared.ttft_p50)} with sharing against "
             f"{duration(self.unshared.ttft_p50)} without: "
             + (f"{self.ttft_saved:.0%} saved" if self.ttft_saved >= SAME else lower_by(self.ttft_saved, "with sharing"))
-            + f". At the peak, sharing held "
-            f"{self.shared.peak_bytes_reserved / MiB:.1f} MiB of cache against {self.unshared.peak_bytes_reserved / MiB:.1f}"
-            f" MiB, {self.shared.peak_bytes_shared / MiB:.1f} MiB of it counted once for several requests. "
+            + f". At the peak, the cache held {self.shared.peak_bytes_reserved / MiB:.1f} MiB with sharing against "
+            f"{self.unshared.peak_bytes_reserved / MiB:.1f} MiB without; the shared blocks spared up to "
+            f"{self.shared.peak_bytes_shared / MiB:.1f} MiB of copies (blocks that would otherwise be held once more "
+            "for every further request that reads them). "
             f"Answers identical: {self.identical}.",
         ]
 
@@ -461,5 +462,5 @@ def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: Batchi
         f"{duration(c.latency_p95)} against {duration(run.static.latency_p95)}; outputs equal the solo runs: "
         f"{all(run.identical.values())}.",
         f"Prefix sharing: median {lower_by(prefix.ttft_saved, 'time to first token')}, "
-        f"{prefix.shared.peak_bytes_shared / MiB:.1f} MiB counted once at the peak.",
+        f"{prefix.shared.peak_bytes_shared / MiB:.1f} MiB of copies spared at the peak.",
     ]
