@@ -148,6 +148,17 @@ def test_sample_button_uses_current_settings_and_new_seeds(explorer):
     assert "seed 1" in box.samples.value
 
 
+def test_switching_prompt_clears_the_old_prompts_samples(explorer):
+    pytest.importorskip("ipywidgets")
+    box = explorer.widget(prompt="a")
+    box.sample()
+    assert "<ol>" in box.samples.value
+    box.controls["prompt"].value = "b"
+    assert box.samples.value == ""
+    box.sample()
+    assert "<ol>" in box.samples.value
+
+
 def test_sample_continuations_greedy_matches_generate(tiny):
     from course.engine.generate import generate
 

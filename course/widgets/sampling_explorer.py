@@ -202,8 +202,12 @@ class SamplingExplorer:
                 button.disabled = False
             return texts
 
+        def on_prompt(_=None):  # samples of the old prompt would sit under the new prompt's chart
+            samples.value = ""
+
         for control in (temp, k_slider, p_slider, chooser):
             control.observe(on_change, names="value")
+        chooser.observe(on_prompt, names="value")
         button.on_click(on_sample)
         on_change()
         box = w.VBox([w.HBox([w.VBox([chooser, temp]), w.VBox([k_slider, p_slider])]), chart, status, button,
