@@ -736,9 +736,10 @@ SAMPLER = {
 # ----------------------------------------------------------------------------- 04 checkpoint quiz (from questions.yaml)
 
 def quiz_samples() -> dict[str, Sample]:
-    from course.teach.quiz import load_questions
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_quiz
 
-    questions = load_questions().autograded()
+    questions = make_quiz.graded_questions()  # kept out of the course package: autograde/quiz_questions.yaml
     number = {q.id: n for n, q in enumerate(questions, start=1)}  # the quiz's answer_N / test_N (make_quiz.py)
     name = {q.id: f"answer_{number[q.id]}" for q in questions}
     answers = {name[q.id]: f"{name[q.id]} = {q.answer!r}" for q in questions}
@@ -755,7 +756,7 @@ def quiz_samples() -> dict[str, Sample]:
         samples[f"quiz-bug-q{number[q.id]}"] = Sample(
             f"question {number[q.id]}: picks {option.key}, '{option.text[:60]}'", "loses",
             {**answers, name[q.id]: f"{name[q.id]} = {option.key!r}"})
-    for letter in "ABC":  # one letter everywhere: never full marks, whichever letter
+    for letter in sorted({o.key for q in questions for o in q.options}):  # one letter everywhere: never full marks
         samples[f"quiz-bug-all-{letter.lower()}"] = Sample(f"answers {letter} everywhere", "loses",
                                                           {name[q.id]: f"{name[q.id]} = {letter!r}" for q in questions})
     first = questions[0]

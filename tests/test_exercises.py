@@ -101,13 +101,11 @@ def test_no_solution_or_hidden_test_leaks(assignment):
 
 
 def test_quiz_answers_are_not_in_the_student_version():
-    from course.teach.quiz import load_questions
-
     sys.path.insert(0, str(AUTOGRADE))
     import make_quiz
 
     text = (EXERCISES / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb").read_text()
-    questions = load_questions().autograded()
+    questions = make_quiz.graded_questions()
     assert len(questions) == 5 and {q.lesson for q in questions} == {"01_prefill_decode", "02_kv_cache", "03_sampling"}
     for number, q in enumerate(questions, start=1):
         assert make_quiz.variable(number) in text
@@ -121,25 +119,24 @@ def test_the_graded_quiz_speaks_to_learners_and_its_answers_are_spread():
     letter answers most of the quiz (answering one letter everywhere scores at most 40 %)."""
     from collections import Counter
 
-    from course.teach.quiz import load_questions
+    sys.path.insert(0, str(AUTOGRADE))
+    import make_quiz
 
     text = (EXERCISES / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb").read_text()
-    questions = load_questions().autograded()
+    questions = make_quiz.graded_questions()
     assert not re.search(r"seed[-_]\d", text), "the bank's old ids reach the learner"
     assert [f"answer_{n}" in text and f"test_{n}" in text for n in range(1, 6)] == [True] * 5
     assert max(Counter(q.answer for q in questions).values()) <= 2
 
 
-def test_quiz_source_is_generated_from_questions_yaml():
-    from course.teach.quiz import load_questions
-
+def test_quiz_source_is_generated_from_the_graded_questions():
     sys.path.insert(0, str(AUTOGRADE))
     import make_quiz
 
-    fresh = make_quiz.build(load_questions().autograded())
+    fresh = make_quiz.build(make_quiz.graded_questions())
     committed = nbformat.read(str(SOLUTIONS / "04_checkpoint_quiz" / "checkpoint_quiz.ipynb"), as_version=4)
     assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in fresh.cells], \
-        "course/questions.yaml changed: run `python autograde/make_quiz.py` and `python autograde/make_exercises.py`"
+        "autograde/quiz_questions.yaml changed: run `python autograde/make_quiz.py` and `python autograde/make_exercises.py`"
 
 
 def test_samples_are_built_from_the_current_exercises(tmp_path):
