@@ -163,6 +163,7 @@ import yaml
 from course.teach.questions import QUESTIONS_PATH
 bank = yaml.safe_load(open(QUESTIONS_PATH))
 out["quiz_ids"] = sorted(q["id"] for q in bank["questions"] if q.get("autograded"))
+out["all_ids"] = sorted(q["id"] for q in bank["questions"])
 out["n_questions"] = len(bank["questions"])
 try:
     socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=2)
@@ -200,6 +201,9 @@ def test_inside_the_sandbox_a_submission_sees_only_the_course_package(tmp_path):
     assert not seen["write_outside"], "the course package is read-only"
     assert not (PROJECT_ROOT / "course" / "written-by-a-submission").exists()
     assert seen["quiz_ids"] == [], "the autograded quiz's answers are not in the bank a submission can read"
+    sys.path.insert(0, str(PROJECT_ROOT / "autograde"))
+    graded = {q.id for q in __import__("make_quiz").graded_questions()}
+    assert graded and not graded & set(seen["all_ids"]), "the graded questions live outside the package"
     assert seen["n_questions"] > 0, "the rest of the bank (the lessons' questions) is still there"
 
 
