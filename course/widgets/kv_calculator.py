@@ -90,15 +90,15 @@ def draw_calculator(fig: Figure, n: dict) -> Figure:
     per_T = n["cache_bytes"] / n["T"]  # bytes per token of context for this batch and beam width
     ax.plot([0, x_max], [0, per_T * x_max / GiB], color="tab:blue", label="KV cache")
     ax.axhline(n["weights_bytes"] / GiB, color="tab:gray", ls="--", label=f"weights ({n['weights_dtype']})")
+    # The numbers go in the legend, not beside the points: a label next to a point on the line either
+    # crosses the line or is clipped by the axes, depending on where the sliders put it.
+    top = 1.3 * max(per_T * x_max, n["weights_bytes"]) / GiB  # headroom for the legend
     if n["crossover_T"] <= x_max:
-        ax.axvline(n["crossover_T"], color="tab:red", lw=0.8)
-        ax.annotate(f"cache > weights\nfrom T = {n['crossover_T']:,}", (n["crossover_T"], n["weights_bytes"] / GiB),
-                    xytext=(6, 8), textcoords="offset points", fontsize=8, color="tab:red")
-    ax.plot([n["T"]], [n["cache_bytes"] / GiB], "o", color="tab:blue")
-    ax.annotate(human_bytes(n["cache_bytes"]), (n["T"], n["cache_bytes"] / GiB), xytext=(-10, 8),
-                textcoords="offset points", ha="right", fontsize=8, color="tab:blue")
+        ax.axvline(n["crossover_T"], color="tab:red", lw=0.8, label=f"cache > weights from T = {n['crossover_T']:,}")
+    ax.plot([n["T"]], [n["cache_bytes"] / GiB], "o", color="tab:blue",
+            label=f"T = {n['T']:,}: {human_bytes(n['cache_bytes'])}")
     beams = f" × beam {n['beam']}" if n["beam"] > 1 else ""
-    ax.set(xlabel="context T (tokens)", ylabel="GiB", xlim=(0, x_max), ylim=(0, None),
+    ax.set(xlabel="context T (tokens)", ylabel="GiB", xlim=(0, x_max), ylim=(0, top),
            title=f"{n['preset']}, B={n['B']}{beams}, cache in {n['dtype']}")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
     ax.legend(loc="upper left", fontsize=8)
