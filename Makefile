@@ -42,9 +42,10 @@ grade: setup
 clean-state:
 	rm -rf .state
 
-# After editing solutions/ or course/questions.yaml: rebuild the quiz source, the student versions
+# After editing solutions/, autograde/checks/ or autograde/quiz_questions.yaml: rebuild the quiz source, the student versions
 # (exercises/, exactly what nbgrader generate_assignment makes) and the sample submissions.
 exercises: setup
 	$(BIN)/python autograde/make_quiz.py
 	$(BIN)/python autograde/make_exercises.py
 	$(BIN)/python autograde/make_samples.py
+	$(BIN)/python autograde/make_rubric.py
