@@ -282,8 +282,10 @@ def context_sentence(sweep: BatchSweep) -> str:
     one_s, one_l = sweep.at(short)[0], sweep.at(long_)[0]
     lo_a, hi_a = _speedup_range(sweep.at(short), sweep.best(short))
     lo_b, hi_b = _speedup_range(sweep.at(long_), sweep.best(long_))
-    ones = (f"B = 1 took {duration(one_l.seconds)} at C = {long_} against {duration(one_s.seconds)} at "
-            f"C = {short}")
+    def ms(s: float) -> str:  # one decimal: two close B = 1 times must not print the same
+        return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
+
+    ones = f"B = 1 took {ms(one_l.seconds)} at C = {long_} against {ms(one_s.seconds)} at C = {short}"
     if one_l.seconds < one_s.seconds:
         return (f"Batching gained {b:.1f}× at C = {long_} against {a:.1f}× at C = {short}, but {ones}: a longer "
                 "cache cannot make a step cheaper, so the B = 1 times are too noisy to compare and the two ratios "

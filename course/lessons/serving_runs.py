@@ -433,7 +433,7 @@ def prefix_run(model, tokenizer, system: str = SYSTEM_PROMPT, questions: Sequenc
     from course.measure.display import working
 
     with working(f"Serving {len(requests)} requests that open with the same {prefix}-token prefix, continuously, "
-                 "without and then with shared blocks (after an untimed warm-up)", "under a minute on a 2-core CPU"):
+                 "without and then with shared blocks, after an untimed warm-up", "under a minute on a 2-core CPU"):
         warm_up(model, requests, max_batch, progress)
         runs = {}
         for share in (False, True):
