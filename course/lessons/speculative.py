@@ -501,7 +501,7 @@ def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=Q
 def plot_prefix(exp: PrefixExperiment):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 3.2))
+    fig, ax = plt.subplots(figsize=(9, 3.6))
     x = torch.arange(len(exp.rows)).float()
     ax.bar(x - 0.2, [r.ttft_plain * 1e3 for r in exp.rows], 0.4, label="full prefill", color="tab:blue")
     hit = [r.reused_tokens > 0 for r in exp.rows]
@@ -517,6 +517,6 @@ def plot_prefix(exp: PrefixExperiment):
     ax.set(ylabel="time to first token (ms)",
            title=f"{exp.prefix_tokens}-token system prompt, {len(exp.rows)} requests; "
                  f"reuse in whole {bs}-token blocks")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
