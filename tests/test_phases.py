@@ -493,3 +493,14 @@ def test_latency_plot_keeps_the_held_out_star_in_view():
     fig = latency.plot_latency_fit(pre, dec, lm, ho)
     assert fig.axes[1].get_ylim()[1] > 68.5 and fig.axes[1].get_ylim()[0] == 0
     plt.close("all")
+
+
+def test_a_flat_prefill_fit_prices_no_prompt_token_and_does_not_crash():
+    pre = synthetic_sweep("prefill", [16, 64, 256], lambda T: 3.0)  # a busy machine: no growth with T
+    dec = synthetic_sweep("decode", [16, 256], lambda C: 0.05 + 1e-6 * C)
+    lm = latency.fit_latency_model(pre, dec)
+    ab = latency.checkpoint_ab(lm)
+    values = latency.ab_values(ab)
+    assert values["output_token_in_prompt_tokens"] is None
+    assert "a prompt token has no price to compare" in latency.explain_ab(ab, lm)
+    assert "could not price a prompt token" in prefill_decode.interview_answers(_recorded_like(**values))

@@ -81,6 +81,8 @@ def interview_answers(v: dict) -> str:
         f"{v['decode_tokens_per_s'][0]:,.0f} tokens/s for decode" + (
             f"; around {v['output_token_exchange_context']:,.0f} tokens of context (the checkpoint above) one output "
             f"token costs as much time as {v['output_token_in_prompt_tokens']:,.0f} prompt tokens."
+            if v.get("output_token_in_prompt_tokens") is not None else
+            "; the checkpoint above could not price a prompt token in this run (its prefill fit was flat)."
             if "output_token_in_prompt_tokens" in v else
             f", so one output token costs about as much time as {prompt_per_output:,.0f} prompt tokens.") +
         " The first token is slow only because it pays for the whole "

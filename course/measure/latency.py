@@ -236,12 +236,13 @@ def checkpoint_ab(latency: LatencyModel, requests: dict | None = None) -> dict:
 def token_exchange(latency: LatencyModel, prompt_a: int, prompt_b: int) -> dict:
     """The lesson's one definition of what an output token is worth in prompt tokens: at the mean of the two
     prompt lengths T, one decode step at context T (ITL(T)) ÷ the time one more prompt token adds to prefill
-    (the fitted TTFT's slope between the two prompts)."""
+    (the fitted TTFT's slope between the two prompts). None when the fitted TTFT does not grow between them
+    (a sweep too noisy to fit, on a busy machine): then a prompt token has no price to compare with."""
     T = (prompt_a + prompt_b) / 2
     per_prompt_token = (latency.ttft(prompt_a) - latency.ttft(prompt_b)) / (prompt_a - prompt_b)
     per_output_token = latency.itl(T)
     return dict(context=T, per_output_token_s=per_output_token, per_prompt_token_s=per_prompt_token,
-                output_in_prompt_tokens=per_output_token / per_prompt_token)
+                output_in_prompt_tokens=per_output_token / per_prompt_token if per_prompt_token > 0 else None)
 
 
 def format_ab(ab: dict) -> str:
@@ -274,11 +275,14 @@ def explain_ab(ab: dict, latency: LatencyModel, held_out: HeldOut | None = None)
     extra_prefill = A["ttft_s"] - B["ttft_s"]
     extra_decode = B["decode_s"] - A["decode_s"]
     x = ab.get("exchange") or token_exchange(latency, A["prompt_tokens"], B["prompt_tokens"])
+    price = (f"and one more prompt token {x['per_prompt_token_s'] * 1e3:.2f} ms: one output token costs as much time "
+             f"as {x['output_in_prompt_tokens']:.0f} prompt tokens here" if x["output_in_prompt_tokens"] is not None
+             else "but the fitted time to first token does not grow with the prompt in this run (the prefill sweep "
+                  "was too noisy to fit: rerun when the machine is quiet), so a prompt token has no price to compare")
     return (f"A's {A['prompt_tokens'] - B['prompt_tokens']:,} extra prompt tokens add {extra_prefill:.1f} s of prefill; "
             f"B's {B['output_tokens'] - A['output_tokens']:,} extra output tokens add {extra_decode:.1f} s of decode.\n"
             f"Around {x['context']:,.0f} tokens of context one output token costs {x['per_output_token_s'] * 1e3:.1f} ms "
-            f"and one more prompt token {x['per_prompt_token_s'] * 1e3:.2f} ms: one output token costs as much time "
-            f"as {x['output_in_prompt_tokens']:.0f} prompt tokens here. So {ab['slower']} is slower"
+            f"{price}. So {ab['slower']} is slower"
             + (" (both predictions extrapolate beyond the measured sizes)." if A["extrapolated"] or B["extrapolated"]
                else ".") + _robustness(ab, held_out))
 
