@@ -175,6 +175,11 @@ def _section_code() -> list[str]:
 
 def check_printed(text: str, line: BL.BytesLine) -> None:
     """Every number and verdict the section prints is the one its values give."""
+    if not line.rising:  # a busy run where a bigger model was no slower: no bandwidth, no split, no verdict
+        assert "did not grow with the bytes read in this run" in text and " inf " not in text, text
+        assert f"the streaming-read probe gave {line.probe_bytes_per_s / 1e9:.1f} GB/s" in text
+        assert "bandwidth-bound here" not in text and "bound by" not in text
+        return
     m = re.search(r"time = bytes ÷ ([\d.]+) GB/s \+ (-?[\d.]+) ms \(R² = ([\d.-]+)\); the streaming-read probe gave "
                   r"([\d.]+) GB/s, so the slope's bandwidth is (\d+)% of the probe's", text)
     assert m, text
@@ -197,6 +202,15 @@ def test_the_check_catches_a_verdict_that_disagrees():
         check_printed(str(line).replace("bandwidth-bound here", "compute-bound here"), line)
     with pytest.raises(AssertionError):
         check_printed(str(line).replace(f"R² = {line.fit.r2:.3f}", "R² = 0.500"), line)
+
+
+def test_a_line_that_does_not_rise_says_so_instead_of_dividing_by_infinity():
+    """On a busy machine a bigger model's steps came out no slower: the slope was <= 0 and the lesson printed
+    'time = bytes ÷ inf GB/s' with every model 'bound by fixed cost'."""
+    line = _line([("a", 1e9, 300.0), ("b", 2e9, 200.0), ("c", 4e9, 250.0)], probe=10e9)
+    assert not line.rising and not line.on_the_line and not line.bandwidth_bound
+    check_printed(str(line), line)
+    line.plot()
 
 
 def test_lesson_01_has_the_section_and_prints_the_line():

@@ -207,8 +207,14 @@ class BytesLine:
         return self.fit.bandwidth_bytes_per_s / self.probe_bytes_per_s
 
     @property
+    def rising(self) -> bool:
+        """The fitted time grows with the bytes (a positive slope, a finite bandwidth). A busy machine can make a
+        bigger model's steps no slower than a smaller one's: then the slope says nothing about bandwidth."""
+        return 0 < self.fit.bandwidth_bytes_per_s < float("inf")
+
+    @property
     def on_the_line(self) -> bool:
-        return self.fit.r2 >= R2_BOUND
+        return self.rising and self.fit.r2 >= R2_BOUND
 
     @property
     def at_probe_bandwidth(self) -> bool:
@@ -252,6 +258,12 @@ class BytesLine:
         """The sentence the lesson prints, generated from the fit."""
         f = self.fit
         fitted, probe = f.bandwidth_bytes_per_s / 1e9, self.probe_bytes_per_s / 1e9
+        if not self.rising:
+            return (f"Fit over {len(self.points)} models: the step time did not grow with the bytes read in this "
+                    f"run (the fitted slope is not positive); the streaming-read probe gave {probe:.1f} GB/s. A busy "
+                    f"machine (load average {self.load_average[0]:.1f} → {self.load_average[1]:.1f} on "
+                    f"{os.cpu_count()} cores) made a bigger model's steps no slower than a smaller one's, so this run "
+                    "cannot say what bounds a decode step: rerun when it is quiet.")
         head = (f"Fit over {len(self.points)} models: time = bytes ÷ {fitted:.1f} GB/s + {f.fixed_ms:.2f} ms "
                 f"(R² = {f.r2:.3f}); the streaming-read probe gave {probe:.1f} GB/s, so the slope's bandwidth is "
                 f"{self.bandwidth_ratio:.0%} of the probe's.")
@@ -296,8 +308,9 @@ class BytesLine:
         xs = [p.bytes_per_step / 1e9 for p in self.points]
         ax.plot(xs, [p.ms_per_step for p in self.points], "o", label="measured (median)")
         top = max(xs) * 1.05
-        ax.plot([0, top], [self.fit.fixed_ms, self.fit.predict_ms(top * 1e9)], "-",
-                label=f"fit: bytes ÷ {self.fit.bandwidth_bytes_per_s / 1e9:.1f} GB/s + {self.fit.fixed_ms:.1f} ms")
+        if self.rising:
+            ax.plot([0, top], [self.fit.fixed_ms, self.fit.predict_ms(top * 1e9)], "-",
+                    label=f"fit: bytes ÷ {self.fit.bandwidth_bytes_per_s / 1e9:.1f} GB/s + {self.fit.fixed_ms:.1f} ms")
         ax.plot([0, top], [0, top * 1e9 / self.probe_bytes_per_s * 1e3], "--",
                 label=f"floor: bytes ÷ probe {self.probe_bytes_per_s / 1e9:.1f} GB/s")
         for p, x in zip(self.points, xs):
