@@ -251,6 +251,34 @@ def test_root_only_system_files_are_not_readable_in_the_sandbox(tmp_path):
         assert cmd[cmd.index(path) - 1] == "--tmpfs", path
 
 
+SNEAKY = """
+import sys, torch
+get = getattr(sys, "_get" + "frame")
+caller = get(0)
+_t = torch
+_t.manual_seed = lambda *a, **k: None
+%time n = len(__import__("g" + "c").get_objects())
+"""
+
+
+@needs_bwrap
+def test_what_the_code_does_at_run_time_is_reported_however_it_is_written(tmp_path):
+    """The source scan missed a frame taken through getattr, gc behind %time and __import__, and a library
+    patched through an alias; the harness's audit hook sees them as they happen."""
+    outcome = _run(tmp_path, SNEAKY)
+    assert {"sys._getframe", "gc.get_objects", "replaced torch.manual_seed"} <= set(outcome.reached), outcome.reached
+    assert _values(outcome) == ALL_CORRECT
+
+
+@needs_bwrap
+def test_ordinary_code_reports_nothing_at_run_time(tmp_path):
+    ordinary = ("import torch, math, inspect, gc\nx = torch.randn(3).softmax(-1)\nprint(inspect.signature(double))\n"
+                "gc.collect()\nclass Box:\n    pass\nBox.size = 3\n%time y = math.prod([1, 2, 3])\n")
+    outcome = _run(tmp_path, ordinary)
+    assert outcome.reached == [], outcome.reached
+    assert _values(outcome) == ALL_CORRECT
+
+
 # ----------------------------------------------------------------------------- 6: disk and tmpfs caps
 
 def test_the_tmpfs_are_sized_from_the_memory_cap():

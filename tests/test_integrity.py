@@ -97,3 +97,37 @@ def test_a_full_check_saves_the_visible_tests_to_progress(tmp_path, monkeypatch)
     visible = [g for g in ids if not g.endswith("_hidden")]  # the hidden cells hold no test a learner can run
     assert saved["exercise"] == "memory_formula" and saved["total"] == len(visible) == 5
     assert saved["passed"] == len(visible) - 1 and set(saved["details"]) == set(visible)
+
+
+@pytest.mark.parametrize("code, shown", [
+    ("%time import course.engine.sampling as _S", "course.engine.sampling"),  # a magic runs its argument
+    ("import course.config\nc = course.engine.kv_cache.LayerKVCache", "course.engine.kv_cache"),
+])
+def test_delegation_behind_a_magic_or_a_harmless_import_is_named(code, shown):
+    notes = integrity.flags(_with(_release("02_kv_cache"), code), _release("02_kv_cache"))
+    assert any("the course's own code" in n and shown in n for n in notes), notes
+
+
+@pytest.mark.parametrize("code, shown", [
+    ("import gc\n%time n = len(gc.get_objects())", "gc.get_objects"),
+    ("import pkgutil\nf = pkgutil.resolve_name('course.engine.sampling:sample')", "pkgutil"),
+    ("imp = getattr(__builtins__, '__imp' + 'ort__')", "__builtins__"),
+    ("import torch\nm = torch.importlib.import_module('x')", ".import_module()"),
+    ("import sys\nf = getattr(sys, '_get' + 'frame')", "getattr(sys, <computed name>)"),
+    ("open('_helpers.py', 'w').write('x = 1')", "writes _helpers.py"),
+])
+def test_evasions_of_the_scan_are_named(code, shown):
+    notes = integrity.flags(_with(_release("03_sampler"), code), _release("03_sampler"))
+    assert any(shown in n for n in notes), notes
+
+
+@pytest.mark.parametrize("code", [
+    "import gc\ngc.collect()",
+    "import inspect\nprint(inspect.signature(print))",
+    "import torch\ntorch.backends.cudnn.deterministic = True",
+    "x = 1\nprint('x' in globals(), vars(x) if hasattr(x, '__dict__') else None)",
+    "print(open('/proc/meminfo').read()[:10])",
+    "t = %timeit -o sum(range(10))\n# compile the numbers, then model.eval()",
+])
+def test_more_ordinary_code_gets_no_note(code):
+    assert integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula")) == []

@@ -413,6 +413,9 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
 
     row = Row(sub.student, sub.assignment, sub.notebook, "failed", seconds=round(outcome.seconds, 2))
     problems = sub.problems + outcome.problems
+    if outcome.reached:  # for the teacher's eyes, as integrity.flags: the score is not changed
+        problems.append("check by hand: at run time its code " + ", ".join(outcome.reached[:8])
+                        + (" …" if len(outcome.reached) > 8 else "") + " (reaching into the grading process)")
     if outcome.infrastructure:
         row.problems = "; ".join(problems + [f"{outcome.infrastructure}: not graded; run `kvcourse grade` again "
                                              "to regrade it"])

@@ -168,6 +168,97 @@ def run_checks(checks: dict, ns: dict, events: Events, timeout: float, skip: set
             events.write(ev="check", gid=gid, k=k, value=value)
 
 
+# Run-time events that no exercise needs and that tampering with the checks does (they run in this process):
+# reaching frames and code objects, walking the heap, raw memory, tracing, signals to processes, patching a type.
+AUDITED = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
+                     "gc.get_referents", "object.__getattr__", "object.__setattr__", "object.__delattr__",
+                     "ctypes.dlopen", "ctypes.dlsym", "ctypes.string_at", "ctypes.addressof", "ctypes.cdata",
+                     "ctypes.call_function", "sys.addaudithook", "sys.settrace", "sys.setprofile", "os.fork",
+                     "os.forkpty", "os.kill", "os.killpg", "code.__new__", "function.__new__"})
+WATCHED_MODULES = ("builtins", "math", "random", "json", "torch", "torch.nn.functional", "torch.linalg", "numpy",
+                   "course.grade.plain", "course.grade.verdicts")
+
+
+def _system_prefixes() -> tuple[str, ...]:
+    import course
+
+    places = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(course.__file__))}
+    return tuple(sorted({os.path.realpath(p) for p in places} | places)) + ("<frozen ",)
+
+
+def watch(events: Events):
+    """Report, once each, what the learner's own code does of AUDITED, through a hook Python cannot remove
+    (sys.addaudithook); the hook writes at once, so a later tamper cannot take the report back. Code is the
+    learner's when it is not from the interpreter, the virtual environment or the course package (a cell, or a
+    file the cells wrote); a frame taken through inspect or traceback counts for the code that asked. Returns
+    a function that reports library functions replaced since this call (torch.manual_seed = …)."""
+    for name in ("torch", "torch.nn.functional", "numpy"):  # loaded before the learner's code, to be watched
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    system = _system_prefixes()
+    seen: set = set()
+    busy = [False]
+    helpers = ("inspect.py", "traceback.py")
+
+    def learner(frame) -> bool:
+        for _ in range(3):  # the caller, or the code that asked inspect/traceback for a frame
+            if frame is None:
+                return False
+            name = frame.f_code.co_filename
+            if not name.startswith(system):
+                return True
+            if not name.endswith(helpers):
+                return False
+            frame = frame.f_back
+        return False
+
+    def hook(event, args):
+        if event not in AUDITED or busy[0]:
+            return
+        busy[0] = True
+        try:
+            if event == "object.__setattr__" or event == "object.__delattr__":
+                module = str(getattr(args[0], "__module__", "") or "")
+                if module == "__main__" or not module:
+                    return  # the learner's own classes and functions
+                what = f"set {module}.{getattr(args[0], '__name__', '?')}.{args[1]}"
+            elif event == "object.__getattr__":
+                what = f"read .{args[1]}"
+            else:
+                what = event
+            if what in seen or len(seen) >= 40 or not learner(sys._getframe(1)):
+                return
+            seen.add(what)
+            events.write(ev="audit", what=what)
+        except Exception:
+            pass
+        finally:
+            busy[0] = False
+
+    def snapshot() -> dict:
+        out = {}
+        for name in WATCHED_MODULES:
+            module = sys.modules.get(name)
+            for attr, value in (vars(module).items() if module is not None else ()):
+                if callable(value):
+                    out[f"{name}.{attr}"] = id(value)
+        return out
+
+    before = snapshot()
+    sys.addaudithook(hook)
+
+    def replaced() -> None:
+        now = snapshot()
+        for key in sorted(k for k in before if k in now and now[k] != before[k])[:10]:
+            if f"replaced {key}" not in seen:
+                seen.add(f"replaced {key}")
+                events.write(ev="audit", what=f"replaced {key}")
+
+    return replaced
+
+
 def main() -> int:
     job = json.loads(sys.stdin.buffer.read())
     devnull = os.open(os.devnull, os.O_RDONLY)  # the pipe is drained; nothing can be read from fd 0 again
@@ -179,9 +270,12 @@ def main() -> int:
     from course.grade.verdicts import load_checks_source
 
     checks = load_checks_source(job.pop("checks"), job.get("checks_name", "checks"))
+    replaced = watch(events)
     ns = run_cells(nb, events, job["cell_timeout"], job.get("stop_before"))
+    replaced()
     events.write(ev="cells_done", full=full_scratch())
     run_checks(checks, ns, events, job["cell_timeout"], {tuple(x) for x in job.get("skip_checks", [])})
+    replaced()
     events.write(ev="done")
     sys.stdout.flush()
     os._exit(0)  # the learner's atexit hooks and threads do not get a say after the last event

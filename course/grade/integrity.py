@@ -19,15 +19,20 @@ from __future__ import annotations
 import ast
 import re
 
-REACHING_MODULES = {"gc", "ctypes", "inspect", "importlib", "_thread", "threading", "multiprocessing", "signal",
-                    "atexit", "builtins", "faulthandler", "_ctypes", "cffi"}
+REACHING_MODULES = {"ctypes", "importlib", "_thread", "threading", "multiprocessing", "signal", "atexit", "builtins",
+                    "faulthandler", "_ctypes", "cffi", "pkgutil", "runpy", "_imp", "types", "dis"}
+SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "get_stats", "freeze"},
+             "inspect": {"signature", "getsource", "getdoc", "isclass", "isfunction", "ismethod", "getfullargspec",
+                         "cleandoc", "Parameter", "Signature"}}  # anything else of these two is noted
 REACHING_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "gi_frame",
                   "cr_frame", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__"}
 PROCESS_ATTRS = {"settrace", "setprofile", "modules", "dup", "dup2", "fdopen", "fork", "forkpty", "kill", "killpg",
                  "_exit", "memfd_create", "set_inheritable", "pthread_kill", "write", "pipe"}  # of os, sys, signal
 HARMLESS = {"course.config", "course.engine.config", "course.engine.device", "course.paths"}  # shapes, devices
-REACHING_CALLS = {"__import__", "exec", "eval", "compile", "globals", "vars", "breakpoint", "get_ipython"}
-REACHING_TEXT = ("/proc/", "/dev/fd")
+REACHING_CALLS = {"__import__", "exec", "eval", "compile", "breakpoint", "get_ipython"}
+REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "exec_module"}
+PROCESS_TEXT = re.compile(r"/proc/(?:self|thread-self|\d+)/|/dev/fd\b")  # not /proc/meminfo, /proc/cpuinfo
+MAGICS_WITH_CODE = {"time", "timeit", "prun", "capture"}  # %time CODE runs CODE: scanned like any other line
 
 
 def _is_test(cell) -> bool:
@@ -36,10 +41,16 @@ def _is_test(cell) -> bool:
 
 
 def _source(cell) -> str:
+    """The cell as the Python IPython runs: %magics and !shell lines become get_ipython() calls (a magic's code
+    argument is scanned too, so `%time import gc` is not hidden)."""
     src = cell.get("source", "")
     src = "".join(src) if isinstance(src, list) else str(src)
-    # IPython's %magics and !shell lines are not Python: blank them so the rest still parses
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines())
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return TransformerManager().transform_cell(src)
+    except Exception:  # no IPython, or a cell it cannot read: the magic and shell lines blanked instead
+        return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in src.splitlines())
 
 
 def _course_imports(tree: ast.AST) -> set[str]:
@@ -65,45 +76,97 @@ def _imported_names(tree: ast.AST) -> set[str]:
     return names
 
 
-def _reaching(tree: ast.AST, modules: set[str]) -> set[str]:
+def _magic_code(node: ast.Call) -> list[str]:
+    """The code a get_ipython().run_line_magic('time', CODE) / run_cell_magic('time', '', CODE) runs."""
+    f = node.func
+    if isinstance(f, ast.Attribute) and f.attr in ("run_line_magic", "run_cell_magic") and node.args and \
+            isinstance(node.args[0], ast.Constant) and str(node.args[0].value).lstrip("%") in MAGICS_WITH_CODE:
+        return [a.value for a in node.args[1:] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    return []
+
+
+def _is_ipython_call(node: ast.Call) -> bool:
+    """get_ipython().run_line_magic / run_cell_magic / system / getoutput: what IPython makes of % and ! lines."""
+    f = node.func
+    return isinstance(f, ast.Attribute) and f.attr in ("run_line_magic", "run_cell_magic", "system", "getoutput") \
+        and isinstance(f.value, ast.Call) and isinstance(f.value.func, ast.Name) and f.value.func.id == "get_ipython"
+
+
+def _chain(node) -> list[str]:
+    """a.b.c -> ['a', 'b', 'c'] (empty when it does not start at a name)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
+
+
+def _reaching(tree: ast.AST, modules: set[str], depth: int = 0) -> set[str]:
     used = set()
+    ipython_calls = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_ipython_call(n)}
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
         for t in targets:  # torch.allclose = …: a library patched for everyone in the process, the checks too
-            while isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute):
-                t = t.value
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
-                used.add(f"{t.value.id}.{t.attr} = …")
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
-                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
-            used.add(f"{node.func.id}({node.args[0].id}, …)")
+            chain = _chain(t)
+            if len(chain) >= 2 and chain[0] in modules and "backends" not in chain:  # torch.backends.*: settings
+                used.add(f"{'.'.join(chain)} = …")
+        if isinstance(node, ast.Call):
+            for code in _magic_code(node) if depth < 3 else []:
+                try:
+                    used |= _reaching(ast.parse(code), modules, depth + 1)
+                except SyntaxError:
+                    pass
+            f = node.func
+            if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and node.args and \
+                    isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
+                used.add(f"{f.id}({node.args[0].id}, …)")
+            if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and \
+                    not isinstance(node.args[1], ast.Constant) and isinstance(node.args[0], ast.Name) and \
+                    node.args[0].id in modules | {"__builtins__"}:
+                used.add(f"getattr({node.args[0].id}, <computed name>)")
+            if isinstance(f, ast.Name) and f.id in REACHING_CALLS and \
+                    not (f.id == "get_ipython" and id(node) in ipython_calls):
+                used.add(f"{f.id}()")
+            if isinstance(f, ast.Attribute) and f.attr in REACHING_ATTR_CALLS:
+                used.add(f".{f.attr}()")
+            if isinstance(f, ast.Name) and f.id == "open" and node.args and isinstance(node.args[0], ast.Constant) \
+                    and str(node.args[0].value).endswith(".py") and any(
+                    isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
+                    for a in node.args[1:2]):
+                used.add(f"writes {node.args[0].value}")  # a module of its own, imported after
         if isinstance(node, ast.Import):
-            used |= {a.name for a in node.names if a.name.split(".")[0] in REACHING_MODULES or a.name in REACHING_MODULES}
+            used |= {a.name for a in node.names if a.name.split(".")[0] in REACHING_MODULES}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             top = node.module.split(".")[0]
-            if top in REACHING_MODULES or node.module in REACHING_MODULES:
+            if top in REACHING_MODULES:
                 used.add(node.module)
+            if top in SAFE_USES:
+                used |= {f"{top}.{a.name}" for a in node.names if a.name not in SAFE_USES[top]}
             if top in ("os", "sys"):
                 used |= {f"{node.module}.{a.name}" for a in node.names if a.name in REACHING_ATTRS | PROCESS_ATTRS}
         elif isinstance(node, ast.Attribute) and node.attr in REACHING_ATTRS:
             used.add(node.attr)
-        elif isinstance(node, ast.Attribute) and node.attr in PROCESS_ATTRS and isinstance(node.value, ast.Name) \
-                and node.value.id in ("os", "sys", "signal"):  # model.modules() is fine, sys.modules is not
-            used.add(f"{node.value.id}.{node.attr}")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in REACHING_CALLS:
-            used.add(f"{node.func.id}()")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                any(t in node.value for t in REACHING_TEXT):
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            base = node.value.id
+            if base in ("os", "sys", "signal") and node.attr in PROCESS_ATTRS:  # model.modules() is fine
+                used.add(f"{base}.{node.attr}")
+            elif base in SAFE_USES and node.attr not in SAFE_USES[base]:
+                used.add(f"{base}.{node.attr}")
+        elif isinstance(node, ast.Name) and node.id == "__builtins__":
+            used.add("__builtins__")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and PROCESS_TEXT.search(node.value):
             used.add(repr(node.value[:40]))
     return used
 
 
 def _text_scan(source: str) -> set[str]:
+    """For a cell that does not parse: the same names, looked for as whole words outside comments."""
+    code = "\n".join(line.split("#", 1)[0] for line in source.splitlines())
     names = REACHING_MODULES | REACHING_ATTRS | REACHING_CALLS | {f"os.{a}" for a in PROCESS_ATTRS} | \
         {f"sys.{a}" for a in PROCESS_ATTRS}
-    return {n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}\b|\.{re.escape(n)}\b", source)} | \
-        {t for t in REACHING_TEXT if t in source}
+    found = {n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}\b", code)}
+    return found | ({"/proc/<pid>/…"} if PROCESS_TEXT.search(code) else set())
 
 
 def _parsed(nb) -> list[tuple[dict, str, ast.AST | None]]:
@@ -119,21 +182,57 @@ def _parsed(nb) -> list[tuple[dict, str, ast.AST | None]]:
     return out
 
 
+def _trees(tree: ast.AST, depth: int = 0):
+    """The cell's tree and the trees of the code its %time/%timeit/%%time magics run."""
+    yield tree
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and depth < 3:
+            for code in _magic_code(node):
+                try:
+                    yield from _trees(ast.parse(code), depth + 1)
+                except SyntaxError:
+                    pass
+
+
+def _course_chains(tree: ast.AST) -> set[str]:
+    """Modules reached through a name an `import course…` bound (course.engine.kv_cache.LayerKVCache gives
+    course.engine.kv_cache)."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "course" or a.name.startswith("course."):
+                    bound[a.asname or "course"] = a.name if a.asname else "course"
+    used = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain = _chain(node)
+            if chain and chain[0] in bound:
+                full = ".".join([bound[chain[0]], *chain[1:]]).split(".")
+                if len(full) >= 3:
+                    used.add(".".join(full[:3]))  # the module reached: course.engine.kv_cache
+    return used
+
+
 def flags(nb, release_nb) -> list[str]:
     """Notes for report.csv: course imports the release does not make, and code that reaches into the process."""
-    allowed = {a for _, _, tree in _parsed(release_nb) if tree is not None for a in _course_imports(tree)}
+    allowed = {a for _, _, tree in _parsed(release_nb) if tree is not None for t in _trees(tree)
+               for a in _course_imports(t)}
+    allowed_modules = {a.split(":")[0] for a in allowed} | {a.replace(":", ".") for a in allowed} | HARMLESS
     cells = _parsed(nb)
-    modules = {n for _, _, tree in cells if tree is not None for n in _imported_names(tree)}
+    modules = {n for _, _, tree in cells if tree is not None for t in _trees(tree) for n in _imported_names(t)}
     extra, reaching = set(), set()
     for cell, source, tree in cells:
         if _is_test(cell):
             continue
         if tree is None:
             reaching |= _text_scan(source)
-            extra |= {m for m in re.findall(r"(?:from|import)\s+(course(?:\.\w+)*)", source)} - \
-                {a.split(":")[0] for a in allowed}
+            extra |= {m for m in re.findall(r"(?:from|import)\s+(course(?:\.\w+)*)", source)} - allowed_modules
             continue
-        extra |= {e for e in _course_imports(tree) - allowed if e.split(":")[0] not in HARMLESS}
+        for t in _trees(tree):
+            extra |= {e for e in _course_imports(t) - allowed if e.split(":")[0] not in HARMLESS}
+            extra |= {c for c in _course_chains(t) if not any(c == m or c.startswith(m + ".") or m.startswith(c + ".")
+                                                                for m in allowed_modules)}
         reaching |= _reaching(tree, modules)
     notes = []
     if extra:

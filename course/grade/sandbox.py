@@ -65,6 +65,7 @@ class Outcome:
     infrastructure: str = ""  # set when the run failed for a reason that is not the submission's
     seconds: float = 0.0
     attempts: int = 0
+    reached: list[str] = field(default_factory=list)  # what the learner's code did at run time (harness.watch)
 
 
 # ----------------------------------------------------------------------------- is the sandbox there?
@@ -389,6 +390,7 @@ class _Run:
     checks: dict = field(default_factory=dict)  # (gid, k) -> encoded value
     last: tuple | None = None  # the last step started: ("cell", i) | ("cells_done",) | ("check", gid, k)
     full: list = field(default_factory=list)  # scratch folders the harness found full after the cells
+    reached: set = field(default_factory=set)  # harness.watch's reports: forging can add to them, never remove
 
 
 def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], stop_before: int | None) -> _Run:
@@ -417,6 +419,8 @@ def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], st
         elif ev == "cell_done" and phase == "cells":
             if current == ("cell", e.get("i")):
                 run.cells[e["i"]] = e
+        elif ev == "audit" and len(run.reached) < 40:
+            run.reached.add(str(e.get("what", ""))[:80])
         elif ev == "cells_done":
             phase, current = "checks", ("cells_done",)
             run.last = current
@@ -583,6 +587,7 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
             cells.setdefault(i, e)
         values.update(run.checks)  # the latest attempt's values: each reran every check not known to kill
         full.update(run.full)
+        outcome.reached = sorted(set(outcome.reached) | run.reached)[:40]
         if ended == "done":
             finished = True
             break
