@@ -635,6 +635,21 @@ SAMPLER = {
         ("    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat",
          "    if temperature == 0:\n        return logits.argmax(-1)\n"
          "    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat")]}),
+    "samp-bug-1d-global-rng": Sample("[V] logits draw with the global RNG (the generator is used for [B, V] only)",
+                                     "loses", patches={"sampler": [
+        ("    flat = probs.reshape(-1, probs.shape[-1])  # [B, V]\n",
+         "    if probs.dim() == 1:\n        return torch.multinomial(probs, 1).squeeze(-1)\n"
+         "    flat = probs.reshape(-1, probs.shape[-1])  # [B, V]\n")]}),
+    "samp-bug-inplace-at-T1": Sample("at T = 1 sampling_probs skips the division and applies top-k in place: the "
+                                     "caller's logits change", "loses", patches={"sampler": [
+        ("    logits = apply_temperature(logits.float(), temperature)\n    if top_k is not None:\n"
+         "        logits = top_k_filter(logits, top_k)\n",
+         "    logits = logits.float()\n    if temperature != 1:\n        logits = apply_temperature(logits, temperature)\n"
+         "    if top_k is not None:\n        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]\n"
+         "        logits.masked_fill_(logits < kth, float('-inf'))\n")]}),
+    "samp-bug-greedy-keeps-dtype": Sample("T = 0 returns the one-hot in the logits' dtype (bfloat16 in, bfloat16 out)",
+                                          "loses", patches={"sampler": [
+        ("logits.shape[-1]).float()", "logits.shape[-1]).to(logits.dtype)")]}),
     "samp-bug-identity": Sample("every function hands the logits back unchanged", "loses", answers=IDENTITY_SAMPLER),
     "adv-patch-torch": Sample("hands the logits back unchanged and patches torch.allclose, torch.equal, torch.isfinite",
                               "loses", answers=IDENTITY_SAMPLER, honest="samp-bug-identity",

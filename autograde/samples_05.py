@@ -334,6 +334,10 @@ SAMPLES = {
         H_kv, D_h = k_new.shape[1], k_new.shape[3]
         k = self.k[layer][blocks].transpose(0, 1).reshape(H_kv, -1, D_h)[:, :n]
         v = self.v[layer][blocks].transpose(0, 1).reshape(H_kv, -1, D_h)[:, :n]""")]}),
+    "paged-bug-free-keeps-length": dict(
+        about="free() releases the blocks and drops the table but keeps lengths[seq_id]: a reused id starts with a "
+              "stale length", expect="loses", patches={"paged_cache": [
+            ("        self.lengths.pop(seq_id, None)", "        pass  # the length stays")]}),
     "paged-alt-heap-index": dict(about="lowest-id-first heap, divmod slots, index-tensor writes and reads",
                                  expect="full", answers=ALT_HEAP),
     "paged-alt-fifo-loops": dict(about="first-in-first-out free list, token loops, gather by concatenating slices",

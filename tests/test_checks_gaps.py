@@ -111,6 +111,10 @@ SAMPLE_BUGS = {
     "samp-bug-greedy-batch": ("03_sampler", {"test_sampler_hidden"}),
     "paged-bug-global-cfg": ("05_paged_cache", {"test_cache_hidden"}),
     "paged-bug-rewind-stale": ("05_paged_cache", {"test_cache_hidden"}),
+    "samp-bug-1d-global-rng": ("03_sampler", {"test_sampler_hidden"}),
+    "samp-bug-inplace-at-T1": ("03_sampler", {"test_sampler_hidden"}),
+    "samp-bug-greedy-keeps-dtype": ("03_sampler", {"test_sampler_hidden"}),
+    "paged-bug-free-keeps-length": ("05_paged_cache", {"test_cache_hidden"}),
 }
 
 

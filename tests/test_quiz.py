@@ -456,6 +456,28 @@ def test_the_graded_questions_numbers_are_right(graded):
     assert by_id["quiz-finish-first"].correct.text.startswith("X")
 
 
+def test_the_kv_size_question_needs_the_arithmetic(bank, graded):
+    """The lesson's practice question kv-70b writes its right answer as '2·80·8·128·2 bytes ... per token, × ...':
+    every option of the graded quiz-kv-size carries that same per-token product, and only the multipliers after it
+    (and the total) tell them apart, so matching the practice's template picks nothing; each option's total is its
+    own arithmetic, and only the right one's is 98 GB."""
+    import re
+
+    practice = bank.question("kv-70b").correct.text
+    template = "2·80·8·128·2 bytes"
+    assert template in practice
+    q = {g.id: g for g in graded}["quiz-kv-size"]
+    per_token = 2 * 80 * 8 * 128 * 2
+    totals = {"A": per_token * 100_000, "B": per_token * 8 * 100_000 * 3, "C": per_token * 2 * 100_000 * 3,
+              "D": per_token * 100_000 * 3}
+    assert q.answer == "D" and sorted(totals) == sorted(o.key for o in q.options)
+    for option in q.options:
+        assert f"{template} per token" in option.text, option.key
+        stated = int(re.match(r"About (\d+) GB", option.text).group(1))
+        assert stated == round(totals[option.key] / 1e9), (option.key, stated, totals[option.key])
+    assert len({round(t / 1e9) for t in totals.values()}) == 4
+
+
 def _leaks(texts: dict, graded) -> list:
     """(file, what) for every graded id, right option or explanation found in `texts` (whitespace squeezed)."""
     squeeze = lambda t: re.sub(r"\s+", " ", t)  # noqa: E731

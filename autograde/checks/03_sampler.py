@@ -4,7 +4,9 @@ Filters are compared on their returned logits (which tokens stay finite, and tha
 values); probabilities within 1e-6; sampled frequencies against the reference sampler's own frequencies.
 Ties in top-k: every token tied with the k-th largest logit stays (so more than k may survive), as the
 notebook says. Every function must leave the caller's logits as they were (the notebook's own tests call them
-twice on one tensor), and `sample` must draw with the generator it is given, not the global RNG. Greedy (T = 0):
+twice on one tensor), at every temperature (T = 1 and T = 0 too), and every check passes its own copy of a shared
+constant, so that one function writing into its input cannot change another check's input. `sample` must draw with
+the generator it is given, not the global RNG, for [V] logits as for [B, V]. Greedy (T = 0):
 each row's argmax, the lowest id on a tie; probabilities in float32 whatever the logits' dtype (both stated in the
 notebook). Draws whose ids a correct sampler may choose differently come back raw and are judged here by the
 relations the notebook asks for (a seed repeats its draw, another seed or the next draw does not).
@@ -20,17 +22,24 @@ FILTERED = close(0.0)  # the same -inf pattern and exactly the same kept logits
 N = 20_000
 
 
+def fresh(x):
+    """A copy of a shared constant tensor for each call, so that a function writing into its input cannot change
+    what another check (or the reference's run) passes in."""
+    return x.clone() if isinstance(x, torch.Tensor) else x
+
+
 def call(name, *args, **kw):
-    return lambda ns: ns[name](*args, **kw)
+    return lambda ns: ns[name](*[fresh(a) for a in args], **{k: fresh(v) for k, v in kw.items()})
 
 
 def temperature_order(ns):
-    return (ns["apply_temperature"](LOGITS, 0.5).softmax(-1).max(), ns["apply_temperature"](LOGITS, 2.0).softmax(-1).max())
+    return (ns["apply_temperature"](LOGITS.clone(), 0.5).softmax(-1).max(),
+            ns["apply_temperature"](LOGITS.clone(), 2.0).softmax(-1).max())
 
 
 def draws(seed, logits, n, **kw):
     def run(ns):
-        ids = ns["sample"](logits.expand(n, -1) if logits.dim() == 1 else logits.repeat(n, 1),
+        ids = ns["sample"](logits.expand(n, -1).clone() if logits.dim() == 1 else logits.repeat(n, 1),
                            generator=torch.Generator().manual_seed(seed), **kw)
         V = logits.shape[-1]
         if logits.dim() == 1:
@@ -161,6 +170,41 @@ def half_precision(ns):
     return (str(probs.dtype), probs)
 
 
+def one_d_draws(ns):
+    """[V] logits (one id per call), 40 calls in a row with one generator: seed 1 under global seed 0 (a), seed 2
+    under global seed 0 (b), seed 1 again under global seed 1 (c); then the global RNG's next numbers after a seeded
+    reset and a [V] draw that was given a generator. Judged outside: a != b, a == c, and those numbers are the
+    reference's (a [V] draw, too, uses the generator and leaves the global RNG alone)."""
+    flat = torch.zeros(64)
+    state = torch.get_rng_state()
+
+    def run(global_seed, seed):
+        torch.manual_seed(global_seed)
+        generator = torch.Generator().manual_seed(seed)
+        return torch.stack([ns["sample"](flat.clone(), generator=generator) for _ in range(40)])
+    try:
+        a, b, c = run(0, 1), run(0, 2), run(1, 1)
+        torch.manual_seed(123)
+        ns["sample"](flat.clone(), generator=torch.Generator().manual_seed(5))
+        after = torch.rand(8)
+    finally:
+        torch.set_rng_state(state)
+    return (a, b, c, after)
+
+
+def one_d_decides(got, ref) -> bool:
+    return (isinstance(got, tuple) and len(got) == 4 and isinstance(ref, tuple) and len(ref) == 4
+            and seeds_decide(got[:3], ref[:3]) and exact(got[3], ref[3]))
+
+
+def greedy_half(ns):
+    """T = 0 on bfloat16 logits: the one-hot of each row's argmax, in float32 (the notebook: float32 whatever the
+    logits' dtype). The dtype comes back as a string, judged outside."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0], [3.0, 0.0, 3.5, -2.0]]).to(torch.bfloat16)
+    probs = ns["sampling_probs"](logits, temperature=0)
+    return (str(probs.dtype), probs)
+
+
 def wide_top_p_one(ns):
     """p = 1 keeps every token, also in a real vocabulary (49152, SmolLM2's) whose running total rounds to 1 early."""
     logits = torch.randn(49152, generator=torch.Generator().manual_seed(31)) * 4
@@ -263,6 +307,23 @@ CHECKS = {
                                          ns["sample"](x, temperature=0.7, top_k=3, top_p=0.8,
                                                       generator=torch.Generator().manual_seed(4)))), exact,
               f"hint: work on new tensors (logits.float() is the same tensor when it is float32 already): {UNCHANGED}"),
+        Check("sampling at T = 1 leaves its input alone",
+              input_after(lambda ns, x: (ns["sampling_probs"](x, temperature=1.0, top_k=3),
+                                         ns["sampling_probs"](x, top_p=0.8),
+                                         ns["sampling_probs"](x, top_k=2, top_p=0.9),
+                                         ns["sample"](x, top_k=3, generator=torch.Generator().manual_seed(4)),
+                                         ns["sample"](x, top_p=0.8, generator=torch.Generator().manual_seed(4)))),
+              exact, f"hint: at T = 1 too, filter new tensors (masked_fill, not masked_fill_): {UNCHANGED}"),
+        Check("greedy leaves its input alone",
+              input_after(lambda ns, x: (ns["sampling_probs"](x, temperature=0),
+                                         ns["sampling_probs"](x, temperature=0, top_k=2, top_p=0.5),
+                                         ns["sample"](x, temperature=0))), exact,
+              f"hint: T = 0 only reads the logits (argmax): {UNCHANGED}"),
+        Check("greedy on bfloat16 logits", greedy_half, shape_and(close(0.0, same_dtype=False)),
+              "hint: at T = 0 too, return float32 probabilities whatever the logits' dtype (.float() the one-hot)"),
+        Check("[V] logits: the generator decides, the global RNG untouched", one_d_draws, one_d_decides,
+              "hint: draw with the generator you are given for [V] logits too (generator=generator), never the "
+              "global RNG"),
         Check("rows sample their own distribution",
               draws(5, torch.tensor([[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]]), N,
                     temperature=1.5, top_k=4), shape_and(frequencies(N)),

@@ -199,6 +199,29 @@ def free_all(ns):
     return out + [cache.pool.num_free]
 
 
+def free_then_reuse(ns):
+    """free() forgets the sequence (the notebook: release its blocks "and forget the sequence"; lengths[seq_id] is
+    the tokens it holds): the sequences still known after a free (in tables and in lengths), then the freed id
+    reused by a shorter request (3 tokens after 7): what it gathers, its length and its blocks, then the same after
+    it decodes a 4th token. A stale length would, for one, make a fork of the reused id copy tokens that are not
+    there."""
+    c = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
+    x, y = randn(30, 1, 2, 7, 16), randn(31, 1, 2, 4, 16)
+    for layer in range(TINY.n_layers):
+        c.update("a", layer, 0, x, x * 2)
+    c.update("b", 0, 0, x[:, :, :2], x[:, :, :2])
+    c.free("a")
+    out = [sorted(c.lengths), sorted(c.tables), c.pool.num_free]
+    for layer in range(TINY.n_layers):
+        k_all, v_all = c.update("a", layer, 0, y[:, :, :3], y[:, :, :3] * 2)
+    out += [k_all.clone(), v_all.clone(), c.lengths["a"], len(c.tables["a"])]
+    k_all, v_all = c.update("a", 1, 3, y[:, :, 3:], y[:, :, 3:] * 2)
+    out += [k_all.clone(), v_all.clone(), c.lengths["a"], len(c.tables["a"])]
+    for seq in ("a", "b"):
+        c.free(seq)
+    return out + [sorted(c.lengths), c.pool.num_free]
+
+
 def out_of_order(ns):
     """a and b interleave, b is freed, a grows into its block: a's table is not in block-id order."""
     c = ns["PagedKVCache"](TINY, num_blocks=4, block_size=2)
@@ -416,6 +439,9 @@ CHECKS = {
               "hint: each layer has its own K/V pool, and all layers share one block table"),
         Check("releasing a free block", release_free_block, raises,
               "hint: releasing a block that is already free must raise ValueError"),
+        Check("a freed id reused", free_then_reuse, exact,
+              "hint: free() forgets the sequence: its table and its length (lengths[seq_id]) go, so that the id "
+              "can start again from 0 tokens"),
     ],
     "test_fork": [
         Check("fork a 6-token sequence (block size 4)", fork_basic, fork_tables,
