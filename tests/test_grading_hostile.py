@@ -141,6 +141,20 @@ def test_a_cell_that_swallows_its_timeout_is_stopped_when_it_goes_silent(tmp_pat
     assert _values(outcome) == ALL_CORRECT
 
 
+@needs_bwrap
+def test_a_submission_that_keeps_the_pipe_busy_gets_at_most_twice_the_wall_clock_limit(tmp_path):
+    """A function that swallows its timeout and writes a byte to the events pipe every half second is never
+    silent, so only the wall-clock limit stops it, at each check it hangs (up to four attempts: 20 min at the
+    default 300 s). A submission's runs now stop at twice the wall-clock limit."""
+    keepalive = ("import os, time\nfds = [int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2]\n"
+                 "def double(x):\n    while True:\n        try:\n            for f in fds:\n                try:\n"
+                 "                    os.write(f, b'\\n')\n                except OSError:\n                    pass\n"
+                 "            time.sleep(0.5)\n        except BaseException:\n            pass\n")
+    outcome = _run(tmp_path, keepalive, sandbox.Limits(cell_timeout=2, wall_s=12, stall_s=6))
+    assert any("no further run" in p for p in outcome.problems), outcome.problems
+    assert outcome.seconds < 2 * 12 + 15, outcome.seconds
+
+
 # ----------------------------------------------------------------------------- 3: a sandbox that kills itself
 
 @needs_bwrap

@@ -579,6 +579,11 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     full: set[str] = set()
     finished = False
     while outcome.attempts < max_attempts:
+        spent = time.perf_counter() - started
+        if outcome.attempts and spent + min(limits.wall_s, 60) > 2 * limits.wall_s:  # one submission's whole budget
+            outcome.problems.append(f"no further run: its runs took {spent:.0f} s of the {2 * limits.wall_s:g} s one "
+                                    "submission may take (twice the wall-clock limit)")
+            break
         outcome.attempts += 1
         job = dict(base, stop_before=stop_before, skip_checks=[list(k) for k in sorted(dead_checks)])
         events, ended = _attempt(workdir, job, limits, sealed, threads, on_start, stall_s)
