@@ -122,3 +122,14 @@ def test_source_paths_the_lessons_cite_exist():
     assert not missing, missing
     shims = [(nb, t) for nb, t in cited if "real module is" in (PROJECT_ROOT / t).read_text()[:300]]
     assert not shims, f"cite the real module, not a compatibility shim: {shims}"
+
+
+def test_a_recap_run_before_the_lesson_says_to_run_the_lesson_first():
+    """In a fresh kernel, recap('00_start_here') showed only its generic line, with no word that the lesson's
+    cells had not run."""
+    from course.lessons.recap import recap
+
+    r = recap("00_start_here", values={})
+    assert r.bullets[0].startswith("Nothing was measured in this kernel yet: run the lesson from the top")
+    measured = recap("00_start_here", values={"ttft_ms": 123.0})
+    assert not measured.bullets[0].startswith("Nothing was measured")

@@ -258,7 +258,11 @@ def recap(lesson: str, values: dict | None = None, lessons_dir: Path = LESSONS,
         raise ValueError(f"no recap bullets for lesson {lesson!r}: pass bullets=[...] (lessons with built-in "
                          f"ones: {sorted(BULLETS)})")
     v = recorded() if values is None else values
+    built = bullets is None  # the lesson's own bullets were written over values it has, so they ran
     bullets = [b for b in (bullets if bullets is not None else BULLETS[lesson](v)) if b]
+    if built and not v:  # a fresh kernel: this cell run before the lesson's, so no bullet can quote a measurement
+        bullets.insert(0, "Nothing was measured in this kernel yet: run the lesson from the top (Run → Run All "
+                          "Cells) and this recap quotes your own numbers.")
     exercises = [f"../exercises/{p}" for lid, _, ps in COURSE if lid == lesson for p in ps
                  if (lessons_dir.parent / "exercises" / p).exists()]
     r = Recap(lesson, bullets, next_lesson(lesson, lessons_dir), exercises,
