@@ -402,3 +402,14 @@ def test_kvcourse_review_on_a_busy_file_says_busy(monkeypatch, capsys, tmp_path)
         holder.close()
     assert rc == 1 and BUSY_MESSAGE in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not list(tmp_path.glob("*.corrupt-*")) and len(ProgressStore(path).answers()) == 1
+
+
+def test_the_progress_table_says_what_its_columns_count(tmp_path):
+    """A learner read 'right/seen' and 'cards due' with no word on what they count."""
+    from course.teach import review
+    from course.teach.progress import ProgressStore
+
+    store = ProgressStore(tmp_path / "p.sqlite")
+    for shown in (review.progress_text(store), review.progress_html(store)):
+        assert "right/seen: checkpoint questions you answered right / answered" in shown
+        assert "cards due: interview cards due for another look" in shown

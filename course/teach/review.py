@@ -425,6 +425,9 @@ def progress(store: ProgressStore | None = None, bank: QuestionBank | None = Non
 
 
 PROGRESS_COLUMNS = ("lesson", "right/seen", "questions", "cards due", "due now", "tests", "self-assessment")
+PROGRESS_LEGEND = ("right/seen: checkpoint questions you answered right / answered; questions: how many the lesson "
+                   "has; cards due: interview cards due for another look / all of the lesson's cards; due now: "
+                   "questions and cards to review today; tests: your exercise's visible tests passing")
 
 
 def _cells(r: LessonProgress) -> list[str]:
@@ -446,6 +449,7 @@ def progress_text(store: ProgressStore | None = None, bank: QuestionBank | None 
     lines = ["  ".join(cell.ljust(w) if c == 0 else cell.rjust(w) for c, (cell, w) in enumerate(zip(row, widths)))
              + "  " + row[-1] for row in table]
     due = sum(r.due for r in data)
+    lines += ["", PROGRESS_LEGEND]
     lines.append("")
     lines.append(f"{due} item{'s' if due != 1 else ''} due for review: run `kvcourse review` or open "
                  "lessons/review.ipynb." if due else nothing_due_text(store, bank))
@@ -465,7 +469,8 @@ def progress_html(store: ProgressStore | None = None, bank: QuestionBank | None 
                    for a, c in zip(align, PROGRESS_COLUMNS))
     body = "".join("<tr>" + "".join(f"<td style='padding:0 .6em;text-align:{a}'>{html.escape(cell)}</td>"
                                     for a, cell in zip(align, _cells(r))) + "</tr>" for r in rows)
-    return f"<table class='kvcourse-review-progress'><tr>{head}</tr>{body}</table>"
+    return (f"<table class='kvcourse-review-progress'><tr>{head}</tr>{body}</table>"
+            f"<p style='font-size:smaller'>{html.escape(PROGRESS_LEGEND)}</p>")
 
 
 class ProgressView:
