@@ -286,8 +286,11 @@ def test_what_the_code_does_at_run_time_is_reported_however_it_is_written(tmp_pa
 
 @needs_bwrap
 def test_ordinary_code_reports_nothing_at_run_time(tmp_path):
-    ordinary = ("import torch, math, inspect, gc\nx = torch.randn(3).softmax(-1)\nprint(inspect.signature(double))\n"
-                "gc.collect()\nclass Box:\n    pass\nBox.size = 3\n%time y = math.prod([1, 2, 3])\n")
+    ordinary = ("import torch, math, inspect, gc, traceback\nx = torch.randn(3).softmax(-1)\n"
+                "print(inspect.signature(double))\ngc.collect()\nclass Box:\n    pass\nBox.size = 3\n"
+                "%time y = math.prod([1, 2, 3])\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n"
+                "    last = traceback.extract_tb(e.__traceback__)[-1]\ntraceback.print_stack(limit=2)\n"
+                "import torch._dynamo  # what torch.compile imports: it wraps torch.manual_seed itself\n")
     outcome = _run(tmp_path, ordinary)
     assert outcome.reached == [], outcome.reached
     assert _values(outcome) == ALL_CORRECT

@@ -45,7 +45,7 @@ def test_the_courses_own_implementation_is_named(code, shown):
     ("import sys\nf = sys._getframe(1).f_back", "_getframe"),
     ("import torch\ntorch.allclose = lambda *a, **k: True", "torch.allclose = …"),
     ("import os\nos.dup2(1, 5)", "os.dup2"),
-    ("import threading\nthreading.Thread(target=print).start()", "threading"),
+    ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)", "signal"),
     ("open('/proc/self/fd/4', 'w')", "/proc/self/fd/4"),
     ("get_ipython().input_transformers_post.append(str)", "get_ipython()"),
     ("%time x = 1\nimport ctypes", "ctypes"),  # a magic line does not hide the rest of the cell
@@ -113,7 +113,7 @@ def test_delegation_behind_a_magic_or_a_harmless_import_is_named(code, shown):
     ("import pkgutil\nf = pkgutil.resolve_name('course.engine.sampling:sample')", "pkgutil"),
     ("imp = getattr(__builtins__, '__imp' + 'ort__')", "__builtins__"),
     ("import torch\nm = torch.importlib.import_module('x')", ".import_module()"),
-    ("import sys\nf = getattr(sys, '_get' + 'frame')", "getattr(sys, <computed name>)"),
+    ("import sys\nf = getattr(sys, '_get' + 'frame')", "getattr(…, <a name built in code>)"),
     ("open('_helpers.py', 'w').write('x = 1')", "writes _helpers.py"),
 ])
 def test_evasions_of_the_scan_are_named(code, shown):
@@ -131,3 +131,32 @@ def test_evasions_of_the_scan_are_named(code, shown):
 ])
 def test_more_ordinary_code_gets_no_note(code):
     assert integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula")) == []
+
+
+@pytest.mark.parametrize("code", [  # honest code a review found noted (round 4)
+    "from types import SimpleNamespace\ntoy = SimpleNamespace(n_layers=2)",
+    "import sys\nIN_COLAB = 'google.colab' in sys.modules",
+    "DEBUG = False\nif DEBUG:\n    breakpoint()",
+    "import multiprocessing\nprint(multiprocessing.cpu_count())",
+    "from importlib.metadata import version\nprint(version('torch'))",
+    "import threading\nlock = threading.Lock()",
+    "from course.memory import human_bytes\nprint(human_bytes(2 ** 30))",
+    "import torch\ntorch._dynamo.config.suppress_errors = True",
+    "import getpass\nname = 'n_heads'\nimport types\nx = getattr(types.SimpleNamespace(n_heads=1), name)",
+])
+def test_honest_code_from_the_review_gets_no_note(code):
+    assert integrity.flags(_with(_release("05_paged_cache"), code), _release("05_paged_cache")) == []
+
+
+@pytest.mark.parametrize("code, shown", [  # evasions a review found unnoted (round 4)
+    ("import pydoc\n_S = pydoc.locate('course.engine.sampling')", "pydoc"),
+    ("from IPython.utils.importstring import import_item\n_S = import_item('course.engine.sampling')", "import_item"),
+    ("import pickle\n_S = pickle.loads(b'x')", "pickle.loads"),
+    ("%run -m course.engine.sampling", "%run"),
+    ("%%writefile _helpers.py\nfrom course.engine.sampling import *", "%writefile"),
+    ("import logging\nf = logging.currentframe()\nf = getattr(f, 'f_' + 'back')", ".currentframe()"),
+    ("import course\nc = course.engine.kv_cache.LayerKVCache", "course.engine.kv_cache"),
+])
+def test_more_evasions_are_named(code, shown):
+    notes = integrity.flags(_with(_release("05_paged_cache"), code), _release("05_paged_cache"))
+    assert any(shown in n for n in notes), notes

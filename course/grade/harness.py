@@ -200,19 +200,11 @@ def watch(events: Events):
     system = _system_prefixes()
     seen: set = set()
     busy = [False]
-    helpers = ("inspect.py", "traceback.py")
 
     def learner(frame) -> bool:
-        for _ in range(3):  # the caller, or the code that asked inspect/traceback for a frame
-            if frame is None:
-                return False
-            name = frame.f_code.co_filename
-            if not name.startswith(system):
-                return True
-            if not name.endswith(helpers):
-                return False
-            frame = frame.f_back
-        return False
+        """The code that made the call is the learner's (a frame inspect, traceback or logging takes for the
+        learner counts as theirs, so a debugging print_stack is not noted; the source scan names currentframe)."""
+        return frame is not None and not frame.f_code.co_filename.startswith(system)
 
     def hook(event, args):
         if event not in AUDITED or busy[0]:
@@ -243,7 +235,7 @@ def watch(events: Events):
             module = sys.modules.get(name)
             for attr, value in (vars(module).items() if module is not None else ()):
                 if callable(value):
-                    out[f"{name}.{attr}"] = id(value)
+                    out[f"{name}.{attr}"] = (id(value), str(getattr(value, "__module__", "") or ""))
         return out
 
     before = snapshot()
@@ -251,7 +243,10 @@ def watch(events: Events):
 
     def replaced() -> None:
         now = snapshot()
-        for key in sorted(k for k in before if k in now and now[k] != before[k])[:10]:
+        # a library replacing its own function is not the learner's doing (importing torch._dynamo, which
+        # torch.compile does, wraps torch.manual_seed): only a replacement from elsewhere is noted
+        for key in sorted(k for k in before if k in now and now[k][0] != before[k][0]
+                          and not now[k][1].startswith(("torch", "numpy")))[:10]:
             if f"replaced {key}" not in seen:
                 seen.add(f"replaced {key}")
                 events.write(ev="audit", what=f"replaced {key}")

@@ -19,18 +19,24 @@ from __future__ import annotations
 import ast
 import re
 
-REACHING_MODULES = {"ctypes", "importlib", "_thread", "threading", "multiprocessing", "signal", "atexit", "builtins",
-                    "faulthandler", "_ctypes", "cffi", "pkgutil", "runpy", "_imp", "types", "dis"}
+REACHING_MODULES = {"ctypes", "_thread", "signal", "atexit", "builtins", "faulthandler", "_ctypes", "cffi", "pkgutil",
+                    "runpy", "_imp", "dis", "pydoc", "IPython.utils.importstring"}
 SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "get_stats", "freeze"},
              "inspect": {"signature", "getsource", "getdoc", "isclass", "isfunction", "ismethod", "getfullargspec",
-                         "cleandoc", "Parameter", "Signature"}}  # anything else of these two is noted
+                         "cleandoc", "Parameter", "Signature"},
+             "pickle": {"dump", "dumps", "HIGHEST_PROTOCOL"}}  # anything else of these is noted (pickle.loads
+# of a constant imports any module: the scan would not see it)
 REACHING_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "gi_frame",
                   "cr_frame", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__"}
 PROCESS_ATTRS = {"settrace", "setprofile", "modules", "dup", "dup2", "fdopen", "fork", "forkpty", "kill", "killpg",
                  "_exit", "memfd_create", "set_inheritable", "pthread_kill", "write", "pipe"}  # of os, sys, signal
 HARMLESS = {"course.config", "course.engine.config", "course.engine.device", "course.paths"}  # shapes, devices
-REACHING_CALLS = {"__import__", "exec", "eval", "compile", "breakpoint", "get_ipython"}
-REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "exec_module"}
+HARMLESS_NAMES = {"course.memory:human_bytes", "course.memory:GiB", "course.memory:MiB",
+                  "course.measure.costs:human_bytes", "course.measure.costs:GiB"}  # printing helpers
+REACHING_CALLS = {"__import__", "exec", "eval", "compile", "get_ipython", "import_item"}
+REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "exec_module", "locate",
+                       "currentframe", "import_item"}
+CODE_MAGICS = {"run", "writefile", "load", "loadpy"}  # they run or write code the scan cannot see
 PROCESS_TEXT = re.compile(r"/proc/(?:self|thread-self|\d+)/|/dev/fd\b")  # not /proc/meminfo, /proc/cpuinfo
 MAGICS_WITH_CODE = {"time", "timeit", "prun", "capture"}  # %time CODE runs CODE: scanned like any other line
 
@@ -104,12 +110,14 @@ def _chain(node) -> list[str]:
 def _reaching(tree: ast.AST, modules: set[str], depth: int = 0) -> set[str]:
     used = set()
     ipython_calls = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_ipython_call(n)}
+    membership = {id(c) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                  and all(isinstance(o, (ast.In, ast.NotIn)) for o in n.ops) for c in n.comparators}
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
         for t in targets:  # torch.allclose = …: a library patched for everyone in the process, the checks too
             chain = _chain(t)
-            if len(chain) >= 2 and chain[0] in modules and "backends" not in chain:  # torch.backends.*: settings
+            if len(chain) >= 2 and chain[0] in modules and not {"backends", "config"} & set(chain):  # settings
                 used.add(f"{'.'.join(chain)} = …")
         if isinstance(node, ast.Call):
             for code in _magic_code(node) if depth < 3 else []:
@@ -122,9 +130,13 @@ def _reaching(tree: ast.AST, modules: set[str], depth: int = 0) -> set[str]:
                     isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
                 used.add(f"{f.id}({node.args[0].id}, …)")
             if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and \
-                    not isinstance(node.args[1], ast.Constant) and isinstance(node.args[0], ast.Name) and \
-                    node.args[0].id in modules | {"__builtins__"}:
-                used.add(f"getattr({node.args[0].id}, <computed name>)")
+                    not isinstance(node.args[1], ast.Constant) and (
+                        isinstance(node.args[1], (ast.BinOp, ast.JoinedStr, ast.Call)) or  # 'f_' + 'back'
+                        isinstance(node.args[0], ast.Name) and node.args[0].id in modules | {"__builtins__"}):
+                used.add("getattr(…, <a name built in code>)")
+            if isinstance(f, ast.Attribute) and f.attr in ("run_line_magic", "run_cell_magic") and node.args and \
+                    isinstance(node.args[0], ast.Constant) and str(node.args[0].value).lstrip("%") in CODE_MAGICS:
+                used.add(f"%{str(node.args[0].value).lstrip('%')}")
             if isinstance(f, ast.Name) and f.id in REACHING_CALLS and \
                     not (f.id == "get_ipython" and id(node) in ipython_calls):
                 used.add(f"{f.id}()")
@@ -149,8 +161,8 @@ def _reaching(tree: ast.AST, modules: set[str], depth: int = 0) -> set[str]:
             used.add(node.attr)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             base = node.value.id
-            if base in ("os", "sys", "signal") and node.attr in PROCESS_ATTRS:  # model.modules() is fine
-                used.add(f"{base}.{node.attr}")
+            if base in ("os", "sys", "signal") and node.attr in PROCESS_ATTRS and id(node) not in membership:
+                used.add(f"{base}.{node.attr}")  # model.modules() is fine, and so is `"x" in sys.modules`
             elif base in SAFE_USES and node.attr not in SAFE_USES[base]:
                 used.add(f"{base}.{node.attr}")
         elif isinstance(node, ast.Name) and node.id == "__builtins__":
@@ -218,7 +230,8 @@ def flags(nb, release_nb) -> list[str]:
     """Notes for report.csv: course imports the release does not make, and code that reaches into the process."""
     allowed = {a for _, _, tree in _parsed(release_nb) if tree is not None for t in _trees(tree)
                for a in _course_imports(t)}
-    allowed_modules = {a.split(":")[0] for a in allowed} | {a.replace(":", ".") for a in allowed} | HARMLESS
+    allowed_modules = ({a.split(":")[0] for a in allowed} | {a.replace(":", ".") for a in allowed} | HARMLESS) - \
+        {"course"}  # the release's own `import course` does not make every course.engine.… chain its code
     cells = _parsed(nb)
     modules = {n for _, _, tree in cells if tree is not None for t in _trees(tree) for n in _imported_names(t)}
     extra, reaching = set(), set()
@@ -230,7 +243,7 @@ def flags(nb, release_nb) -> list[str]:
             extra |= {m for m in re.findall(r"(?:from|import)\s+(course(?:\.\w+)*)", source)} - allowed_modules
             continue
         for t in _trees(tree):
-            extra |= {e for e in _course_imports(t) - allowed if e.split(":")[0] not in HARMLESS}
+            extra |= {e for e in _course_imports(t) - allowed - HARMLESS_NAMES if e.split(":")[0] not in HARMLESS}
             extra |= {c for c in _course_chains(t) if not any(c == m or c.startswith(m + ".") or m.startswith(c + ".")
                                                                 for m in allowed_modules)}
         reaching |= _reaching(tree, modules)
