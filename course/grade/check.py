@@ -138,11 +138,10 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
             answer_errors.append(f"answer cell '{meta.get('grade_id')}' raised {error.ename}: {error.evalue}".strip())
         if not meta.get("grade") or meta.get("solution"):
             continue
-        code_lines = [ln for ln in cell.source.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         hint = " ".join(ln.strip()[len("# Hint:"):].strip() for ln in cell.source.splitlines()
                         if ln.strip().startswith("# Hint:"))
         test = TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), "pass", hint=hint)
-        if not code_lines or HIDDEN_BEGIN in cell.source:
+        if not _visible(cell):
             test.status = "hidden"
         elif error is not None:
             test.status = "fail"
@@ -256,6 +255,12 @@ def run_check(args) -> int:
     return 0 if passed == len(visible) else 1
 
 
+def _visible(cell) -> bool:
+    """A test cell the learner can run: some code that is not only comments, and no hidden tests."""
+    return HIDDEN_BEGIN not in cell.source and any(ln.strip() and not ln.strip().startswith("#")
+                                                   for ln in cell.source.splitlines())
+
+
 def _save_visible(path: Path, cells: dict) -> None:
     """Save the visible tests' results of a full check to the progress file, as a plain check does (a full check
     left `kvcourse progress` at "tests 0/5" after the visible tests had passed in it)."""
@@ -268,8 +273,7 @@ def _save_visible(path: Path, cells: dict) -> None:
         nb = nbformat.read(str(path), as_version=4)
         visible = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.cell_type == "code"
                    and c.get("metadata", {}).get("nbgrader", {}).get("grade")
-                   and not c.metadata["nbgrader"].get("solution") and HIDDEN_BEGIN not in c.source
-                   and any(ln.strip() and not ln.strip().startswith("#") for ln in c.source.splitlines())]
+                   and not c.metadata["nbgrader"].get("solution") and _visible(c)]
         statuses = {gid: "pass" if cells[gid][1] else "fail" for gid in visible if gid in cells}
         if statuses:
             from course.teach.progress import record_exercise_check

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 import re
 
+from course.grade.harness import is_test_cell
+
 REACHING_MODULES = {"ctypes", "_thread", "signal", "atexit", "builtins", "faulthandler", "_ctypes", "cffi", "pkgutil",
                     "runpy", "_imp", "dis", "pydoc", "IPython.utils.importstring"}
 SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "get_stats", "freeze"},
@@ -39,11 +41,6 @@ REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path"
 CODE_MAGICS = {"run", "writefile", "load", "loadpy"}  # they run or write code the scan cannot see
 PROCESS_TEXT = re.compile(r"/proc/(?:self|thread-self|\d+)/|/dev/fd\b")  # not /proc/meminfo, /proc/cpuinfo
 MAGICS_WITH_CODE = {"time", "timeit", "prun", "capture"}  # %time CODE runs CODE: scanned like any other line
-
-
-def _is_test(cell) -> bool:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return isinstance(meta, dict) and bool(meta.get("grade")) and not meta.get("solution")
 
 
 def _source(cell) -> str:
@@ -107,7 +104,7 @@ def _chain(node) -> list[str]:
     return [node.id, *reversed(parts)] if isinstance(node, ast.Name) else []
 
 
-def _reaching(tree: ast.AST, modules: set[str], depth: int = 0) -> set[str]:
+def _reaching(tree: ast.AST, modules: set[str]) -> set[str]:
     used = set()
     ipython_calls = {id(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call) and _is_ipython_call(n)}
     membership = {id(c) for n in ast.walk(tree) if isinstance(n, ast.Compare)
@@ -120,11 +117,6 @@ def _reaching(tree: ast.AST, modules: set[str], depth: int = 0) -> set[str]:
             if len(chain) >= 2 and chain[0] in modules and not {"backends", "config"} & set(chain):  # settings
                 used.add(f"{'.'.join(chain)} = …")
         if isinstance(node, ast.Call):
-            for code in _magic_code(node) if depth < 3 else []:
-                try:
-                    used |= _reaching(ast.parse(code), modules, depth + 1)
-                except SyntaxError:
-                    pass
             f = node.func
             if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and node.args and \
                     isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
@@ -236,7 +228,7 @@ def flags(nb, release_nb) -> list[str]:
     modules = {n for _, _, tree in cells if tree is not None for t in _trees(tree) for n in _imported_names(t)}
     extra, reaching = set(), set()
     for cell, source, tree in cells:
-        if _is_test(cell):
+        if is_test_cell(cell):
             continue
         if tree is None:
             reaching |= _text_scan(source)
@@ -244,9 +236,9 @@ def flags(nb, release_nb) -> list[str]:
             continue
         for t in _trees(tree):
             extra |= {e for e in _course_imports(t) - allowed - HARMLESS_NAMES if e.split(":")[0] not in HARMLESS}
+            reaching |= _reaching(t, modules)  # the cell's code and what its %time magics run
             extra |= {c for c in _course_chains(t) if not any(c == m or c.startswith(m + ".") or m.startswith(c + ".")
                                                                 for m in allowed_modules)}
-        reaching |= _reaching(tree, modules)
     notes = []
     if extra:
         shown = sorted(f"import {e[:-1]}" if e.endswith(":") else e.replace(":", ".") for e in extra)
