@@ -30,7 +30,8 @@ ALT_HEAP = {
                 return block
 
             def share(self, block):
-                assert self.ref_count[block] > 0, "share an allocated block"
+                if self.ref_count[block] <= 0:
+                    raise ValueError(f"block {block} is free: allocate it before sharing it")
                 self.ref_count[block] = self.ref_count[block] + 1
 
             def release(self, block):
@@ -122,6 +123,8 @@ ALT_DEQUE = {
                 return block
 
             def share(self, block):
+                if not self.ref_count[block]:
+                    raise ValueError("share of free block %d" % block)
                 self.ref_count[block] += 1
 
             def release(self, block):
@@ -290,6 +293,12 @@ SAMPLES = {
             ("    full = length // cache.block_size  # blocks every position of which is written",
              "    full = len(table)  # every block, the partly filled one too"),
             ("    if length % cache.block_size:", "    if False:")]}),
+    "paged-bug-share-free": dict(
+        about="share() counts a reference on a free block instead of raising ValueError",
+        expect="loses", patches={"block_pool": [
+            ("        if self.ref_count[block] < 1:\n"
+             "            raise ValueError(f\"block {block} is free: allocate it before sharing it\")\n",
+             "")]}),
     "paged-bug-index-error": dict(
         about="an empty pool raises IndexError (popping an empty list) instead of MemoryError",
         expect="loses", patches={"block_pool": [("        if not self.free:\n", "        if False:\n")]}),

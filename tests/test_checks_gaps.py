@@ -115,6 +115,7 @@ SAMPLE_BUGS = {
     "samp-bug-inplace-at-T1": ("03_sampler", {"test_sampler_hidden"}),
     "samp-bug-greedy-keeps-dtype": ("03_sampler", {"test_sampler_hidden"}),
     "paged-bug-free-keeps-length": ("05_paged_cache", {"test_cache_hidden"}),
+    "paged-bug-share-free": ("05_paged_cache", {"test_cache_hidden"}),
 }
 
 

@@ -84,6 +84,14 @@ def release_free_block(ns):
     return pool.release(block)
 
 
+def share_free_block(ns):
+    """share() on a block that was allocated and released again (free now): the notebook says ValueError."""
+    pool = ns["BlockPool"](2)
+    block = pool.allocate()
+    pool.release(block)
+    return pool.share(block)
+
+
 # ----------------------------------------------------------------------------- the cache
 
 def block_counts(ns):
@@ -439,6 +447,8 @@ CHECKS = {
               "hint: each layer has its own K/V pool, and all layers share one block table"),
         Check("releasing a free block", release_free_block, raises,
               "hint: releasing a block that is already free must raise ValueError"),
+        Check("sharing a free block", share_free_block, raises,
+              "hint: sharing a block that is free (never allocated, or released) must raise ValueError"),
         Check("a freed id reused", free_then_reuse, exact,
               "hint: free() forgets the sequence: its table and its length (lengths[seq_id]) go, so that the id "
               "can start again from 0 tokens"),
