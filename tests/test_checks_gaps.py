@@ -146,6 +146,21 @@ def test_sampler_alternatives_keep_full_marks(name):
     assert failed_cells("03_sampler", sample("03_sampler", name)) == set()
 
 
+# Correct code written differently (patches of the reference): it keeps every cell.
+CORRECT_VARIANTS = {
+    "samp-alt-int32-ids": ("03_sampler", Sample("returns the ids as int32 (the notebook does not fix their dtype)",
+                                                "full", patches={"sampler": [
+        ("    return ids.reshape(probs.shape[:-1])", "    return ids.reshape(probs.shape[:-1]).to(torch.int32)")]}),
+        "test_sampler_hidden"),
+}
+
+
+@pytest.mark.parametrize("name", list(CORRECT_VARIANTS))
+def test_correct_variant_keeps_its_cell(name):
+    assignment, variant, cell = CORRECT_VARIANTS[name]
+    assert failed_cells(assignment, variant, (cell,)) == set()
+
+
 # ----------------------------------------------------------------------------- no check a constant can satisfy
 
 @pytest.mark.parametrize("assignment", ["01_memory_formula", "02_kv_cache", "03_sampler", "05_paged_cache"])

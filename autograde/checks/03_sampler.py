@@ -154,6 +154,16 @@ def generator_advances(got, ref) -> bool:
             and not same(got[0], got[1]) and not same(ref[0], ref[1]) and exact(got[2], ref[2]))
 
 
+def ids_equal(got, ref) -> bool:
+    """Integer ids of ref's shape and values; any integer dtype (the notebook does not fix the ids' dtype)."""
+    return (isinstance(got, Array) and isinstance(ref, Array) and got.data.shape == ref.data.shape
+            and got.data.dtype.kind in "iu" and bool((got.data == ref.data).all()))
+
+
+def shape_and_ids(got, ref) -> bool:
+    return (isinstance(got, tuple) and len(got) == 2 and ids_equal(got[0], ref[0]) and exact(got[1], ref[1]))
+
+
 def draw_shape(ns):
     """[1, V] logits give [1] ids: a batch of one stays a batch. One row keeps a single finite logit, so the id is
     fixed; a second draw from a spread-out row shows the shape again."""
@@ -297,8 +307,8 @@ CHECKS = {
               "or reseed it, and leave the global RNG alone (no torch.manual_seed)"),
         Check("greedy on a batch, ties", call("sampling_probs", GREEDY_ROWS, temperature=0), close(0.0, same_dtype=False),
               "hint: T = 0 is the one-hot of each row's own argmax; on a tie, the lowest token id"),
-        Check("[1, V] gives [1]", draw_shape, shape_and(exact),
-              "hint: [B, V] logits give [B] ids, also when B = 1 (squeeze(-1), not squeeze())"),
+        Check("[1, V] gives [1]", draw_shape, shape_and_ids,
+              "hint: [B, V] logits give [B] integer ids, also when B = 1: [1], not a 0-d id"),
         Check("bfloat16 logits", half_precision, shape_and(close(1e-6)),
               "hint: compute the probabilities in float32 (logits.float()) and return float32, whatever the "
               "logits' dtype"),
