@@ -640,6 +640,11 @@ SAMPLER = {
         ("    flat = probs.reshape(-1, probs.shape[-1])  # [B, V]\n",
          "    if probs.dim() == 1:\n        return torch.multinomial(probs, 1).squeeze(-1)\n"
          "    flat = probs.reshape(-1, probs.shape[-1])  # [B, V]\n")]}),
+    "samp-bug-1d-drops-args": Sample("[V] logits go to sample as one row, without the temperature, top_k and top_p",
+                                     "loses", patches={"sampler": [
+        ("    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat",
+         "    if logits.dim() == 1:\n        return sample(logits[None], generator=generator)[0]\n"
+         "    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat")]}),
     "samp-bug-inplace-at-T1": Sample("at T = 1 sampling_probs skips the division and applies top-k in place: the "
                                      "caller's logits change", "loses", patches={"sampler": [
         ("    logits = apply_temperature(logits.float(), temperature)\n    if top_k is not None:\n"

@@ -101,6 +101,10 @@ EXTRA_BUGS = {
                                                            patches={"sampler": [
         ("logits = apply_temperature(logits.float(), temperature)",
          "logits = apply_temperature(logits, temperature)")]}), "test_sampler_hidden"),
+    "samp-bug-1d-uniform": ("03_sampler", Sample("[V] logits give a uniform random id", "loses", patches={"sampler": [
+        ("    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat",
+         "    if logits.dim() == 1:\n        return torch.randint(logits.shape[-1], (), generator=generator)\n"
+         "    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat")]}), "test_sampler_hidden"),
 }
 
 # graded samples (autograde/samples) for the rest: assignment, the one cell each must lose
@@ -116,6 +120,7 @@ SAMPLE_BUGS = {
     "samp-bug-greedy-keeps-dtype": ("03_sampler", {"test_sampler_hidden"}),
     "paged-bug-free-keeps-length": ("05_paged_cache", {"test_cache_hidden"}),
     "paged-bug-share-free": ("05_paged_cache", {"test_cache_hidden"}),
+    "samp-bug-1d-drops-args": ("03_sampler", {"test_sampler_hidden"}),
 }
 
 

@@ -207,6 +207,31 @@ def one_d_decides(got, ref) -> bool:
             and seeds_decide(got[:3], ref[:3]) and exact(got[3], ref[3]))
 
 
+ONE_D = torch.tensor([1.0, 0.2, 2.0, -0.5, 1.5, 0.0])  # T = 0.7, top-4, top-p 0.9 keep tokens 2, 4, 0
+N_ONE_D = 4_000
+
+
+def one_d_frequencies(ns):
+    """[V] logits, one id per call, 4,000 calls with one generator at T = 0.7, top-k 4, top-p 0.9: the shape of the
+    stacked ids and their frequencies, judged against the reference's (a [V] draw keeps the temperature and the
+    filters: tokens 1, 3 and 5 must never come out)."""
+    generator = torch.Generator().manual_seed(13)
+    ids = torch.stack([ns["sample"](ONE_D.clone(), temperature=0.7, top_k=4, top_p=0.9, generator=generator)
+                       for _ in range(N_ONE_D)])
+    return (tuple(ids.shape), torch.bincount(ids.long().flatten(), minlength=len(ONE_D)).double() / N_ONE_D)
+
+
+def one_d_greedy(ns):
+    """T = 0 on [V] logits, 8 calls: 64 logits of 0 with one 0.5 in another place each time (at T = 1 that token
+    comes out 2.5 % of the time). Each call's 0-d id, stacked; judged as integer ids equal to the reference's."""
+    out = []
+    for i in range(8):
+        logits = torch.zeros(64)
+        logits[7 * i + 3] = 0.5
+        out.append(ns["sample"](logits, temperature=0, generator=torch.Generator().manual_seed(i)))
+    return torch.stack(out)
+
+
 def greedy_half(ns):
     """T = 0 on bfloat16 logits: the one-hot of each row's argmax, in float32 (the notebook: float32 whatever the
     logits' dtype). The dtype comes back as a string, judged outside."""
@@ -334,6 +359,10 @@ CHECKS = {
         Check("[V] logits: the generator decides, the global RNG untouched", one_d_draws, one_d_decides,
               "hint: draw with the generator you are given for [V] logits too (generator=generator), never the "
               "global RNG"),
+        Check("[V] logits: temperature, top-k and top-p", one_d_frequencies, shape_and(frequencies(N_ONE_D)),
+              "hint: [V] logits give one id drawn from sampling_probs with the same temperature, top_k and top_p "
+              "as a row of [B, V]"),
+        Check("[V] logits at T = 0", one_d_greedy, ids_equal, "hint: at T = 0, [V] logits give their argmax"),
         Check("rows sample their own distribution",
               draws(5, torch.tensor([[0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]]), N,
                     temperature=1.5, top_k=4), shape_and(frequencies(N)),
