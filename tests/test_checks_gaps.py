@@ -105,6 +105,10 @@ EXTRA_BUGS = {
         ("    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat",
          "    if logits.dim() == 1:\n        return torch.randint(logits.shape[-1], (), generator=generator)\n"
          "    probs = sampling_probs(logits, temperature, top_k, top_p)\n    flat")]}), "test_sampler_hidden"),
+    "mem-bug-round-nearest": ("01_memory_formula", Sample("max_context rounds to the nearest token, not down", "loses",
+                                                          patches={"max_context": [
+        ("    return int(free // (kv_bytes_per_token(config, dtype_bytes) * batch))",
+         "    return round(free / (kv_bytes_per_token(config, dtype_bytes) * batch))")]}), "test_max_context_hidden"),
 }
 
 # graded samples (autograde/samples) for the rest: assignment, the one cell each must lose

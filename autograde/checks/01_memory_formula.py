@@ -77,6 +77,8 @@ CHECKS = {
         Check("INT8", ctx(llama_7b, 24 * GiB, 13 * GiB, dtype_bytes=1), exact,
               "hint: an INT8 cache fits twice the tokens"),
         Check("rounds down", ctx(llama_7b, 24 * 10**9, 13_476_839_424), exact, "hint: round down to whole tokens"),
+        Check("rounds down from above a half", ctx(llama_7b, 24 * 10**9, 13 * 10**9), exact,
+              "hint: round down to whole tokens (// or int(), not round()): T + 1 tokens must not fit"),
         Check("no room", ctx(gpt2, 10**6, 10**6), exact, "hint: nothing is left for the cache"),
         Check("batch 0", ctx(llama_7b, 24 * GiB, 13 * GiB, batch=0), raises,
               "hint: batch = 0 has no sequence to size: raise ValueError"),
