@@ -109,6 +109,14 @@ EXTRA_BUGS = {
                                                           patches={"max_context": [
         ("    return int(free // (kv_bytes_per_token(config, dtype_bytes) * batch))",
          "    return round(free / (kv_bytes_per_token(config, dtype_bytes) * batch))")]}), "test_max_context_hidden"),
+    "kv-bug-new-cache-dim-over-heads": ("02_kv_cache", Sample("new_cache sizes D_h as dim // n_heads, not head_dim",
+                                                            "loses", patches={"layer_cache": [
+        ("max_seq_len, config.head_dim, dtype)", "max_seq_len, config.dim // config.n_heads, dtype)")]}),
+        "test_cache_allocates"),
+    "paged-bug-pools-dim-over-heads": ("05_paged_cache", Sample("the pools' D_h is dim // n_heads, not head_dim",
+                                                              "loses", patches={"paged_cache": [
+        ("shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)",
+         "shape = (num_blocks, config.n_kv_heads, block_size, config.dim // config.n_heads)")]}), "test_cache_hidden"),
 }
 
 # graded samples (autograde/samples) for the rest: assignment, the one cell each must lose

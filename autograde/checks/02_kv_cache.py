@@ -61,6 +61,12 @@ def new_cache_course_shape(ns):
     return (len(caches), [(tuple(c.k.shape), tuple(c.v.shape), str(c.k.dtype), str(c.v.dtype)) for c in caches])
 
 
+def new_cache_head_dim(ns):
+    """new_cache for a config whose D_h (24) is not dim // n_heads (64 // 4 = 16), as in some real models."""
+    caches = ns["new_cache"](WIDE_HEADS, 1, 5)
+    return (len(caches), [(tuple(c.k.shape), tuple(c.v.shape)) for c in caches])
+
+
 def new_cache_dtype(ns):
     caches = ns["new_cache"](ModelConfig.from_name("tiny"), 1, 4, dtype=torch.float16)
     return (caches[0].k, caches[-1].v)
@@ -119,6 +125,7 @@ def greedy(seed, config, prompt, n, own_attention=False):
 TINY = ModelConfig.from_name("tiny")
 SMOLLM = ModelConfig.from_name("smollm2-135m")  # the course model: 30 layers, H_kv = 3, D_h = 64
 MQA = TINY.with_(n_kv_heads=1)
+WIDE_HEADS = TINY.with_(head_dim=24)  # D_h = 24, not dim // n_heads = 16
 EXACT_TOL = close(1e-5)
 
 CHECKS = {
@@ -130,6 +137,8 @@ CHECKS = {
         Check("new_cache for the course model's shape", new_cache_course_shape, exact,
               "hint: new_cache must size every LayerCache from the config it is given (config.n_layers, "
               "config.n_kv_heads, config.head_dim), not from the notebook's own cfg"),
+        Check("new_cache when D_h is not dim / n_heads", new_cache_head_dim, exact,
+              "hint: size every LayerCache with config.head_dim: D_h is not always config.dim // config.n_heads"),
     ],
     "test_cache_update": [
         Check("prefill then decode", update, exact,

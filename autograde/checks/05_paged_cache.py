@@ -16,6 +16,7 @@ from course.grade.verdicts import Check, close, exact, raises
 
 TINY = ModelConfig.from_name("tiny")  # 2 layers, H_kv = 2, D_h = 16
 MQA = TINY.with_(n_kv_heads=1)
+WIDE_HEADS = TINY.with_(head_dim=24)  # D_h = 24, not dim // n_heads = 16
 SMOLLM = ModelConfig.from_name("smollm2-135m")  # the course model: 30 layers, H_kv = 3, D_h = 64
 
 
@@ -171,6 +172,16 @@ def course_shape(ns):
     out = [k_all.clone(), v_all.clone()]
     k_all, v_all = cache.update("s", 29, 5, x[:, :, 5:], -x[:, :, 5:])
     return fresh + out + [k_all.clone(), v_all.clone(), len(cache.tables["s"]), cache.pool.num_free]
+
+
+def wide_heads(ns):
+    """A config whose D_h (24) is not dim // n_heads (16): the pools' shapes, then what layers 0 and 1 gather for a
+    3-token prompt (block size 2)."""
+    cache = ns["PagedKVCache"](WIDE_HEADS, num_blocks=3, block_size=2)
+    shapes = [(tuple(k.shape), tuple(v.shape)) for k, v in zip(cache.k, cache.v)]
+    x = randn(24, 1, 2, 3, 24)
+    out = [cache.update(0, layer, 0, x + layer, -x)[0].clone() for layer in range(WIDE_HEADS.n_layers)]
+    return [shapes] + out
 
 
 def rewind(ns):
@@ -440,6 +451,8 @@ CHECKS = {
         Check("the course model's shape", course_shape, exact,
               "hint: size the pools from the config you are given (config.n_layers, config.n_kv_heads, "
               "config.head_dim), not from the notebook's own cfg"),
+        Check("D_h is not dim / n_heads", wide_heads, exact,
+              "hint: size the pools with config.head_dim: D_h is not always config.dim // config.n_heads"),
         Check("rewind: an update before the end", rewind, exact,
               "hint: update() returns positions 0 .. start_pos + T_new - 1, also when start_pos is below the "
               "tokens already stored (a rewrite)"),
