@@ -145,12 +145,13 @@ def chunk_after_prompt(ns):
 
 def pool_dtype(ns):
     """float16 pools: both pools of every layer as allocated (zeros of [num_blocks, H_kv, block_size, D_h]), then
-    what an update in layer 1 gathers, and layer 1's and layer 0's pools with their blocks put in table order
-    (unused blocks after, lowest id first), so that the values do not depend on which block ids the free list
-    hands out, a policy the notebook leaves open."""
+    what an update in layer 1 gathers (after layer 0's, as the model calls them), and layer 1's and layer 0's pools
+    with their blocks put in table order (unused blocks after, lowest id first), so that the values do not depend
+    on which block ids the free list hands out, a policy the notebook leaves open."""
     cache = ns["PagedKVCache"](TINY, num_blocks=3, block_size=2, dtype=torch.float16)
     fresh = [cache.k[0].clone(), cache.v[0].clone(), cache.k[-1].clone(), cache.v[-1].clone()]
     x = randn(16, 1, 2, 3, 16).half()
+    cache.update(0, 0, 0, x + 1, x * 3)
     k_all, v_all = cache.update(0, 1, 0, x, x * 2)
     return fresh + [k_all.clone(), v_all.clone()] + in_table_order(cache, 0, (1, 0))
 
@@ -164,12 +165,15 @@ def in_table_order(cache, seq_id, layers):
 
 def course_shape(ns):
     """The course model's own shape (SmolLM2-135M: 30 layers, H_kv = 3, D_h = 64), a small pool: the pools are
-    sized from the config given, and an update in the last layer stores and gathers [1, 3, T, 64]."""
+    sized from the config given, and an update in the last layer (after layer 0's, as the model calls them) stores
+    and gathers [1, 3, T, 64]."""
     cache = ns["PagedKVCache"](SMOLLM, num_blocks=3, block_size=4)
     fresh = [len(cache.k), len(cache.v), [(tuple(k.shape), tuple(v.shape)) for k, v in zip(cache.k, cache.v)]]
     x = randn(19, 1, 3, 6, 64)
+    cache.update("s", 0, 0, x[:, :, :5], x[:, :, :5])
     k_all, v_all = cache.update("s", 29, 0, x[:, :, :5], -x[:, :, :5])
     out = [k_all.clone(), v_all.clone()]
+    cache.update("s", 0, 5, x[:, :, 5:], x[:, :, 5:])
     k_all, v_all = cache.update("s", 29, 5, x[:, :, 5:], -x[:, :, 5:])
     return fresh + out + [k_all.clone(), v_all.clone(), len(cache.tables["s"]), cache.pool.num_free]
 
