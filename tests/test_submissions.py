@@ -75,3 +75,29 @@ def test_every_file_found_is_on_some_row(tmp_path):
         assert f.name in text, f
     keys = [(s.student, s.assignment, s.notebook) for s in subs]
     assert len(keys) == len(set(keys)), "two rows under one key: the grader would keep only one of them"
+
+
+def test_odd_nbgrader_metadata_and_deep_code_are_read_without_error():
+    """A submission's metadata and code are the student's: `"nbgrader": []`, a list or dict as grade_id, and a
+    cell nested past Python's parser limits (RecursionError, MemoryError) raised before any sandbox started."""
+    import copy
+
+    import nbformat
+    from nbformat.v4 import new_code_cell
+
+    from course.grade import integrity
+    from course.grade.submissions import grade_id, repair
+    from course.paths import AUTOGRADE
+
+    ref = nbformat.read(str(AUTOGRADE / "samples" / "reference" / "01_memory_formula" / "memory_formula.ipynb"),
+                        as_version=4)
+    nb = copy.deepcopy(ref)
+    for meta in ([], {"grade_id": ["x"], "solution": True}, {"grade_id": {"a": 1}, "grade": True, "points": 9}, "s"):
+        cell = new_code_cell("x = 1")
+        cell.metadata["nbgrader"] = meta
+        nb.cells.append(cell)
+    nb.cells.append(new_code_cell("total = " + " + ".join(["1"] * 10_000) + "\ny = " + "-" * 200_000 + "1"))
+    problems = repair(nb, ref)
+    assert [grade_id(c) for c in nb.cells if grade_id(c)] == [grade_id(c) for c in ref.cells if grade_id(c)]
+    assert any("the release does not have" in p for p in problems), problems
+    assert integrity.flags(nb, ref) == []

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from course.grade.files import GradingError
 from course.grade.nbgrader_api import assignments
-from course.grade.submissions import invalid_reason, repair
+from course.grade.submissions import grade_id, invalid_reason, nbgrader_meta, repair
 from course.paths import EXERCISES, jupyter_env
 
 HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
@@ -44,7 +44,7 @@ class TestResult:
 
 
 def _grade_ids(nb) -> set[str]:
-    return {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells} - {None}
+    return {grade_id(c) for c in nb.cells} - {None}
 
 
 def exercise_of(path: Path) -> str | None:
@@ -130,7 +130,7 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
 
     results, answer_errors = [], []
     for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
+        meta = nbgrader_meta(cell) or {}
         if cell.cell_type != "code":
             continue
         error = next((o for o in cell.get("outputs", []) if o.output_type == "error"), None)
@@ -271,9 +271,8 @@ def _save_visible(path: Path, cells: dict) -> None:
         return
     try:
         nb = nbformat.read(str(path), as_version=4)
-        visible = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.cell_type == "code"
-                   and c.get("metadata", {}).get("nbgrader", {}).get("grade")
-                   and not c.metadata["nbgrader"].get("solution") and _visible(c)]
+        visible = [grade_id(c) for c in nb.cells if c.cell_type == "code" and grade_id(c)
+                   and (nbgrader_meta(c) or {}).get("grade") and not nbgrader_meta(c).get("solution") and _visible(c)]
         statuses = {gid: "pass" if cells[gid][1] else "fail" for gid in visible if gid in cells}
         if statuses:
             from course.teach.progress import record_exercise_check

@@ -298,13 +298,22 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
         if not force and done and done.get("hash") == sub.digest and (course / "autograded" / sub.key).exists():
             rows[key] = Row(**done["row"])
             continue
-        nb = nbformat.read(str(sub.path), as_version=4)
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
-        sub.problems += repair(nb, release_nb)
-        sub.problems += integrity.flags(nb, release_nb)  # for the teacher's eyes: the score is not changed
+        try:
+            nb = nbformat.read(str(sub.path), as_version=4)
+            sub.problems += repair(nb, release_nb)
+        except Exception as exc:  # the file is the student's: one that breaks the repair must not stop the class
+            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "failed", problems="; ".join(
+                [f"could not be prepared for grading ({type(exc).__name__}: {str(exc)[:160]}): grade it by hand"]
+                + sub.problems + _earlier_grade(ledger, sub)))
+            continue
+        try:
+            sub.problems += integrity.flags(nb, release_nb)  # for the teacher's eyes: the score is not changed
+        except Exception as exc:
+            sub.problems.append(f"check by hand: its code could not be scanned ({type(exc).__name__})")
         pending.append((sub, nb))
 
-    outsiders = [r for r in rows.values() if r.status in ("invalid", "missing") and r.student]
+    outsiders = [r for r in rows.values() if r.status in ("invalid", "missing", "failed") and r.student]
     cached = [r for r in rows.values() if r.status == "graded"]
     if outsiders or cached:
         from nbgrader.api import Gradebook, MissingEntry

@@ -181,8 +181,8 @@ def _parsed(nb) -> list[tuple[dict, str, ast.AST | None]]:
             source = _source(cell)
             try:
                 out.append((cell, source, ast.parse(source)))
-            except SyntaxError:
-                out.append((cell, source, None))
+            except (SyntaxError, ValueError, RecursionError, MemoryError):  # ValueError: a NUL byte; the other
+                out.append((cell, source, None))  # two: nesting too deep for the parser (1 + 1 + … 10,000 times)
     return out
 
 
@@ -193,9 +193,10 @@ def _trees(tree: ast.AST, depth: int = 0):
         if isinstance(node, ast.Call) and depth < 3:
             for code in _magic_code(node):
                 try:
-                    yield from _trees(ast.parse(code), depth + 1)
-                except SyntaxError:
-                    pass
+                    tree = ast.parse(code)
+                except (SyntaxError, ValueError, RecursionError, MemoryError):
+                    continue
+                yield from _trees(tree, depth + 1)
 
 
 def _course_chains(tree: ast.AST) -> set[str]:

@@ -31,8 +31,18 @@ class Submission:
         return f"{self.student}/{self.assignment}"
 
 
+def nbgrader_meta(cell) -> dict | None:
+    """The cell's nbgrader metadata when it is a dict; None otherwise (a submission's metadata is the student's
+    to write: `"nbgrader": []` passes nbformat's schema)."""
+    meta = cell.get("metadata")
+    meta = meta.get("nbgrader") if isinstance(meta, dict) else None
+    return meta if isinstance(meta, dict) else None
+
+
 def grade_id(cell) -> str | None:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    """The cell's grade id, or None where there is none or it is not a string."""
+    gid = (nbgrader_meta(cell) or {}).get("grade_id")
+    return gid if isinstance(gid, str) else None
 
 
 def _stem(path: Path, by_stem: dict) -> tuple[str, str]:
@@ -199,14 +209,14 @@ def release_metadata(nb, release_nb) -> list[str]:
             cell.metadata["nbgrader"] = copy.deepcopy(dict(want))
             seen.add(gid)
         elif (isinstance(meta, dict) and meta.get("solution") and cell.cell_type == "code" and unclaimed
-              and gid not in released):
+              and not (isinstance(gid, str) and gid in released)):
             target = unclaimed.pop(0)
             cell.metadata["nbgrader"] = copy.deepcopy(dict(released[target].metadata["nbgrader"]))
             seen.add(target)
             renamed.append(f"{name} -> {target}")
         else:
             del cell.metadata["nbgrader"]
-            (duplicate if gid in released else unknown).append(name)
+            (duplicate if isinstance(gid, str) and gid in released else unknown).append(name)
     problems = []
     for items, what in ((unknown, "cell(s) with a grade id the release does not have, graded as ordinary code"),
                         (duplicate, "duplicate grade id(s), the later cells graded as ordinary code"),
