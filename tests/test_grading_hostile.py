@@ -130,6 +130,60 @@ def test_a_sandbox_that_forges_events_is_graded_on_its_code(tmp_path):
     assert outcome.seconds < 90, "forged events must not slow the grader down (it was quadratic)"
 
 
+FORGE_LATER_CHECKS = """
+import json, os, stat
+def _pipe():
+    for fd in range(3, 256):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                return fd
+        except OSError:
+            pass
+_fd = _pipe()
+def _emit(**e):
+    getattr(os, "write")(_fd, (json.dumps(e) + "\\n").encode())
+def double(x):  # wrong for every input; during the last check it writes the right value for the first
+    if x == len("HIDDEN-INPUT-4242"):
+        for n in range(1000, 1010):  # any numbering: the lines are not signed
+            _emit(ev="check_start", gid="test_double", k=0, n=n)
+            _emit(ev="check", gid="test_double", k=0, value={"t": "int", "v": "42"}, n=n)
+            _emit(ev="check_start", gid="test_double", k=1, n=n)  # back to the check running now
+    return 3 * x
+"""
+
+
+@needs_bwrap
+def test_events_written_by_the_submission_are_dropped_and_noted(tmp_path):
+    """During its last check a submission wrote a start and a value for an earlier check to the events pipe (found
+    with os.fstat), then the start of the check running: the order rules took the forged value for the
+    earlier check, which the harness had already written."""
+    outcome = _run(tmp_path, FORGE_LATER_CHECKS)
+    assert not outcome.infrastructure
+    values = _values(outcome)
+    assert values[("test_double", 0)] == {"t": "int", "v": "63"}, values
+    assert values[("test_double", 1)] == {"t": "int", "v": str(3 * len(SECRET))}, values
+    assert any("grader's event pipe" in r for r in outcome.reached), outcome.reached
+
+
+def test_only_signed_rising_lines_are_events():
+    import hashlib
+    import hmac
+
+    key = b"k" * 32
+
+    def signed(**event):
+        body = json.dumps(event).encode()
+        return hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b" " + body
+
+    data = b"\n".join([signed(ev="cell_start", i=0, n=0), b'{"ev": "cell_done", "i": 0, "n": 1}',
+                       signed(ev="cell_done", i=0, n=1), signed(ev="cell_start", i=0, n=1),  # replayed number
+                       b"x" + signed(ev="cells_done", n=2), signed(ev="done", n=5)])
+    events = sandbox._parse(data, key)
+    assert [(e["ev"], e.get("n")) for e in events] == [("cell_start", 0), ("cell_done", 1), ("done", 5),
+                                                       ("unsigned", None)]
+    assert events[-1]["count"] == 3
+
+
 @needs_bwrap
 def test_a_cell_that_swallows_its_timeout_is_stopped_when_it_goes_silent(tmp_path):
     """A loop that catches the timeout's interrupt held each attempt until the wall-clock limit (300 s, up to
@@ -405,6 +459,18 @@ def _hostile_submissions(folder: Path) -> None:
     cell.metadata["nbgrader"]["grade_id"] = "my_kv_cache_bytes"
     save("renamed-answer-id", nb)
 
+    # metadata and code that the grader reads before any sandbox starts: each once stopped the whole class
+    for student, meta in (("meta-list", []), ("meta-gid-list", {"grade_id": ["x"], "solution": True}),
+                          ("meta-gid-dict", {"grade_id": {"a": 1}, "grade": True, "points": 9})):
+        nb = copy.deepcopy(ref)
+        extra = new_code_cell("x = 1")
+        extra.metadata["nbgrader"] = meta
+        nb.cells.append(extra)
+        save(student, nb)
+    nb = copy.deepcopy(ref)  # too deeply nested for Python's parser (RecursionError) and a MemoryError in it
+    nb.cells.append(new_code_cell("total = " + " + ".join(["1"] * 10_000) + "\ny = " + "-" * 200_000 + "1"))
+    save("deep-expression", nb)
+
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
@@ -440,6 +506,14 @@ def test_an_answer_cell_marked_graded_gets_the_released_metadata(graded):
     row = graded["answer-graded"]
     assert row.status == "graded" and row.score == row.max_score == graded["sigkill-self"].max_score, row
     assert "cell metadata restored as released: gqa_saving" in row.problems
+
+
+@pytest.mark.parametrize("student", ["meta-list", "meta-gid-list", "meta-gid-dict", "deep-expression"])
+def test_odd_metadata_or_deep_code_is_graded_and_stops_no_one(graded, student):
+    """Parsed outside the sandbox before any ran: an AttributeError, TypeError or RecursionError there ended
+    `kvcourse grade` for the class, with no report.csv."""
+    row, full = graded[student], graded["sigkill-self"].max_score
+    assert row.status == "graded" and row.score == row.max_score == full, row
 
 
 def test_a_renamed_answer_id_is_graded_on_its_code(graded):

@@ -2,14 +2,15 @@
 
     python -m course.grade.harness < JOB (JSON on stdin)
 
-JOB: {"notebook": the notebook itself, "checks": the checks module's source, "checks_name", "events_fd",
-"cell_timeout", "stop_before", "skip_checks"}. The job is read whole from stdin, a pipe, and the checks are
+JOB: {"notebook": the notebook itself, "checks": the checks module's source, "checks_name", "events_fd", "key"
+(the events' MAC key), "cell_timeout", "stop_before", "skip_checks"}. The job is read whole from stdin, a pipe, and the checks are
 compiled before any learner's cell runs; stdin is then /dev/null, so no file and no descriptor in the sandbox
 still holds the hidden checks. What remains is in-process introspection: the learner's code runs in this
 interpreter and can reach the compiled checks through gc or frames (the hidden inputs are constants of
-their code objects), and can write events of its own to the events pipe. nbgrader's hidden tests share the
-first property (they run in the learner's kernel); the grader drops events the harness could not have
-written at that point (course.grade.sandbox._accept) and judges values outside. Every code cell
+their code objects), and can write to the events pipe, but without the key it cannot sign an event: the
+grader drops unsigned and replayed lines and notes that they were written (course.grade.sandbox._parse), then
+drops events the harness could not have written at that point (_accept), and judges values outside.
+nbgrader's hidden tests share the first property (they run in the learner's kernel). Every code cell
 but the test cells runs in an IPython shell in this process (test cells are the grader's business and never
 run in the learner's interpreter), each under a timeout; each cell's outputs are captured (at most
 OUTPUT_CAP characters) and written as an event. Then every check's `run(namespace)` is called and its
@@ -58,11 +59,26 @@ class CappedIO(io.TextIOBase):
 
 
 class Events:
-    def __init__(self, fd: int):
-        self.fd = fd
+    """The harness's side of the events pipe. Each line is `MAC JSON`: the JSON carries a number that rises by
+    one per event, and the MAC (HMAC-SHA256 under a key the grader passes in the job, then dropped from it)
+    covers it, so a line the learner's code writes to the pipe itself, or replays, is not taken for the
+    harness's (course.grade.sandbox._parse). os.write is bound here, before any learner's code can replace it."""
+
+    def __init__(self, fd: int, key: str = ""):
+        import hashlib
+        import hmac
+
+        self.fd, self.n, self._os_write = fd, 0, os.write
+        self._mac = hmac.new(bytes.fromhex(key), digestmod=hashlib.sha256) if key else None
 
     def write(self, **event) -> None:
-        os.write(self.fd, (json.dumps(event) + "\n").encode())
+        event["n"], self.n = self.n, self.n + 1
+        line = json.dumps(event).encode()
+        if self._mac is not None:
+            mac = self._mac.copy()
+            mac.update(line)
+            line = mac.hexdigest().encode() + b" " + line
+        self._os_write(self.fd, line + b"\n")
 
 
 def _alarm(seconds: float | None):
@@ -260,7 +276,7 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.environ["NBGRADER_EXECUTION"] = "autograde"  # notebooks skip their slow demos while grading
-    events = Events(job["events_fd"])
+    events = Events(job.pop("events_fd"), job.pop("key", ""))
     nb = job.pop("notebook")
     from course.grade.verdicts import load_checks_source
 

@@ -9,7 +9,9 @@ working folder /sub are private tmpfs of a fixed size each (Limits.disk_mb, tied
 pages are RAM that RLIMIT_AS does not count), empty at every attempt; nothing the grader reads lives there.
 The job (the notebook and the checks' source) arrives on stdin, a pipe the harness drains before any student
 code runs, so no file in the sandbox holds the hidden checks; the events go back through another pipe the
-grader reads as they come (at most MAX_EVENTS_BYTES), so a run cannot erase what it already wrote. Caps
+grader reads as they come (at most MAX_EVENTS_BYTES), so a run cannot erase what it already wrote; each event
+is signed with a key that comes in the job (an HMAC, with a rising number), so lines the student's code writes
+to that pipe are dropped and noted, not taken for the harness's (_parse). Caps
 (setrlimit before bwrap execs, inherited by everything inside): address space (memory), CPU seconds, file
 size, processes (RLIMIT_NPROC, which Linux does not apply to root: as root each run also gets its own `pids`
 cgroup with pids.max); plus a wall-clock timeout, after which the whole sandbox is killed. bwrap needs no
@@ -28,6 +30,7 @@ import os
 import resource
 import shutil
 import signal
+import secrets
 import subprocess
 import sys
 import time
@@ -371,15 +374,31 @@ def _runnable(nb: dict) -> set[int]:
             and cell.get("cell_type") == "code" and not is_test_cell(cell) and cell_source(cell).strip()}
 
 
-def _parse(data: bytes) -> list[dict]:
-    events = []
+def _parse(data: bytes, key: bytes) -> list[dict]:
+    """The harness's events: lines signed with the attempt's key (harness.Events) whose numbers rise. Other lines
+    were written by the learner's code, which can reach the pipe but not the key: they are dropped, and their
+    count comes back as one "unsigned" event (which no harness writes) for the report."""
+    import hashlib
+    import hmac
+
+    events, unsigned, last = [], 0, -1
     for line in data.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
+        if not line.strip():
             continue
-        if isinstance(event, dict) and isinstance(event.get("ev"), str):
-            events.append(event)
+        mac, _, body = line.partition(b" ")
+        want = hmac.new(key, body, hashlib.sha256).hexdigest().encode()
+        try:
+            event = json.loads(body) if hmac.compare_digest(mac, want) else None
+        except ValueError:
+            event = None
+        if not (isinstance(event, dict) and isinstance(event.get("ev"), str) and type(event.get("n")) is int
+                and event["n"] > last):
+            unsigned += 1
+            continue
+        last = event["n"]
+        events.append(event)
+    if unsigned:
+        events.append({"ev": "unsigned", "count": unsigned})
     return events
 
 
@@ -421,6 +440,8 @@ def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], st
                 run.cells[e["i"]] = e
         elif ev == "audit" and len(run.reached) < 40:
             run.reached.add(str(e.get("what", ""))[:80])
+        elif ev == "unsigned":
+            run.reached.add(f"wrote {e['count']} line(s) of its own to the grader's event pipe (ignored)")
         elif ev == "cells_done":
             phase, current = "checks", ("cells_done",)
             run.last = current
@@ -448,7 +469,8 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     import threading
 
     read_fd, write_fd = os.pipe()
-    payload = json.dumps(dict(job, events_fd=write_fd)).encode()
+    key = secrets.token_bytes(32)  # signs this attempt's events (harness.Events); never on the sandbox's disk
+    payload = json.dumps(dict(job, events_fd=write_fd, key=key.hex())).encode()
     argv = [sys.executable, "-m", "course.grade.harness"]
     env = _sandbox_env(threads)
     if sealed:
@@ -531,7 +553,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     feeder.join(timeout=5)
     if not reader.is_alive():
         os.close(read_fd)
-    events = _parse(b"".join(chunks[:]))
+    events = _parse(b"".join(chunks[:]), key)
     code = proc.returncode
     if code == 0 and any(e["ev"] == "done" for e in events):
         ended = "done"
