@@ -117,6 +117,12 @@ EXTRA_BUGS = {
                                                               "loses", patches={"paged_cache": [
         ("shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)",
          "shape = (num_blocks, config.n_kv_heads, block_size, config.dim // config.n_heads)")]}), "test_cache_hidden"),
+    "paged-bug-pool-copy-per-write": ("05_paged_cache", Sample("update() writes into a new copy of the layer's pools "
+                                                             "(clone), not into the pools allocated once", "loses",
+                                                             patches={"paged_cache": [
+        ("        for i in range(k_new.shape[2]):\n",
+         "        self.k[layer], self.v[layer] = self.k[layer].clone(), self.v[layer].clone()\n"
+         "        for i in range(k_new.shape[2]):\n")]}), "test_cache_hidden"),
 }
 
 # graded samples (autograde/samples) for the rest: assignment, the one cell each must lose

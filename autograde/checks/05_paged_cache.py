@@ -178,6 +178,21 @@ def course_shape(ns):
     return fresh + out + [k_all.clone(), v_all.clone(), len(cache.tables["s"]), cache.pool.num_free]
 
 
+def pools_in_place(ns):
+    """The pools as __init__ allocated them, held before any update: after a 3-token prompt and a decode step in
+    both layers, each with its blocks put in table order (unused after). A cache that writes into a new copy of a
+    pool (clone, cat) leaves these zeros."""
+    cache = ns["PagedKVCache"](TINY, num_blocks=3, block_size=2)
+    held = list(cache.k) + list(cache.v)
+    x = randn(25, 1, 2, 4, 16)
+    for start, end in ((0, 3), (3, 4)):
+        for layer in range(TINY.n_layers):
+            cache.update(0, layer, start, x[:, :, start:end] + layer, -x[:, :, start:end])
+    table = list(cache.tables[0])
+    order = table + sorted(set(range(3)) - set(table))
+    return [pool[order].clone() for pool in held]
+
+
 def wide_heads(ns):
     """A config whose D_h (24) is not dim // n_heads (16): the pools' shapes, then what layers 0 and 1 gather for a
     3-token prompt (block size 2)."""
@@ -455,6 +470,8 @@ CHECKS = {
         Check("the course model's shape", course_shape, exact,
               "hint: size the pools from the config you are given (config.n_layers, config.n_kv_heads, "
               "config.head_dim), not from the notebook's own cfg"),
+        Check("the pools allocated in __init__ hold the tokens", pools_in_place, exact,
+              "hint: allocate the pools once in __init__ and write into those tensors in place, not into a new copy"),
         Check("D_h is not dim / n_heads", wide_heads, exact,
               "hint: size the pools with config.head_dim: D_h is not always config.dim // config.n_heads"),
         Check("rewind: an update before the end", rewind, exact,
