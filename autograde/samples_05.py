@@ -10,6 +10,41 @@ from __future__ import annotations
 
 ASSIGNMENT = "05_paged_cache"
 
+# SequenceView rewritten to keep a contiguous cache of its own (torch.cat), on the PagedKVCache object so that new
+# views of a sequence find it: the model then never reads the paged cache.
+CONTIGUOUS_VIEW = """class SequenceView:
+    \"\"\"Keeps a contiguous K/V per layer of the sequence, grown with torch.cat.\"\"\"
+
+    def __init__(self, paged, seq_id):
+        self.paged, self.seq_id = paged, seq_id
+        if not hasattr(paged, "_rows"):
+            paged._rows = {}
+
+    def __getitem__(self, layer):
+        return _LayerView(self.paged._rows, (self.seq_id, layer))
+
+
+class _LayerView:
+    def __init__(self, rows, key):
+        self.rows, self.key = rows, key
+
+    def update(self, start_pos, k_new, v_new):
+        k, v = self.rows.get(self.key, (k_new[:, :, :0], v_new[:, :, :0]))
+        k = torch.cat([k[:, :, :start_pos], k_new], dim=2)
+        v = torch.cat([v[:, :, :start_pos], v_new], dim=2)
+        self.rows[self.key] = (k, v)
+        return k, v"""
+GIVEN_VIEW_START = "class SequenceView:"
+GIVEN_VIEW_END = "        return self.paged.update(self.seq_id, self.layer, start_pos, k_new, v_new)"
+
+
+def replace_view(nb):
+    """The given cell's SequenceView and _LayerView replaced by CONTIGUOUS_VIEW."""
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and GIVEN_VIEW_START in c.source]
+    start, end = cell.source.index(GIVEN_VIEW_START), cell.source.index(GIVEN_VIEW_END) + len(GIVEN_VIEW_END)
+    cell.source = cell.source[:start] + CONTIGUOUS_VIEW + cell.source[end:]
+
+
 ALT_HEAP = {
     "block_pool": """
         import heapq
@@ -318,6 +353,12 @@ SAMPLES = {
         expect="loses", patches={"paged_cache": [
             ("self.k = [torch.zeros(shape, dtype=dtype)", "self.k = [torch.zeros(shape)"),
             ("self.v = [torch.zeros(shape, dtype=dtype)", "self.v = [torch.zeros(shape)")]}),
+    "paged-bug-own-view": dict(
+        about="a block one token late (the cache fails at every boundary), and the given SequenceView rewritten to "
+              "keep a contiguous torch.cat cache of its own, so that the model never reads the paged cache",
+        expect="loses", patches={"paged_cache": [
+            ("while len(table) * self.block_size < end:", "while len(table) * self.block_size < end - 1:")]},
+        edits=[replace_view]),
     "paged-alt-pop-highest-first": dict(
         about="a plain stack as the free list: the highest block id comes out first (the policy is left open)",
         expect="full", patches={"block_pool": [
@@ -352,3 +393,4 @@ SAMPLES = {
     "paged-alt-fifo-loops": dict(about="first-in-first-out free list, token loops, gather by concatenating slices",
                                  expect="full", answers={**ALT_DEQUE, "fork": ALT_HEAP["fork"]}),
 }
+

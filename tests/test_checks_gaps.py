@@ -139,6 +139,10 @@ SAMPLE_BUGS = {
     "paged-bug-free-keeps-length": ("05_paged_cache", {"test_cache_hidden"}),
     "paged-bug-share-free": ("05_paged_cache", {"test_cache_hidden"}),
     "samp-bug-1d-drops-args": ("03_sampler", {"test_sampler_hidden"}),
+    # its model cells too (the old checks ran the model through the notebook's SequenceView: they passed)
+    "paged-bug-own-view": ("05_paged_cache", {"test_cache_blocks", "test_cache_gather", "test_cache_hidden",
+                                              "test_fork_hidden", "test_model_logits", "test_greedy_32",
+                                              "test_model_hidden"}),
 }
 
 
@@ -189,6 +193,32 @@ def test_correct_variant_keeps_its_cells(name):
     """Every cell, or the one named."""
     assignment, variant, cell = CORRECT_VARIANTS[name]
     assert failed_cells(assignment, variant, (cell,) if cell else ()) == set()
+
+
+def test_the_model_checks_use_their_own_copy_of_the_given_sequence_view():
+    """The model checks of exercise 05 run the learner's PagedKVCache through the checks module's SequenceView and
+    _LayerView, the given cell's code exactly (the notebook's copy is editable: a learner's may keep its own cache)."""
+    import ast
+    import importlib.util
+
+    def classes(source: str) -> dict:
+        return {node.name: ast.dump(node) for node in ast.parse(source).body
+                if isinstance(node, ast.ClassDef) and node.name in ("SequenceView", "_LayerView")}
+
+    source = make_samples.build("05_paged_cache", "reference", Sample("", "full"))
+    nb = nbformat.reads(source.decode(), as_version=4)
+    given = next(c.source for c in nb.cells if c.cell_type == "code" and "class SequenceView" in c.source)
+    checks = checks_path("05_paged_cache")
+    assert classes(checks.read_text()) == classes(given) and len(classes(given)) == 2
+    spec = importlib.util.spec_from_file_location("checks_05", checks)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model_checks = [c for gid in ("test_model_logits", "test_greedy_32", "test_model_hidden")
+                    for c in module.CHECKS[gid]]
+    ns = namespace(source)
+    ns["SequenceView"] = ns["_LayerView"] = None  # the notebook's own view is never called
+    for check in model_checks:
+        check.run(ns)
 
 
 # ----------------------------------------------------------------------------- no check a constant can satisfy

@@ -1,10 +1,11 @@
 """Checks for exercise 05 (a paged KV cache: block pool, block tables, fork, the model on top): one list per test cell.
 
-Every run drives the learner's BlockPool / PagedKVCache / fork / SequenceView on fixed, seeded inputs and returns
-only what does not depend on a free-list policy the instructions leave open (which block id comes out first):
-counts, reference counts looked up through the learner's own tables, gathered tensors, pools with their blocks put
-in table order, tokens, and whether the right exception was raised. Where the notebook's rules are about block ids
-(distinct, in range, shared by a fork), the ids come back raw and a compare function here checks those rules only.
+Every run drives the learner's BlockPool / PagedKVCache / fork on fixed, seeded inputs (the model through this module's
+own copy of the given SequenceView) and returns only what does not depend on a free-list policy the instructions
+leave open (which block id comes out first): counts, reference counts looked up through the learner's own tables,
+gathered tensors, pools with their blocks put in table order, tokens, and whether the right exception was raised.
+Where the notebook's rules are about block ids (distinct, in range, shared by a fork), the ids come back raw and a
+compare function here checks those rules only.
 The comparison with the solution's values happens outside the sandbox.
 """
 import torch
@@ -368,12 +369,35 @@ def fork_twice(ns):
 
 # ----------------------------------------------------------------------------- the model
 
+# The given cell's SequenceView and _LayerView, copied: the model checks drive the learner's PagedKVCache through
+# these, not through the notebook's copy (an editable cell that could keep a cache of its own).
+class SequenceView:
+    """What the course model sees for one sequence (batch 1): cache[layer].update(start_pos, k, v).
+
+    The model calls it in every layer with k, v of shape [1, H_kv, T_new, D_h] and attends over what comes back.
+    """
+
+    def __init__(self, paged, seq_id):
+        self.paged, self.seq_id = paged, seq_id
+
+    def __getitem__(self, layer):
+        return _LayerView(self.paged, self.seq_id, layer)
+
+
+class _LayerView:
+    def __init__(self, paged, seq_id, layer):
+        self.paged, self.seq_id, self.layer = paged, seq_id, layer
+
+    def update(self, start_pos, k_new, v_new):
+        return self.paged.update(self.seq_id, self.layer, start_pos, k_new, v_new)
+
+
 def model_logits(seed, config, prompt_len, total, num_blocks, block_size):
     def run(ns):
         model = tiny_model(seed=seed, config=config)
         ids = torch.randint(0, config.vocab_size, (1, total), generator=torch.Generator().manual_seed(seed + 100))
         cache = ns["PagedKVCache"](model.config, num_blocks=num_blocks, block_size=block_size)
-        view = ns["SequenceView"](cache, 0)
+        view = SequenceView(cache, 0)
         with torch.no_grad():
             steps = [model(ids[:, :prompt_len], start_pos=0, cache=view)]
             steps += [model(ids[:, t:t + 1], start_pos=t, cache=view) for t in range(prompt_len, total)]
@@ -386,7 +410,7 @@ def greedy(seed, config, prompt, n, num_blocks, block_size):
         model = tiny_model(seed=seed, config=config)
         cache = ns["PagedKVCache"](model.config, num_blocks=num_blocks, block_size=block_size)
         with torch.no_grad():
-            tokens = generate(model, prompt, n, cache=ns["SequenceView"](cache, 0)).tokens
+            tokens = generate(model, prompt, n, cache=SequenceView(cache, 0)).tokens
         cache.free(0)
         return [tokens, cache.pool.num_free]
     return run
@@ -399,12 +423,12 @@ def interleaved(ns):
     last, pos, out = {}, {}, {s: [] for s in prompts}
     with torch.no_grad():
         for s, p in prompts.items():
-            logits = mqa(torch.tensor([p]), start_pos=0, cache=ns["SequenceView"](c, s), last_only=True)
+            logits = mqa(torch.tensor([p]), start_pos=0, cache=SequenceView(c, s), last_only=True)
             last[s], pos[s] = int(logits.argmax()), len(p)
             out[s].append(last[s])
         for _ in range(19):
             for s in prompts:
-                logits = mqa(torch.tensor([[last[s]]]), start_pos=pos[s], cache=ns["SequenceView"](c, s),
+                logits = mqa(torch.tensor([[last[s]]]), start_pos=pos[s], cache=SequenceView(c, s),
                              last_only=True)
                 last[s], pos[s] = int(logits.argmax()), pos[s] + 1
                 out[s].append(last[s])
@@ -417,13 +441,13 @@ def forked_continuations(ns):
     p = [3, 1, 4, 1, 5, 9]
     outs = []
     with torch.no_grad():
-        mqa(torch.tensor([p[:-1]]), start_pos=0, cache=ns["SequenceView"](c, "prompt"))
+        mqa(torch.tensor([p[:-1]]), start_pos=0, cache=SequenceView(c, "prompt"))
         ns["fork"](c, "prompt", "a")
         ns["fork"](c, "prompt", "b")
         for s in ("a", "b"):
             tokens, token, at = [], p[-1], len(p) - 1
             for _ in range(8):
-                token = int(mqa(torch.tensor([[token]]), start_pos=at, cache=ns["SequenceView"](c, s),
+                token = int(mqa(torch.tensor([[token]]), start_pos=at, cache=SequenceView(c, s),
                                 last_only=True).argmax())
                 tokens.append(token)
                 at += 1
