@@ -92,7 +92,8 @@ def test_odd_nbgrader_metadata_and_deep_code_are_read_without_error():
     ref = nbformat.read(str(AUTOGRADE / "samples" / "reference" / "01_memory_formula" / "memory_formula.ipynb"),
                         as_version=4)
     nb = copy.deepcopy(ref)
-    for meta in ([], {"grade_id": ["x"], "solution": True}, {"grade_id": {"a": 1}, "grade": True, "points": 9}, "s"):
+    for meta in ([], {"grade_id": ["x"], "solution": True}, {"grade_id": {"a": 1}, "grade": True, "points": 9}, "s",
+                 None):
         cell = new_code_cell("x = 1")
         cell.metadata["nbgrader"] = meta
         nb.cells.append(cell)
@@ -101,3 +102,40 @@ def test_odd_nbgrader_metadata_and_deep_code_are_read_without_error():
     assert [grade_id(c) for c in nb.cells if grade_id(c)] == [grade_id(c) for c in ref.cells if grade_id(c)]
     assert any("the release does not have" in p for p in problems), problems
     assert integrity.flags(nb, ref) == []
+    assert all(isinstance(c.metadata["nbgrader"], dict) for c in nb.cells if "nbgrader" in c.metadata)
+
+
+def test_a_symbolic_link_is_not_graded_as_the_students_work(tmp_path):
+    """A link to the solutions (or to another student's notebook) was graded as the student's own: 14/14."""
+    import os
+
+    import pytest
+
+    subs = tmp_path / "subs"
+    _put("reference", "01_memory_formula", "memory_formula", tmp_path / "elsewhere" / "memory_formula.ipynb")
+    (subs / "mallory" / "01_memory_formula").mkdir(parents=True)
+    os.symlink(tmp_path / "elsewhere" / "memory_formula.ipynb",
+               subs / "mallory" / "01_memory_formula" / "memory_formula.ipynb")
+    _put("reference", "01_memory_formula", "memory_formula", subs / "ann" / "01_memory_formula" / "memory_formula.ipynb")
+    rows = _rows(subs)
+    assert "symbolic link" in rows["mallory", "01_memory_formula", "memory_formula"].problem
+    assert rows["ann", "01_memory_formula", "memory_formula"].problem == ""
+    with pytest.raises(Exception, match="one student's folder"):
+        submissions.discover(subs / "ann", KNOWN)  # one student's folder given: it graded them as '01_memory_formula'
+
+
+def test_a_name_that_is_not_utf8_gets_a_row_and_stops_no_one(tmp_path):
+    """A folder 'Ren\\xe9' from a zip made on Windows ended `kvcourse grade` with a UnicodeEncodeError, no report."""
+    import os
+
+    bad = os.fsdecode(bytes(tmp_path / "subs") + b"/Ren\xe9/01_memory_formula")
+    os.makedirs(bad)
+    shutil.copy(SAMPLES / "reference" / "01_memory_formula" / "memory_formula.ipynb", bad)
+    os.makedirs(os.fsdecode(bytes(tmp_path / "subs") + b"/Zo\xeb"))  # no notebook at all
+    _put("reference", "01_memory_formula", "memory_formula",
+         tmp_path / "subs" / "ann" / "01_memory_formula" / "memory_formula.ipynb")
+    subs = submissions.discover(tmp_path / "subs", KNOWN)
+    json.dumps([(s.student, s.assignment, s.notebook, s.problem) for s in subs], ensure_ascii=False).encode("utf-8")
+    odd = [s for s in subs if s.student in ("Ren\ufffd", "Zo\ufffd")]
+    assert {s.student for s in odd} == {"Ren\ufffd", "Zo\ufffd"} and all("not UTF-8" in s.problem for s in odd)
+    assert [s.problem for s in subs if s.student == "ann"] == [""]

@@ -55,6 +55,18 @@ def _stem(path: Path, by_stem: dict) -> tuple[str, str]:
     return path.stem, ""
 
 
+def _readable(name: str) -> str:
+    """A file name as text: names that are not UTF-8 (a zip made on Windows: b'Ren\\xe9') keep their bytes as
+    surrogates, which no CSV, JSON or gradebook can store; they are shown with U+FFFD instead."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _not_utf8(parts) -> str:
+    bad = [p for p in parts if _readable(p) != p]
+    return (f"the name {_readable(bad[0])!r} is not UTF-8 text (a zip made on another system?): rename it and "
+            "grade again") if bad else ""
+
+
 def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     """Every notebook under folder, with its student and assignment (problems noted, not raised).
 
@@ -71,6 +83,10 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     folder = Path(folder)
     if not folder.is_dir():
         raise GradingError(f"{folder} is not a folder; give the folder that holds one sub-folder per student")
+    inside = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name in known)
+    if inside:
+        raise GradingError(f"{folder} holds assignment folders ({', '.join(inside)}): it looks like one student's "
+                           "folder. Give the folder that holds one folder per student (DIR/<student>/<assignment>/)")
     found: list[Submission] = []
     candidates: dict[tuple[str, str, str], list[tuple[tuple, Submission]]] = {}
     for path in sorted(folder.rglob("*.ipynb")):
@@ -78,11 +94,17 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
         if any(p.startswith(".") for p in parts):
             continue  # .ipynb_checkpoints and other hidden folders
         stem, note = _stem(path, by_stem)
-        student = parts[0] if len(parts) > 1 else ""
+        student = _readable(parts[0]) if len(parts) > 1 else ""
         folder_assignment = parts[1] if len(parts) == 3 else ""
         assignment = by_stem.get(stem, folder_assignment)
-        sub = Submission(student, assignment, stem, path, problems=[note] if note else [])
-        if len(parts) == 1 or len(parts) > 3:
+        sub = Submission(student, _readable(assignment), _readable(stem), path, problems=[note] if note else [])
+        links = [p for p in [path, *path.parents] if p != folder and folder in p.parents and p.is_symlink()]
+        if _not_utf8(parts):
+            sub.problem = _not_utf8(parts)
+        elif links:
+            sub.problem = (f"{_readable(str(links[-1].relative_to(folder)))} is a symbolic link, not a file the "
+                           "student handed in: not graded (ask for the notebook itself)")
+        elif len(parts) == 1 or len(parts) > 3:
             sub.problem = "misplaced: put it at DIR/<student>/<assignment>/<notebook>.ipynb"
         elif stem not in by_stem:
             sub.problem = f"unknown notebook: expected one of {sorted(by_stem)}"
@@ -109,6 +131,10 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     have = {(s.student, s.assignment) for s in found if not s.problem.startswith("misplaced")}
     for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
         student = student_dir.name
+        if _not_utf8([student]):
+            if not any(s.path and folder / student in s.path.parents for s in found):
+                found.append(Submission(_readable(student), "", "", None, problem=_not_utf8([student])))
+            continue
         expected = {d.name for d in student_dir.iterdir() if d.is_dir() and d.name in known}
         if not any(s == student for s, _ in have):
             expected |= graded or set(known)
@@ -196,9 +222,9 @@ def release_metadata(nb, release_nb) -> list[str]:
                  if gid not in present and c.metadata["nbgrader"].get("solution")]
     seen, unknown, restored, tests, renamed, duplicate = set(), [], [], [], [], []
     for cell in nb.cells:
-        meta = cell.get("metadata", {}).get("nbgrader")
-        if meta is None:
+        if "nbgrader" not in cell.get("metadata", {}):
             continue
+        meta = cell.metadata["nbgrader"]  # the student's: a dict as released, or anything else (null, a string)
         gid = meta.get("grade_id") if isinstance(meta, dict) else None
         name = str(gid)[:60]
         if isinstance(gid, str) and gid in released and gid not in seen \
