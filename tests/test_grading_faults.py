@@ -110,6 +110,32 @@ def test_a_truncated_gradebook_is_detected_and_named(tmp_path):
     assert "not a readable SQLite database" in nbgrader_api.gradebook_problem(db)
 
 
+def test_a_gradebook_left_by_a_killed_writer_is_rolled_back_not_moved_aside(tmp_path):
+    """A writer killed mid-commit leaves gradebook.db-journal: read-only SQLite then called the sound gradebook
+    unreadable, the grader moved it aside without its journal, and every grade was lost."""
+    import sqlite3
+
+    db = tmp_path / "gradebook.db"
+    con = sqlite3.connect(db)
+    for table in nbgrader_api.NBGRADER_TABLES:
+        con.execute(f"CREATE TABLE {table}(x)")
+    con.execute("CREATE TABLE scores(student, score)")
+    con.execute("INSERT INTO scores VALUES ('ann', 14)")
+    con.commit()
+    con.close()
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1]); c.execute('PRAGMA cache_size=1'); c.execute('BEGIN IMMEDIATE')\n"
+        "c.execute('DELETE FROM scores'); c.execute('CREATE TABLE junk(x)')\n"
+        "c.executemany('INSERT INTO junk VALUES (?)', [('x' * 1000,)] * 500)\n"
+        "os.kill(os.getpid(), 9)"), str(db)], timeout=60)
+    assert killed.returncode != 0 and db.with_name("gradebook.db-journal").exists()
+    assert nbgrader_api.gradebook_problem(db) == ""
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT student, score FROM scores").fetchall() == [("ann", 14)], "the grades are kept"
+    con.close()
+
+
 def test_missing_notebooks_get_rows_and_renamed_downloads_are_accepted(tmp_path):
     known = {ASSIGNMENT: ["memory_formula"], "02_kv_cache": ["kv_cache"]}
     (tmp_path / "ann" / ASSIGNMENT).mkdir(parents=True)

@@ -249,6 +249,9 @@ def _grade(folder, course, jobs, timeout, memory_mb, force, progress, log, unsan
     broken = gradebook_problem(db)
     if broken:
         aside = db.with_name(f"gradebook.db.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        for end in ("-journal", "-wal", "-shm"):  # SQLite's own files for it go with it, or they are lost
+            if db.with_name(db.name + end).exists():
+                os.replace(db.with_name(db.name + end), aside.with_name(aside.name + end))
         os.replace(db, aside)
         ledger.data = {"sources": {}, "graded": {}}
         ledger.save()
@@ -313,7 +316,8 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
             sub.problems.append(f"check by hand: its code could not be scanned ({type(exc).__name__})")
         pending.append((sub, nb))
 
-    outsiders = [r for r in rows.values() if r.status in ("invalid", "missing", "failed") and r.student]
+    outsiders = [r for r in rows.values() if r.status in ("invalid", "missing", "failed") and r.student
+                 and "\ufffd" not in r.student]  # a name that is not UTF-8 (shown with U+FFFD) gets no gradebook entry
     cached = [r for r in rows.values() if r.status == "graded"]
     if outsiders or cached:
         from nbgrader.api import Gradebook, MissingEntry

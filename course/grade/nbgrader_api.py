@@ -112,6 +112,14 @@ def gradebook_problem(path: Path) -> str:
     if not path.exists():
         return ""
     try:
+        if any(path.with_name(path.name + end).exists() for end in ("-journal", "-wal")):
+            # a writer was killed mid-commit: only a read-write open rolls its journal back (read-only
+            # SQLite reports "attempt to write a readonly database" for a sound gradebook)
+            con = sqlite3.connect(str(path), timeout=10)
+            try:
+                con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                con.close()
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
         try:
             if con.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
