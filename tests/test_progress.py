@@ -138,17 +138,74 @@ def test_damaged_pages_are_detected_and_kept_aside(tmp_path):
     assert len(fresh.answers()) == 1
 
 
-def test_file_with_someone_elses_schema_is_moved_aside(tmp_path):
+def test_file_with_someone_elses_schema_is_left_untouched(tmp_path):
+    """A table of ours by name but with other columns is another program's: read-only checked, never moved aside
+    (it was renamed to .corrupt-* and called "your earlier progress")."""
     path = tmp_path / "p.sqlite"
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE answers (x TEXT)")
     con.execute("INSERT INTO answers VALUES ('keep me')")
     con.commit()
     con.close()
-    with pytest.warns(ProgressFileWarning):
+    before = path.read_bytes()
+    with pytest.warns(ProgressFileWarning, match="left untouched"):
         ProgressStore(path).record_card_view("01_prefill_decode", "interview-1")
-    (aside,) = _aside_files(path)
-    assert sqlite3.connect(aside).execute("SELECT x FROM answers").fetchall() == [("keep me",)]
+    assert _aside_files(path) == [] and path.read_bytes() == before
+
+
+def _another_programs_database(path: Path, kind: str) -> bytes:
+    con = sqlite3.connect(path)
+    if kind == "notes":
+        con.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        con.execute("INSERT INTO notes (text) VALUES ('mine')")
+        con.execute("PRAGMA user_version = 42")
+    elif kind == "anki":
+        con.execute("CREATE TABLE cards (id INTEGER PRIMARY KEY, nid INTEGER, due INTEGER)")
+        con.execute("INSERT INTO cards (nid, due) VALUES (7, 100)")
+    else:  # only a user_version: an application that has not made its tables yet
+        con.execute("PRAGMA user_version = 42")
+    con.commit()
+    con.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("kind", ["notes", "anki", "version"])
+@pytest.mark.parametrize("argv", [["progress"], ["progress", "--reset", "--yes"], ["review", "--list"],
+                                  ["progress", "--file", "{path}", "--reset", "--yes"]])
+def test_another_programs_database_is_never_changed_or_moved(tmp_path, monkeypatch, capsys, kind, argv):
+    """KVCOURSE_PROGRESS (or --file) naming another application's SQLite file: the read-only `progress` set its
+    user_version to 1, WAL mode and added the course's tables; `--reset --yes` renamed it to .corrupt-* and put an
+    empty progress file in its place. Now it is left byte for byte as it was, with no file beside it."""
+    from course.cli import main
+
+    path = tmp_path / "app.db"
+    before = _another_programs_database(path, kind)
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
+    main([a.format(path=path) for a in argv])
+    out, err = capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+    assert path.read_bytes() == before
+    assert "another program's database" in out + err and "left untouched" in out + err
+    assert "Traceback" not in out + err and "Progress cleared" not in out
+
+
+def test_an_empty_database_and_an_older_progress_file_are_adopted(tmp_path):
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()  # a zero-byte file
+    old = tmp_path / "old.sqlite"
+    con = sqlite3.connect(old)  # an older progress file: some of the tables, user_version never set
+    con.execute("CREATE TABLE answers (id INTEGER PRIMARY KEY, lesson TEXT NOT NULL, question_id TEXT NOT NULL, "
+                "choice TEXT NOT NULL, correct INTEGER NOT NULL, at REAL NOT NULL)")
+    con.execute("INSERT INTO answers (lesson, question_id, choice, correct, at) VALUES ('02_kv_cache', 'q', 'A', 1, 5)")
+    con.commit()
+    con.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for path in (empty, old):
+            store = ProgressStore(path)
+            store.record_card_view("01_prefill_decode", "interview-1")
+            assert store.path == path and store.not_saved is None
+    assert len(ProgressStore(old).answers()) == 1
 
 
 def test_file_corrupted_mid_session_recovers_on_next_write(tmp_path):
@@ -179,10 +236,13 @@ def test_unwritable_location_falls_back_to_a_temporary_file(tmp_path, monkeypatc
 
 
 def test_default_path_follows_the_environment(tmp_path, monkeypatch):
+    """(KVCOURSE_PROGRESS=/path/newdir/ made an SQLite file named newdir, not newdir/progress.sqlite.)"""
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "mine.sqlite"))
     assert default_path() == tmp_path / "mine.sqlite"
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path))  # a folder: the file goes inside
     assert default_path() == tmp_path / "progress.sqlite"
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "newdir") + "/")  # a folder not made yet
+    assert default_path() == tmp_path / "newdir" / "progress.sqlite"
     monkeypatch.delenv("KVCOURSE_PROGRESS")
     assert default_path().parts[-2:] == ("kvcourse", "progress.sqlite")
 

@@ -2,7 +2,7 @@
 
 Everything lives in one SQLite file, by default ``progress.sqlite`` in the user's data directory
 (platformdirs: ~/.local/share/kvcourse on Linux); the environment variable KVCOURSE_PROGRESS names
-another file (or a folder to put ``progress.sqlite`` in). It survives kernel restarts and JupyterLab
+another file (or a folder to put ``progress.sqlite`` in; a trailing slash always means a folder). It survives kernel restarts and JupyterLab
 sessions because every write is committed at once.
 
 Two notebooks writing at the same time lose nothing: the file is in WAL mode, every write is its own
@@ -10,8 +10,10 @@ Two notebooks writing at the same time lose nothing: the file is in WAL mode, ev
 connection waits up to ``timeout`` seconds for the lock instead of raising "database is locked".
 Rows are only ever appended (answers, self-assessments, ...); "latest" is a query, never an update.
 
-A file that is really not a readable database (not SQLite, truncated, damaged pages, someone else's tables)
-is never a crash and never silently lost: it is renamed to ``<name>.corrupt-<timestamp>`` (with its -wal/-shm
+A database that is someone else's (tables the course does not make, or another user_version) is never
+touched: it is read-only checked, left exactly as it is, and this session's progress goes to a temporary file,
+with a warning that says so. A file that is really not a readable database (truncated, damaged pages) is never a
+crash and never silently lost: it is renamed to ``<name>.corrupt-<timestamp>`` (with its -wal/-shm
 side files) with a ProgressFileWarning naming both paths, and a fresh file is started. A healthy file is never
 moved aside: when it (or its folder) cannot be written, the saved progress is read as it is, and this
 session's new progress goes to a temporary copy, with a warning that says so and why; when another process
@@ -93,6 +95,10 @@ class _Unusable(Exception):
     """Internal: the file is not a readable database, or not ours (moved aside)."""
 
 
+class _Foreign(Exception):
+    """Internal: a readable SQLite database that is another application's (its tables or user_version): untouched."""
+
+
 class _NotWritable(Exception):
     """Internal: a healthy file that this process may not write (read-only file, file system or folder)."""
 
@@ -102,7 +108,8 @@ def default_path() -> Path:
     env = os.environ.get(ENV_VAR)
     if env:
         path = Path(env).expanduser()
-        return path / FILE_NAME if path.is_dir() else path
+        # a trailing slash names a folder, made on the first write, even before it exists
+        return path / FILE_NAME if path.is_dir() or env.endswith(("/", os.sep)) else path
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("kvcourse", appauthor=False)) / FILE_NAME
@@ -232,6 +239,9 @@ class ProgressStore:
                 check = conn.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok":
                     raise _Unusable(f"integrity check failed: {check}")
+                foreign = _foreign_reason(conn)
+                if foreign:  # before any write: another application's file is never changed
+                    raise _Foreign(foreign)
                 if self._schema_is_complete(conn):
                     return
                 if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -254,6 +264,24 @@ class ProgressStore:
             if problem is None:
                 raise
             raise problem from exc
+
+    def _foreign_database(self) -> str | None:
+        """Why the file is another application's database, checked through a read-only connection before anything
+        (even a lock file) is written next to it; None when it is empty, ours, or not readable this way (the checks
+        in _initialise then say what it is)."""
+        try:
+            if self.path.stat().st_size == 0:
+                return None
+            # immutable: no lock, no -shm beside it (a WAL file not yet checkpointed is checked again in _initialise)
+            conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
+        except (OSError, sqlite3.Error):
+            return None
+        try:
+            return _foreign_reason(conn)
+        except sqlite3.Error:
+            return None
+        finally:
+            conn.close()
 
     @staticmethod
     def _schema_is_complete(conn: sqlite3.Connection) -> bool:
@@ -298,8 +326,8 @@ class ProgressStore:
         os.unlink(name)
         atexit.register(_remove_session_copy, Path(name))
         self.not_saved = (f"{self.path} is not a progress file ({reason}), so it was left untouched; this "
-                          f"session's progress is kept for this session only (in {name}). Set {ENV_VAR} to a "
-                          f"file ending in .sqlite to keep it.")
+                          f"session's progress is kept for this session only (in {name}). To keep it, set {ENV_VAR} "
+                          f"(or --file) to a file of its own, e.g. progress.sqlite.")
         warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=4)
         self.path = Path(name)
 
@@ -368,24 +396,33 @@ class ProgressStore:
             self._ensure_ready_locked()
 
     def _ensure_ready_locked(self) -> None:
-        from filelock import FileLock, Timeout
-
         if self.path.is_file() and not self._looks_like_progress():
             self._leave_foreign_file("it is not an SQLite file")
+        elif self.path.is_file() and (foreign := self._foreign_database()):
+            self._leave_foreign_file(foreign)
         if self.path.is_file() and not os.access(self.path, os.W_OK) and os.access(self.path.parent, os.W_OK):
             # (a folder that cannot be written either is told as such when the lock file cannot be made there)
             raise _NotWritable(f"{self.path} is read-only (make it writable with `chmod u+w {self.path}`)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # The lock file serialises first-time set-up and recovery between processes.
+        self._set_up()
+
+    def _set_up(self) -> None:
+        """Initialise the file under its lock file (which serialises first-time set-up and recovery between
+        processes): a damaged file is moved aside, another application's database is left as it is."""
+        from filelock import FileLock, Timeout
+
         try:
             with FileLock(str(self.path) + ".lock", timeout=self.timeout):
                 try:
-                    self._initialise()
+                    self._initialise()  # another process may already have recovered
                 except _Unusable as exc:
                     self._move_aside(str(exc))
                     self._initialise()
         except Timeout as exc:  # a TimeoutError, so an OSError: never to be taken for an unwritable folder
             raise self._busy() from exc
+        except _Foreign as exc:  # found only under the lock (the read-only check could not open it)
+            self._leave_foreign_file(str(exc))
+            self._ensure_ready_locked()
 
     @contextmanager
     def _connection(self, write: bool):
@@ -431,17 +468,7 @@ class ProgressStore:
                     self._ready = True
 
     def _recover(self) -> None:
-        from filelock import FileLock, Timeout
-
-        try:
-            with FileLock(str(self.path) + ".lock", timeout=self.timeout):
-                try:
-                    self._initialise()  # another process may already have recovered
-                except _Unusable as again:
-                    self._move_aside(str(again))
-                    self._initialise()
-        except Timeout as exc:
-            raise self._busy() from exc
+        self._set_up()
 
     # ------------------------------------------------------------------ writes
     def record_answer(self, lesson: str, question_id: str, choice: str, correct: bool) -> None:
@@ -603,6 +630,25 @@ class ProgressStore:
         out.exercises = self.exercise_checks()
         out.note, out.notes = self.not_saved, self.notes  # after every read: what they found is in them
         return out
+
+
+def _foreign_reason(conn: sqlite3.Connection) -> str | None:
+    """Why a readable database is another application's, or None: the course adopts only an empty database or one
+    with nothing but its own tables (with its columns) and user_version 0 (never set) or SCHEMA_VERSION."""
+    tables = {r[0] for r in conn.execute(
+        "SELECT tbl_name FROM sqlite_master WHERE substr(name, 1, 7) != 'sqlite_'").fetchall()}
+    others = sorted(tables - set(_SCHEMA))
+    if others:
+        return f"it is another program's database, with tables {', '.join(others[:5])}"
+    for table in sorted(tables):
+        have = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+        want = [c.strip().split()[0] for c in _SCHEMA[table].split(",")]
+        if have != want:
+            return f"it is another program's database: its table {table} has columns {', '.join(have)}"
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version not in (0, SCHEMA_VERSION):
+        return f"it is another program's database (user_version {version}, the course's is {SCHEMA_VERSION})"
+    return None
 
 
 def _sentence(text: str) -> str:
