@@ -160,3 +160,18 @@ def test_honest_code_from_the_review_gets_no_note(code):
 def test_more_evasions_are_named(code, shown):
     notes = integrity.flags(_with(_release("05_paged_cache"), code), _release("05_paged_cache"))
     assert any(shown in n for n in notes), notes
+
+
+@pytest.mark.slow
+def test_check_runs_a_notebook_saved_with_another_kernel(tmp_path):
+    """A notebook last saved from VS Code or a conda env names its own kernel: `kvcourse check` ended in
+    NoSuchKernel ('julia-1.9') instead of running it with the course's Python."""
+    from course.grade.grading import check
+
+    nb = _release("01_memory_formula")
+    nb.metadata["kernelspec"] = {"name": "julia-1.9", "display_name": "Julia 1.9", "language": "julia"}
+    path = tmp_path / "memory_formula.ipynb"
+    nbformat.write(nb, path)
+    results, _ = check(path, timeout=120)
+    visible = [t for t in results if t.status != "hidden"]
+    assert visible and all(t.status == "fail" and "NotImplementedError" in t.message for t in visible)

@@ -121,8 +121,9 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
 
         cfg = Config()
         cfg.GraderKernelManager.memory_limit_mb = memory_mb
-        executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg,
-                               extra_arguments=["--IPKernelApp.log_level=ERROR"])
+        executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg, kernel_name="python3",
+                               extra_arguments=["--IPKernelApp.log_level=ERROR"])  # the course's kernel, whatever
+        # kernel the notebook was last saved with (VS Code's or a conda env's name raised NoSuchKernel)
         executor.preprocess(nb, {"metadata": {"path": str(Path(notebook).resolve().parent)}})
     finally:
         os.environ.clear()
