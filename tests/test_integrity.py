@@ -175,3 +175,20 @@ def test_check_runs_a_notebook_saved_with_another_kernel(tmp_path):
     results, _ = check(path, timeout=120)
     visible = [t for t in results if t.status != "hidden"]
     assert visible and all(t.status == "fail" and "NotImplementedError" in t.message for t in visible)
+
+
+def test_another_exercise_saved_under_an_exercises_name_is_checked_as_what_it_holds(tmp_path):
+    """kv_cache.ipynb saved as memory_formula.ipynb was checked as memory_formula: four notes about deleted and
+    renamed cells, and 'memory_formula 0/5' in progress. Its cells decide, and the learner is told."""
+    import shutil
+
+    from course.grade.check import exercise_of, restored
+
+    path = tmp_path / "memory_formula.ipynb"
+    shutil.copy(EXERCISES / "02_kv_cache" / "kv_cache.ipynb", path)
+    assert exercise_of(path) == "kv_cache"
+    _, notes = restored(path)
+    assert notes == [f"this file is named memory_formula.ipynb but holds the cells of kv_cache.ipynb: it was checked "
+                     f"as kv_cache (save it as kv_cache.ipynb)"]
+    shutil.copy(EXERCISES / "01_memory_formula" / "memory_formula.ipynb", path)
+    assert exercise_of(path) == "memory_formula" and restored(path)[1] == []

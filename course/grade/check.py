@@ -59,8 +59,6 @@ def exercise_of(path: Path) -> str | None:
 
     by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
     path = Path(path)
-    if path.stem in by_stem:
-        return path.stem
     try:
         mine = _grade_ids(nbformat.read(str(path), as_version=4))
     except Exception:  # not a notebook nbformat can read: nothing in it to go by
@@ -72,8 +70,12 @@ def exercise_of(path: Path) -> str | None:
             if release.exists():
                 overlap[stem] = len(mine & _grade_ids(nbformat.read(str(release), as_version=4)))
         best = sorted((n, stem) for stem, n in overlap.items() if n)
+        if path.stem in by_stem and (overlap.get(path.stem) or not best):
+            return path.stem
         if best and (len(best) == 1 or best[-1][0] > best[-2][0]):
-            return best[-1][1]
+            return best[-1][1]  # also under another exercise's name, when it holds none of that one's cells
+    if path.stem in by_stem:
+        return path.stem
     in_folder = [stem for stem, assignment in by_stem.items() if assignment == path.resolve().parent.name]
     return in_folder[0] if len(in_folder) == 1 else None
 
@@ -98,7 +100,12 @@ def restored(path: Path):
     if release is None:
         return nb, []
     problems = repair(nb, release)
-    return nb, [LEARNER_WORDS[p.split(":")[0]] + p[p.index(":"):] for p in problems]
+    words = [LEARNER_WORDS[p.split(":")[0]] + p[p.index(":"):] for p in problems]
+    stem = exercise_of(Path(path))
+    if stem != Path(path).stem and Path(path).stem in {nb for nbs in assignments().values() for nb in nbs}:
+        words.insert(0, f"this file is named {Path(path).name} but holds the cells of {stem}.ipynb: it was checked "
+                        f"as {stem} (save it as {stem}.ipynb)")
+    return nb, words
 
 
 def _changed_locked_cells(path: Path) -> list[str]:
