@@ -7,7 +7,7 @@ import warnings
 
 from course.cli.args import confirmed
 from course.cli.review import progress_file
-from course.teach.progress import ENV_VAR, ProgressFileBusy, ProgressFileWarning, ProgressStore, Summary, default_store
+from course.teach.progress import ENV_VAR, ProgressFileError, ProgressFileWarning, ProgressStore, Summary, default_store
 from course.teach.questions import load_questions
 from course.teach.review import progress_text
 
@@ -28,7 +28,7 @@ def run(args) -> int:
         with warnings.catch_warnings():  # each ProgressFileWarning is one of the summary's notes instead
             warnings.simplefilter("ignore", ProgressFileWarning)
             summary, table = store.summary(bank), progress_text(store, bank)
-    except ProgressFileBusy as exc:  # nothing was read or changed: the same command works once it is free
+    except ProgressFileError as exc:  # busy, or a full disk: nothing was changed; the same command works later
         print(f"kvcourse progress: {exc}", file=sys.stderr)
         return 1
     print(format_summary(summary, table))

@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from course.cli.args import _typed, confirmed, existing_file, positive_int
-from course.teach.progress import ENV_VAR, ProgressFileBusy, ProgressStore, default_store, notes_printed
+from course.teach.progress import ENV_VAR, ProgressFileError, ProgressStore, default_store, notes_printed
 from course.teach.questions import load_questions
 from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
                                  nothing_due_text, when_text)
@@ -74,7 +74,7 @@ def run(args) -> int:
             if args.list:
                 return _list(store, bank, limit, args.lesson)
             return _session(ReviewSession(store, bank, limit=limit, lesson=args.lesson))
-    except ProgressFileBusy as exc:  # before anything was answered (_session says what was saved once it started)
+    except ProgressFileError as exc:  # busy or disk full, before anything was answered (_session says what was saved once it started)
         print(f"kvcourse review: {exc}", file=sys.stderr)
         return 1
 
@@ -140,7 +140,7 @@ def _session(session: ReviewSession) -> int:
             print()
     except (_Stop, KeyboardInterrupt):
         print("\nStopped; " + _saved_text(session))
-    except ProgressFileBusy as exc:
+    except ProgressFileError as exc:  # busy, or its disk full
         print(f"\nkvcourse review: {exc}. Stopped; " + _saved_text(session, before_this_one=True), file=sys.stderr)
         return 1
     else:

@@ -17,7 +17,10 @@ crash and never silently lost: it is renamed to ``<name>.corrupt-<timestamp>`` (
 side files) with a ProgressFileWarning naming both paths, and a fresh file is started. A healthy file is never
 moved aside: when it (or its folder) cannot be written, the saved progress is read as it is, and this
 session's new progress goes to a temporary copy, with a warning that says so and why; when another process
-holds its lock longer than ``timeout``, the call raises ProgressFileBusy ("busy ...; try again").
+holds its lock longer than ``timeout``, the call raises ProgressFileBusy ("busy ...; try again"); when its disk
+is full or failing, ProgressFileDiskError ("cannot write the progress file ... (disk full)"). Both are
+ProgressFileError: nothing of that call was saved, everything saved before stays.
+Rows with values of the wrong type (a file edited by hand or by another tool) are skipped when read, with one note.
 Commands print each warning as one "Note: ..." line (``notes_printed``, ``ProgressStore.notes``).
 
 ``kvcourse progress`` (course/cli/progress.py) prints a per-lesson summary; ``kvcourse progress --reset``
@@ -71,6 +74,7 @@ _SCHEMA = {
 _CORRUPT_CODES = {11, 26}     # CORRUPT, NOTADB: not a readable database; the only ones that move a file aside
 _NOT_WRITABLE_CODES = {3, 8, 14}  # PERM, READONLY, CANTOPEN: a file we may not write (or open): a session copy
 _BUSY_CODES = {5, 6}          # BUSY, LOCKED: another process holds the lock past our timeout: "busy, try again"
+_DISK_CODES = {10: "disk I/O error; is its disk full?", 13: "disk full"}  # IOERR, FULL: free space, try again
 BUSY_MESSAGE = "the progress file is busy (another kernel or command is using it); try again"
 
 
@@ -78,7 +82,16 @@ class ProgressFileWarning(UserWarning):
     """The progress file was unusable and was moved aside (or could not be written)."""
 
 
-class ProgressFileBusy(sqlite3.OperationalError):
+class ProgressFileError(sqlite3.OperationalError):
+    """The progress file cannot be used now (busy, or its disk full or failing). Nothing of the call was saved;
+    everything saved before stays. The message says what to do."""
+
+
+class ProgressFileDiskError(ProgressFileError):
+    """The disk holding the progress file is full or failing (SQLite's FULL or IOERR)."""
+
+
+class ProgressFileBusy(ProgressFileError):
     """Another process held the progress file's lock for longer than the store's timeout. Nothing was changed;
     the same call can simply be made again."""
 
@@ -116,13 +129,18 @@ def default_path() -> Path:
 
 
 def _kind_of_error(exc: sqlite3.Error) -> str | None:
-    """'corrupt', 'not writable', 'busy', or None (anything else: not about the file, so not handled here)."""
+    """'corrupt', 'not writable', 'busy', a _DISK_CODES value, or None (anything else: not about the file, so not
+    handled here)."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
         code &= 0xFF
         return ("corrupt" if code in _CORRUPT_CODES else "not writable" if code in _NOT_WRITABLE_CODES
-                else "busy" if code in _BUSY_CODES else None)
+                else "busy" if code in _BUSY_CODES else _DISK_CODES.get(code))
     msg = str(exc).lower()  # Python < 3.11 has no error codes: the messages SQLite gives for the same codes
+    if "disk is full" in msg:
+        return _DISK_CODES[13]
+    if "disk i/o error" in msg:
+        return _DISK_CODES[10]
     if any(s in msg for s in ("not a database", "malformed", "corrupt")):
         return "corrupt"
     if any(s in msg for s in ("readonly", "read-only", "unable to open", "access permission")):
@@ -212,6 +230,9 @@ class ProgressStore:
             return _Unusable(str(exc))
         if kind == "not writable":
             return _NotWritable(f"{self.path} cannot be written ({exc})")
+        if kind in _DISK_CODES.values():
+            return ProgressFileDiskError(f"cannot write the progress file {self.saved_path} ({kind}): free space on "
+                                         f"its disk and try again (or set {ENV_VAR} to a file on another disk)")
         return None
 
     # ------------------------------------------------------------------ connection and recovery
@@ -444,18 +465,19 @@ class ProgressStore:
 
     def _run(self, fn, write: bool = False):
         """Run fn(conn). If the file turns out to be corrupt mid-session, recover once and retry; if it cannot be
-        written, retry in a session copy (saying so); if it stays busy, raise ProgressFileBusy."""
+        written, retry in a session copy (saying so); if it stays busy, raise ProgressFileBusy; on a full or failing
+        disk, ProgressFileDiskError."""
         for attempt in (0, 1):
             try:
                 with self._connection(write) as conn:
                     return fn(conn)
-            except ProgressFileBusy:
+            except ProgressFileError:
                 raise
             except (sqlite3.Error, _Unusable, _NotWritable) as exc:
                 problem = exc if isinstance(exc, (_Unusable, _NotWritable)) else self._problem(exc)
                 if problem is None:
                     raise
-                if isinstance(problem, ProgressFileBusy):
+                if isinstance(problem, ProgressFileError):
                     raise problem from exc
                 if attempt:
                     raise

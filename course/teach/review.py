@@ -28,11 +28,12 @@ this kernel's record()ed values, else from the numbers the lesson saved in the p
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from course.lessons.recap import COURSE
-from course.teach.progress import ProgressStore, default_store
+from course.teach.progress import ProgressFileError, ProgressStore, default_store
 from course.teach.questions import (LEVELS, CheckResult, QuestionBank, card_text, fill_numbers, grade,
                                     load_questions, measured_values, question_text)
 
@@ -281,7 +282,14 @@ class ReviewSession:
         """Grade and save an answer to the current question, then move on."""
         item = self._need_current("question")
         q = self.bank.question(item.id)
-        result = grade(q, choice, self.values(item), store=self.store)  # ValueError naming the letters
+        result = grade(q, choice, self.values(item))  # ValueError naming the letters
+        try:  # saved here, not in grade(): a busy file or a full disk must stop the session with its own message
+            self.store.record_answer(q.lesson, q.id, result.choice, result.correct)
+        except ProgressFileError:
+            raise
+        except Exception as exc:  # as grade() does: the review goes on even if the file cannot be written
+            warnings.warn(f"could not save your answer to {self.store.path}: {exc}", stacklevel=2)
+            result.saved = False
         self._finish(item, "right" if result.correct else "missed")
         return result
 

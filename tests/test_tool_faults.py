@@ -1,0 +1,75 @@
+"""Faults from outside the course's own code: a full disk under the progress file, rows of the progress file edited
+by hand or by another tool. Each says what happened and what to do, in one line, instead of a traceback."""
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+from course.paths import PROJECT_ROOT
+from course.teach.progress import ProgressFileWarning, ProgressStore
+from course.teach.questions import load_questions
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE (ulimit -f) is POSIX")
+
+# Runs `kvcourse ARGS` with input() answering "A" each time; before answer number FULL_AT the process may write no
+# file past 8 KiB (`ulimit -f 8`): every write SQLite makes after that fails, as on a full disk.
+_RUN_WITH_A_FULL_DISK = textwrap.dedent("""
+    import builtins, resource, sys
+    sys.dont_write_bytecode = True  # a .pyc cut off at 8 KiB would break every later import of that module
+    from course.cli import main
+    full_at = int(sys.argv[1])
+    asked = [0]
+    def answer(prompt=""):
+        asked[0] += 1
+        if asked[0] == full_at:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        print(prompt)
+        return "A"
+    builtins.input = answer
+    if full_at == 0:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+def _missed_questions(path, n=6):
+    bank = load_questions()
+    store = ProgressStore(path)
+    for q in bank.for_lesson("02_kv_cache")[:n]:
+        store.record_answer("02_kv_cache", q.id, "Z", False)
+    return store
+
+
+def _kvcourse_on_a_full_disk(tmp_path, full_at: int, *argv: str) -> subprocess.CompletedProcess:
+    env = {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "KVCOURSE_PROGRESS": str(tmp_path / "p.sqlite"),
+           "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(PROJECT_ROOT)}
+    return subprocess.run([sys.executable, "-c", _RUN_WITH_A_FULL_DISK, str(full_at), *argv], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize("argv", [["progress"], ["review"], ["review", "--list"]])
+def test_a_full_disk_under_the_progress_file_is_one_line_not_a_traceback(tmp_path, argv):
+    """It was `sqlite3.OperationalError: disk I/O error` (at PRAGMA synchronous=NORMAL) and a traceback."""
+    _missed_questions(tmp_path / "p.sqlite")
+    run = _kvcourse_on_a_full_disk(tmp_path, 0, *argv)
+    assert "Traceback" not in run.stderr, run.stderr
+    assert run.returncode == 1
+    assert f"kvcourse {argv[0]}: cannot write the progress file" in run.stderr and "free space" in run.stderr
+
+
+def test_a_disk_that_fills_during_review_stops_it_saying_what_is_saved(tmp_path):
+    """It printed a raw `UserWarning: could not save your answer` line, then a traceback."""
+    path = tmp_path / "p.sqlite"
+    _missed_questions(path)
+    run = _kvcourse_on_a_full_disk(tmp_path, 2, "review")  # the first answer is saved, the second is not
+    assert "Traceback" not in run.stderr and "UserWarning" not in run.stderr, run.stderr
+    assert run.returncode == 1
+    (line,) = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert line.startswith("kvcourse review: cannot write the progress file") and "free space" in line
+    assert "everything answered before this one is saved" in line
+    assert len(ProgressStore(path).answers()) == 7  # the six missed ones and the first answer of the session
