@@ -73,3 +73,65 @@ def test_a_disk_that_fills_during_review_stops_it_saying_what_is_saved(tmp_path)
     assert line.startswith("kvcourse review: cannot write the progress file") and "free space" in line
     assert "everything answered before this one is saved" in line
     assert len(ProgressStore(path).answers()) == 7  # the six missed ones and the first answer of the session
+
+
+# ---------------------------------------------------------------------- rows of the wrong type
+_BAD_ROWS = {
+    "answer at='abc'": "INSERT INTO answers (lesson, question_id, choice, correct, at) "
+                       "VALUES ('02_kv_cache', 'kv-70b', 'A', 1, 'abc')",
+    "review reset at='x'": "INSERT INTO review_resets (at) VALUES ('x')",
+    "exercise total='x'": "INSERT INTO exercise_checks (exercise, passed, total, details, at) "
+                          "VALUES ('paged_cache', 1, 'x', NULL, 5)",
+    "latest details not JSON": "INSERT INTO exercise_checks (exercise, passed, total, details, at) "
+                               "VALUES ('kv_cache', 1, 2, '{not json', 9e9)",
+    "card rating at=NULL-ish blob": "INSERT INTO card_ratings (lesson, card_id, knew, at) "
+                                    "VALUES ('02_kv_cache', 'interview-1', 1, x'00')",
+    "self-assessment at text": "INSERT INTO self_assessments (lesson, level, at) VALUES ('02_kv_cache', 'got it', 'y')",
+}
+
+
+@pytest.mark.parametrize("bad", sorted(_BAD_ROWS))
+@pytest.mark.parametrize("argv", [["progress"], ["review", "--list"]])
+def test_rows_of_the_wrong_type_are_skipped_with_one_note(tmp_path, monkeypatch, capsys, bad, argv):
+    """A hand-edited row (at='abc', total='x', details not JSON) made `progress` and `review` fail with
+    TypeError: '>' not supported between 'str' and 'float' (or a JSON error naming no file)."""
+    from course.cli import main
+
+    path = tmp_path / "p.sqlite"
+    store = _missed_questions(path, n=2)
+    store.record_exercise_check("kv_cache", 3, 4, {"test_shapes": "passed"})
+    con = sqlite3.connect(path)
+    con.execute(_BAD_ROWS[bad])
+    con.commit()
+    con.close()
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # told as a note, not raised
+        assert main(argv) == 0
+    out, err = capsys.readouterr()
+    notes = [ln for ln in (out + err).splitlines() if "values of the wrong type" in ln]
+    if argv[0] == "review" and "exercise" in bad or "latest details" in bad and argv[0] == "review":
+        assert notes == []  # review does not read the exercise checks
+    else:
+        assert len(notes) == 1 and notes[0].startswith("Note: ") and str(path) in notes[0]
+    assert "Traceback" not in out + err
+
+
+def test_the_good_rows_beside_a_bad_one_are_all_read(tmp_path):
+    path = tmp_path / "p.sqlite"
+    store = _missed_questions(path, n=3)
+    store.record_exercise_check("kv_cache", 3, 4, {"test_shapes": "passed"})
+    con = sqlite3.connect(path)
+    for sql in _BAD_ROWS.values():
+        con.execute(sql)
+    con.commit()
+    con.close()
+    fresh = ProgressStore(path)
+    with pytest.warns(ProgressFileWarning, match="values of the wrong type"):
+        assert len(fresh.answers()) == 3
+    assert fresh.review_reset_at() is None
+    (check,) = fresh.exercise_checks()  # the latest check has unreadable details: shown without them
+    assert (check["passed"], check["total"], check["details"], check["runs"]) == (1, 2, None, 2)
+    assert fresh.card_ratings() == [] and fresh.self_assessment("02_kv_cache") is None
+    assert set(fresh.lessons_started()) == {"02_kv_cache"}
+    assert any("values of the wrong type" in n for n in fresh.notes)

@@ -28,6 +28,7 @@ def run(args) -> int:
         with warnings.catch_warnings():  # each ProgressFileWarning is one of the summary's notes instead
             warnings.simplefilter("ignore", ProgressFileWarning)
             summary, table = store.summary(bank), progress_text(store, bank)
+            summary.notes = store.notes  # with what progress_text found too (e.g. rows skipped)
     except ProgressFileError as exc:  # busy, or a full disk: nothing was changed; the same command works later
         print(f"kvcourse progress: {exc}", file=sys.stderr)
         return 1

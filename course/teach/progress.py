@@ -29,6 +29,7 @@ clears it after asking (``--yes`` skips the question).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import sys
@@ -205,6 +206,7 @@ class ProgressStore:
         self.saved_path = self.path  # the learner's file (self.path becomes a session copy if it cannot be written)
         self.not_saved: str | None = None  # why new progress cannot be saved in saved_path, when it cannot
         self.moved_aside: list[str] = []   # one sentence per file moved aside, naming where it is now
+        self.skipped_rows: dict[str, int] = {}  # table → rows read and skipped (values of the wrong type)
         self.timeout = float(timeout)
         self._ready = False
         self._lock = threading.Lock()
@@ -216,7 +218,24 @@ class ProgressStore:
     def notes(self) -> list[str]:
         """What a command must tell the learner about this file, one line each (each was also given as a
         ProgressFileWarning): the files moved aside and where they are, and why new progress is not saved."""
-        return self.moved_aside + ([self.not_saved] if self.not_saved else [])
+        return self.moved_aside + ([self.not_saved] if self.not_saved else []) + (
+            [self._skipped_note()] if self.skipped_rows else [])
+
+    def _skipped_note(self) -> str:
+        counts = ", ".join(f"{n} in {table}" for table, n in sorted(self.skipped_rows.items()))
+        return (f"some saved rows in {self.saved_path} have values of the wrong type (edited by hand or by another "
+                f"program) and were skipped ({counts}); the rest of your progress is read as usual.")
+
+    def _valid(self, table: str, rows: list, ok) -> list:
+        """The rows for which ok(row) is true; the others are counted in skipped_rows and told once (a
+        ProgressFileWarning) instead of failing later with a TypeError far from the file."""
+        good = [r for r in rows if ok(r)]
+        if len(good) < len(rows):
+            first = not self.skipped_rows
+            self.skipped_rows[table] = max(self.skipped_rows.get(table, 0), len(rows) - len(good))
+            if first:
+                warnings.warn(_sentence(self._skipped_note()), ProgressFileWarning, stacklevel=3)
+        return good
 
     def _busy(self) -> ProgressFileBusy:
         return ProgressFileBusy(f"{BUSY_MESSAGE} ({self.saved_path})")
@@ -564,7 +583,10 @@ class ProgressStore:
         args: tuple = ()
         if lesson is not None:
             sql, args = sql + " WHERE lesson = ?", (lesson,)
-        rows = self._run(lambda c: c.execute(sql + " ORDER BY at, id", args).fetchall())
+        rows = self._valid("answers", self._run(lambda c: c.execute(sql + " ORDER BY id", args).fetchall()),
+                           lambda r: _texts(r["lesson"], r["question_id"], r["choice"]) and _is_int(r["correct"])
+                           and _is_time(r["at"]))
+        rows.sort(key=lambda r: r["at"])  # stable: saved order among equal times, as ORDER BY at, id
         return [current_answer(dict(r, correct=bool(r["correct"]))) for r in rows]
 
     def latest_answers(self, lesson: str | None = None) -> dict[str, dict]:
@@ -572,51 +594,80 @@ class ProgressStore:
         return {a["question_id"]: a for a in self.answers(lesson)}
 
     def self_assessment(self, lesson: str) -> str | None:
-        row = self._run(lambda c: c.execute(
-            "SELECT level FROM self_assessments WHERE lesson = ? ORDER BY at DESC, id DESC LIMIT 1",
-            (lesson,)).fetchone())
-        return row["level"] if row else None
+        rows = self._valid("self_assessments", self._run(lambda c: c.execute(
+            "SELECT level, at FROM self_assessments WHERE lesson = ? ORDER BY id", (lesson,)).fetchall()),
+            lambda r: _texts(r["level"]) and _is_time(r["at"]))
+        return max(reversed(rows), key=lambda r: r["at"])["level"] if rows else None  # the latest; ties: last saved
 
     def cards_seen(self, lesson: str | None = None) -> set[str]:
         sql, args = "SELECT DISTINCT card_id FROM cards", ()
         if lesson is not None:
             sql, args = sql + " WHERE lesson = ?", (lesson,)
-        return {r["card_id"] for r in self._run(lambda c: c.execute(sql, args).fetchall())}
+        return {r["card_id"] for r in self._valid("cards", self._run(lambda c: c.execute(sql, args).fetchall()),
+                                                  lambda r: _texts(r["card_id"]))}
 
     def exercise_checks(self) -> list[dict]:
         """The latest self-check of each exercise, with how many times it was checked."""
-        rows = self._run(lambda c: c.execute(
-            "SELECT exercise, passed, total, details, at, "
-            "(SELECT COUNT(*) FROM exercise_checks e2 WHERE e2.exercise = e.exercise) AS runs "
-            "FROM exercise_checks e WHERE id = (SELECT id FROM exercise_checks e3 "
-            "WHERE e3.exercise = e.exercise ORDER BY at DESC, id DESC LIMIT 1) ORDER BY exercise").fetchall())
-        return [dict(r, details=json.loads(r["details"]) if r["details"] else None) for r in rows]
+        rows = self._valid("exercise_checks", self._run(lambda c: c.execute(
+            "SELECT exercise, passed, total, details, at FROM exercise_checks ORDER BY id").fetchall()),
+            lambda r: _texts(r["exercise"]) and _is_int(r["passed"]) and _is_int(r["total"]) and _is_time(r["at"])
+            and (r["details"] is None or isinstance(r["details"], str)))
+        latest: dict[str, dict] = {}
+        runs: dict[str, int] = {}
+        for r in rows:
+            runs[r["exercise"]] = runs.get(r["exercise"], 0) + 1
+            if r["exercise"] not in latest or r["at"] >= latest[r["exercise"]]["at"]:
+                latest[r["exercise"]] = dict(r)
+        out = []
+        for exercise in sorted(latest):
+            r = latest[exercise]
+            details = None
+            if r["details"]:
+                try:
+                    details = json.loads(r["details"])
+                except ValueError:  # shown without its details (they only add the names of the tests)
+                    self._valid("exercise_checks.details", [r], lambda _r: False)
+            out.append(dict(r, details=details, runs=runs[exercise]))
+        return out
 
     def measurements(self, lesson: str | None = None) -> dict:
         """key → latest saved value (of one lesson, or of all lessons)."""
-        sql, args = "SELECT key, value FROM measurements", ()
+        sql, args = "SELECT key, value, at FROM measurements", ()
         if lesson is not None:
             sql, args = sql + " WHERE lesson = ?", (lesson,)
-        rows = self._run(lambda c: c.execute(sql + " ORDER BY at, id", args).fetchall())
-        return {r["key"]: json.loads(r["value"]) for r in rows}
+        rows = self._run(lambda c: c.execute(sql + " ORDER BY id", args).fetchall())
+        values = {}
+        for r in sorted(self._valid("measurements", rows, lambda r: _texts(r["key"]) and isinstance(r["value"], str)
+                                    and _is_time(r["at"])), key=lambda r: r["at"]):
+            try:
+                values[r["key"]] = json.loads(r["value"])
+            except ValueError:
+                self._valid("measurements", [r], lambda _r: False)
+        return values
 
     def card_ratings(self) -> list[dict]:
         """Every interview-card self-rating, oldest first."""
-        rows = self._run(lambda c: c.execute(
-            "SELECT lesson, card_id, knew, at FROM card_ratings ORDER BY at, id").fetchall())
+        rows = self._valid("card_ratings", self._run(lambda c: c.execute(
+            "SELECT lesson, card_id, knew, at FROM card_ratings ORDER BY id").fetchall()),
+            lambda r: _texts(r["lesson"], r["card_id"]) and _is_int(r["knew"]) and _is_time(r["at"]))
+        rows.sort(key=lambda r: r["at"])
         return [dict(r, knew=bool(r["knew"])) for r in rows]
 
     def review_reset_at(self) -> float | None:
-        row = self._run(lambda c: c.execute("SELECT MAX(at) AS at FROM review_resets").fetchone())
-        return row["at"] if row else None
+        rows = self._valid("review_resets", self._run(lambda c: c.execute("SELECT at FROM review_resets").fetchall()),
+                           lambda r: _is_time(r["at"]))
+        return max((r["at"] for r in rows), default=None)
 
     def lessons_started(self) -> dict[str, float]:
         """lesson → when anything was first saved for it (an answer, a card seen or rated, a self-assessment,
         a measurement)."""
-        union = " UNION ALL ".join(f"SELECT lesson, MIN(at) AS at FROM {t} GROUP BY lesson" for t in
-                                   ("answers", "cards", "card_ratings", "self_assessments", "measurements"))
-        sql = f"SELECT lesson, MIN(at) AS at FROM ({union}) GROUP BY lesson"
-        return {r["lesson"]: r["at"] for r in self._run(lambda c: c.execute(sql).fetchall())}
+        started: dict[str, float] = {}
+        for table in ("answers", "cards", "card_ratings", "self_assessments", "measurements"):
+            rows = self._valid(table, self._run(lambda c: c.execute(f"SELECT lesson, at FROM {table}").fetchall()),
+                               lambda r: _texts(r["lesson"]) and _is_time(r["at"]))
+            for r in rows:
+                started[r["lesson"]] = min(started.get(r["lesson"], r["at"]), r["at"])
+        return started
 
     def counts(self) -> dict[str, int]:
         def count(conn):
@@ -675,6 +726,19 @@ def _foreign_reason(conn: sqlite3.Connection) -> str | None:
 
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+def _texts(*values) -> bool:
+    return all(isinstance(v, str) for v in values)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int)
+
+
+def _is_time(value) -> bool:
+    """Epoch seconds as saved (REAL, or INTEGER from another tool); text, NULL or a blob is not one."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _need_text(**values) -> None:
