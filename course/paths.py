@@ -16,14 +16,18 @@ AUTOGRADE = (_NOWHERE if SEALED else PROJECT_ROOT) / "autograde"
 
 
 def state_dir() -> Path:
-    """Jupyter's config/data/runtime for `kvcourse lab`: $KVCOURSE_STATE, else .state/ in the project."""
-    return Path(os.environ.get("KVCOURSE_STATE", PROJECT_ROOT / ".state"))
+    """Jupyter's config/data/runtime for `kvcourse lab`: $KVCOURSE_STATE, else .state/ in the project.
+
+    Always absolute: a relative KVCOURSE_STATE means the folder from where the command was started, not from where
+    Jupyter runs (`kvcourse lab` moves into the project first; ~ is the home folder)."""
+    env = os.environ.get("KVCOURSE_STATE")
+    return Path(os.path.abspath(os.path.expanduser(env))) if env else PROJECT_ROOT / ".state"
 
 
 def jupyter_env(base: dict | None = None, state: Path | None = None) -> dict:
     """An environment whose Jupyter state lives under `state` (the course's .state/ by default)."""
     chosen = state is None
-    state = Path(state) if state else state_dir()
+    state = Path(os.path.abspath(state)) if state else state_dir()  # Jupyter may run from another folder
     env = dict(os.environ if base is None else base)
     for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
                      ("JUPYTER_RUNTIME_DIR", "runtime"), ("IPYTHONDIR", "ipython")):

@@ -102,3 +102,13 @@ def test_state_that_cannot_be_written_says_so(tmp_path, monkeypatch):
         paths.jupyter_env()
     message = str(exc.value)
     assert "not writable by you" in message and str(state) in message and "KVCOURSE_STATE" in message, message
+
+
+def test_a_relative_state_is_made_absolute_where_it_was_given(tmp_path, monkeypatch):
+    """`kvcourse lab` moves into the project before Jupyter starts: a relative path would name two folders."""
+    from course.paths import jupyter_env, state_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVCOURSE_STATE", "relstate")
+    assert state_dir() == tmp_path / "relstate"
+    assert jupyter_env()["JUPYTER_DATA_DIR"] == str(tmp_path / "relstate" / "data")

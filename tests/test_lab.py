@@ -168,3 +168,47 @@ def test_kvcourse_is_on_the_path_of_a_jupyterlab_terminal(monkeypatch):
     assert first == os.path.dirname(os.path.abspath(sys.executable))
     assert shutil.which("kvcourse", path=env["PATH"]) == os.path.join(first, "kvcourse")
     assert "/usr/bin" in env["PATH"].split(os.pathsep)
+
+
+# --------------------------------------------------------------------------- settings the learner wrote
+def _run_lab(monkeypatch) -> tuple[int, list]:
+    """`kvcourse lab --no-browser -- --version` up to the point where it would become JupyterLab."""
+    import argparse
+
+    became = []
+    monkeypatch.setattr(os, "execvpe", lambda file, cmd, env: became.append((cmd, env)))
+    monkeypatch.setattr(os, "chdir", lambda path: None)  # what the command does next is not under test here
+    rc = lab.run(argparse.Namespace(port=None, no_browser=True, jupyter_args=["--version"]))
+    return rc, became
+
+
+@pytest.mark.parametrize("which", ["jupyter_server_config.json", "labconfig/page_config.json"])
+def test_settings_that_are_not_valid_json_are_never_overwritten(tmp_path, monkeypatch, capsys, which):
+    """A trailing comma in jupyter_server_config.json: `kvcourse lab` replaced the file with only the course's keys
+    (the learner's password and ip lost, no backup, no message). Now it stops, names the file and the line."""
+    state = tmp_path / "state"
+    broken = state / "config" / which
+    broken.parent.mkdir(parents=True)
+    text = '{"ServerApp": {"password": "argon2:$argon2id$v=19$m=10240,t=10,p=8$abc", "ip": "0.0.0.0",}}\n'
+    broken.write_text(text)
+    monkeypatch.setenv("KVCOURSE_STATE", str(state))
+    rc, became = _run_lab(monkeypatch)
+    err = capsys.readouterr().err
+    assert rc == 1 and became == []
+    assert broken.read_text() == text
+    assert f"{broken} is not valid JSON (line 1): fix it or move it aside" in err, err
+    others = [p for p in (state / "config").rglob("*.json") if p != broken]
+    assert others == []  # nothing written before the check either
+
+
+def test_a_relative_state_folder_is_the_one_jupyter_reads(tmp_path, monkeypatch):
+    """KVCOURSE_STATE=relstate from another folder: the settings went to $PWD/relstate, but Jupyter (started in the
+    project folder) read PROJECT_ROOT/relstate: the instructor tools came back, and a stray folder in the project."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVCOURSE_STATE", "relstate")
+    assert not (PROJECT_ROOT / "relstate").exists()
+    rc, [(cmd, env)] = _run_lab(monkeypatch)
+    assert env["JUPYTER_CONFIG_DIR"] == str(tmp_path / "relstate" / "config")
+    server = json.loads((tmp_path / "relstate" / "config" / "jupyter_server_config.json").read_text())
+    assert server["ServerApp"]["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
+    assert not (PROJECT_ROOT / "relstate").exists()

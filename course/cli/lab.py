@@ -65,12 +65,32 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+class UnreadableSettings(ValueError):
+    """A settings file the learner (or Jupyter) wrote that is not valid JSON: never overwritten."""
+
+
 def _read_json(path: Path) -> dict:
+    """A JSON settings file's object ({} when there is none yet). A file that is not valid JSON, or not an object,
+    raises UnreadableSettings: writing our keys over it would lose the learner's own (a password, an ip)."""
     try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnreadableSettings(f"{path} cannot be read ({getattr(exc, 'strerror', None) or exc}): fix it or move "
+                                 "it aside, then run the command again") from None
+    if not text.strip():
+        return {}  # an empty file holds nothing to keep
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        line = f" (line {exc.lineno})" if hasattr(exc, "lineno") else ""
+        raise UnreadableSettings(f"{path} is not valid JSON{line}: fix it or move it aside, then run the command "
+                                 "again (nothing was changed)") from None
+    if not isinstance(data, dict):
+        raise UnreadableSettings(f"{path} holds a JSON {type(data).__name__}, not an object of settings: fix it or "
+                                 "move it aside, then run the command again (nothing was changed)")
+    return data
 
 
 def default_workspace() -> dict:
@@ -97,17 +117,30 @@ def prepare_self_paced(state: Path | None = None) -> Path:
     Settings a learner changed are kept: only our own keys are set, and the first layout is written only when
     there is no saved layout yet.
     """
-    state = Path(state) if state else state_dir()
+    state = Path(os.path.abspath(state)) if state else state_dir()
     config = state / "config"
     page_config = config / "labconfig" / "page_config.json"
-    data = _read_json(page_config)
-    data.setdefault("disabledExtensions", {}).update({name: True for name in SELF_PACED_DISABLED_PLUGINS})
+    server_config = config / "jupyter_server_config.json"
+    page_data, server_data = _read_json(page_config), _read_json(server_config)  # both before either is written
+    data = page_data
+    disabled = data.setdefault("disabledExtensions", {})
+    if isinstance(disabled, list):  # the older form: a list of names
+        disabled = data["disabledExtensions"] = {name: True for name in disabled if isinstance(name, str)}
+    if not isinstance(disabled, dict):
+        raise UnreadableSettings(f"{page_config}: disabledExtensions is a JSON {type(disabled).__name__}, not an "
+                                 "object: fix it or move the file aside, then run the command again")
+    disabled.update({name: True for name in SELF_PACED_DISABLED_PLUGINS})
     _write_json(page_config, data)
 
-    server_config = config / "jupyter_server_config.json"
-    data = _read_json(server_config)
+    data = server_data
     server = data.setdefault("ServerApp", {})
-    server.setdefault("jpserver_extensions", {}).update({name: False for name in SELF_PACED_DISABLED_SERVER_EXTENSIONS})
+    if not isinstance(server, dict):
+        raise UnreadableSettings(f"{server_config}: ServerApp is a JSON {type(server).__name__}, not an object: fix "
+                                 "it or move the file aside, then run the command again")
+    if not isinstance(server.setdefault("jpserver_extensions", {}), dict):
+        raise UnreadableSettings(f"{server_config}: ServerApp.jpserver_extensions is not a JSON object: fix it or "
+                                 "move the file aside, then run the command again")
+    server["jpserver_extensions"].update({name: False for name in SELF_PACED_DISABLED_SERVER_EXTENSIONS})
     server["contents_manager_class"] = "course.cli.jupyter_contents.CourseContentsManager"
     _write_json(server_config, data)
 
@@ -187,7 +220,11 @@ def run(args) -> int:
     bind = "127.0.0.1" if host in ("localhost", "127.0.0.1") else ("" if host == "0.0.0.0" else host)
     port = choose_port(args.port, bind)
     env = lab_env()
-    prepare_self_paced()
+    try:
+        prepare_self_paced()
+    except UnreadableSettings as exc:
+        print(f"kvcourse lab: {exc}", file=sys.stderr)
+        return 1
     print(banner(args.port, port, host))
     print("(Jupyter prints the address with its login token below.)", flush=True)
     cmd = command(port, args.no_browser, extra)
