@@ -66,6 +66,20 @@ def test_atomic_writes_leave_the_previous_file_on_a_full_disk(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["grades.csv"], "no temp file left behind"
 
 
+def test_atomic_writes_keep_the_files_permissions(tmp_path):
+    """mkstemp's 0600 replaced a grades.csv the teaching assistants could read with one only its writer could."""
+    path = tmp_path / "grades.csv"
+    files.atomic_write(path, "a,b\n")
+    old = os.umask(0)
+    os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~old
+    path.chmod(0o640)
+    files.atomic_write(path, "a,b\n1,2\n")
+    with files.atomic_output(path) as tmp:
+        tmp.write_text("c\n")
+    assert path.stat().st_mode & 0o777 == 0o640 and path.read_text() == "c\n"
+
+
 def test_csv_export_on_a_full_disk_keeps_the_previous_grades(tmp_path, monkeypatch):
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
@@ -383,6 +397,33 @@ def test_missing_students_appear_in_both_csvs(tmp_path):
     assert report["bob"]["status"] == "missing" and report["ann"]["status"] == "graded"
     exported = {r["student_id"]: r for r in csv.DictReader(open(course / "grades.csv"))}
     assert float(exported["bob"]["score"]) == 0.0 and float(exported["ann"]["score"]) == rows["ann"].score
+
+
+@pytest.mark.slow
+@needs_bwrap
+def test_the_ledger_is_trusted_only_while_the_gradebook_and_feedback_hold_the_grade(tmp_path):
+    """With gradebook.db deleted (or an old backup restored) a rerun said 14/14 from the ledger while grades.csv
+    held only its header; with feedback/ deleted it was never written again; a ledger entry in another layout
+    ended the run with an AttributeError."""
+    folder, course = _folder(tmp_path, {"ann": "reference"}), tmp_path / "course"
+    (first,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert first.score == first.max_score > 0
+
+    def exported():
+        return {r["student_id"]: float(r["score"]) for r in csv.DictReader(open(course / "grades.csv"))}
+
+    (course / "gradebook.db").unlink()
+    (row,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert row.score == first.score and exported() == {"ann": first.score}
+    shutil.rmtree(course / "feedback")
+    grader.grade(folder, course, progress=False, log=_quiet)
+    assert list((course / "feedback" / "ann" / ASSIGNMENT).glob("*.html")), "the feedback is written again"
+    ledger = course / "work" / "ledger.json"
+    data = json.loads(ledger.read_text())
+    data["graded"]["ann/" + ASSIGNMENT] = "oops"
+    ledger.write_text(json.dumps(data))
+    (row,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert row.status == "graded" and row.score == first.score and exported() == {"ann": first.score}
 
 
 def test_a_course_folder_inside_the_submissions_folder_is_refused(tmp_path):

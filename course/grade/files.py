@@ -17,8 +17,26 @@ class GradingError(RuntimeError):
     """The pipeline itself could not run (not one student's problem); the message says what to do."""
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write `data` to `path` through a temp file in the same folder, fsync it, then rename over `path`."""
+def _mode_for(path: Path) -> int:
+    """The permissions a plain write would give `path`: the file's own where it exists, else 0o666 less the
+    umask (mkstemp's temp files are 0o600: a grades.csv shared with teaching assistants became private)."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        pass
+    umask = 0o022
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("Umask:"):
+                umask = int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o666 & ~umask
+
+
+def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
+    """Write `data` to `path` through a temp file in the same folder, fsync it, then rename over `path` (with the
+    file's permissions, or the umask's for a new one; `private`: readable by its owner only)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -26,6 +44,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data.encode() if isinstance(data, str) else data)
             fh.flush()
+            os.fchmod(fh.fileno(), 0o600 if private else _mode_for(path))
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -43,6 +62,7 @@ def atomic_output(path: Path):
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as fh:
+            os.fchmod(fh.fileno(), _mode_for(path))
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

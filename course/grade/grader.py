@@ -73,7 +73,12 @@ class Ledger:
         if not isinstance(self.data, dict) or not isinstance(self.data.get("graded"), dict):
             raise GradingError(f"{self.path} (the grading ledger) is corrupt: not the ledger's layout. Move it "
                                "aside (or delete it) and run again: every submission is then graded afresh.")
-        self.data.setdefault("sources", {})
+        if not isinstance(self.data.get("sources"), dict):
+            self.data["sources"] = {}
+        # an entry in another layout (edited by hand, another version) is only a cache: that notebook is regraded
+        self.data["graded"] = {k: v for k, v in self.data["graded"].items()
+                               if isinstance(v, dict) and isinstance(v.get("hash"), str) and isinstance(v.get("row"), dict)
+                               and set(v["row"]) <= set(Row.__dataclass_fields__)}
 
     def save(self) -> None:
         import json
@@ -121,7 +126,7 @@ def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dic
                                f"{(outcome.problems + [outcome.infrastructure] + [str(e)[:300] for e in errors])}")
         stored = {"version": version,
                   "values": _values(outcome.events, verdicts.load_checks(verdicts.checks_path(assignment)))}
-        atomic_write(cache, json.dumps(stored))
+        atomic_write(cache, json.dumps(stored), private=True)  # the hidden checks' answers
     return {gid: [decode(v) for v in values] for gid, values in stored["values"].items()}
 
 
@@ -193,6 +198,18 @@ def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
         else:
             cell.outputs = _clean_outputs(done.get(i, {}).get("outputs", []), budget)
     return nb
+
+
+def _held(cfg, course: Path) -> tuple[set[str], set[tuple[str, str]]]:
+    """(the assignments, (assignment, student) of every submission) the gradebook holds; none when there is no
+    gradebook (deleted, or a backup restored without it): the ledger's entries are then redone, not trusted."""
+    if not (course / "gradebook.db").exists():
+        return set(), set()
+    from nbgrader.api import Gradebook
+
+    with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:
+        return ({a.name for a in gb.assignments},
+                {(a.name, s.student.id) for a in gb.assignments for s in a.submissions})
 
 
 def _earlier_grade(ledger, sub) -> list[str]:
@@ -277,9 +294,11 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
               notes, on_sandbox_start, nbformat):
     gradable = sorted({s.assignment for s in subs if not s.problem})
     checks, references = {}, {}
+    in_gradebook, held = _held(cfg, course)  # the ledger is trusted only as far as the gradebook agrees
     for assignment in gradable:
         digest = _version(assignment)
-        if ledger.data["sources"].get(assignment) != digest or not (course / "release" / assignment).exists():
+        if (ledger.data["sources"].get(assignment) != digest or not (course / "release" / assignment).exists()
+                or assignment not in in_gradebook):
             check_result(api.generate_assignment(assignment, force=True, create=True),
                          f"generate_assignment {assignment}")
             ledger.data["sources"][assignment] = digest
@@ -298,7 +317,8 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
             continue
         sub.digest = sha(sub.path.read_bytes(), ledger.data["sources"][sub.assignment].encode())
         done = ledger.data["graded"].get(sub.key)
-        if not force and done and done.get("hash") == sub.digest and (course / "autograded" / sub.key).exists():
+        if (not force and done and done.get("hash") == sub.digest and (course / "autograded" / sub.key).exists()
+                and (sub.assignment, sub.student) in held and (course / "feedback" / sub.key).is_dir()):
             rows[key] = Row(**done["row"])
             continue
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
