@@ -135,3 +135,64 @@ def test_the_good_rows_beside_a_bad_one_are_all_read(tmp_path):
     assert fresh.card_ratings() == [] and fresh.self_assessment("02_kv_cache") is None
     assert set(fresh.lessons_started()) == {"02_kv_cache"}
     assert any("values of the wrong type" in n for n in fresh.notes)
+
+
+# ---------------------------------------------------------------------- `kvcourse doctor --quick` (`make setup`)
+def _doctor_quick(capsys) -> tuple[int, str]:
+    from types import SimpleNamespace
+
+    from course.cli import doctor
+
+    code = doctor.run(SimpleNamespace(quick=True, device="cpu"))
+    return code, capsys.readouterr().out
+
+
+def _course_gguf():
+    from course.engine.weights import default_gguf_path
+
+    try:
+        return default_gguf_path()
+    except FileNotFoundError:
+        pytest.skip("the course model is not installed")
+
+
+@pytest.mark.parametrize("model, says", [
+    ("passwd", "is not a GGUF file (it starts with b'root', not b'GGUF')"),
+    ("cut in the tensors", "is cut off: it holds"),
+    ("cut in the header", "is cut off inside its GGUF header"),
+    ("folder", "is a folder, not a GGUF file"),
+])
+def test_doctor_quick_refuses_a_model_file_that_cannot_load(tmp_path, monkeypatch, capsys, model, says):
+    """KVCOURSE_MODEL=/etc/passwd or a truncated GGUF: `doctor --quick` said "all good" (rc 0); a folder gave only
+    `[Errno 21] Is a directory`. The header is checked (fast: no model load)."""
+    path = tmp_path / "model.gguf"
+    if model == "passwd":
+        path.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    elif model == "folder":
+        path.mkdir()
+    else:
+        whole = _course_gguf().read_bytes()
+        path.write_bytes(whole[:len(whole) - 4096] if model == "cut in the tensors" else whole[:200])
+    monkeypatch.setenv("KVCOURSE_MODEL", str(path))
+    monkeypatch.setenv("KVCOURSE_CACHE", str(tmp_path / "cache"))
+    code, out = _doctor_quick(capsys)
+    assert code == 1 and "all good" not in out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("model ")]
+    assert line.startswith("model       WRONG — ") and f"{path} {says}" in line, line
+
+
+def test_doctor_quick_refuses_a_cache_path_that_is_a_file(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("KVCOURSE_MODEL", str(_course_gguf()))
+    monkeypatch.setenv("KVCOURSE_CACHE", str(blocker))
+    code, out = _doctor_quick(capsys)
+    assert code == 1 and "all good" not in out
+    assert f"cache       WRONG — {blocker} is a file, not a folder: set KVCOURSE_CACHE to a folder" in out, out
+
+
+def test_doctor_quick_passes_the_course_model(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KVCOURSE_MODEL", str(_course_gguf()))
+    monkeypatch.setenv("KVCOURSE_CACHE", str(tmp_path / "cache"))
+    code, out = _doctor_quick(capsys)
+    assert code == 0 and "all good" in out and "WRONG" not in out, out

@@ -3,8 +3,98 @@ from __future__ import annotations
 
 import os
 import platform
+import struct
 import sys
 import time
+from pathlib import Path
+
+# GGUF metadata value types (gguf-py's GGUFValueType) → their size in bytes; 8 = string, 9 = array
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY, _GGUF_UINT32 = 8, 9, 4
+
+
+def gguf_problem(path: Path) -> str | None:
+    """What is wrong with a model file, from its header alone (milliseconds, where gguf.GGUFReader takes seconds):
+    not a GGUF file, an unknown version, a cut-off header, or fewer bytes than its tensor table says it holds (a
+    truncated download). None when it looks whole. Loading it (`kvcourse doctor` without --quick) checks the rest."""
+    import gguf
+
+    from course.engine.weights import SETUP_HINT
+
+    size = path.stat().st_size
+    redo = f"download or reinstall it ({SETUP_HINT} for the course model)"
+    with open(path, "rb") as f:
+        def read(fmt: str):
+            data = f.read(struct.calcsize(fmt))
+            if len(data) < struct.calcsize(fmt):
+                raise EOFError
+            return struct.unpack("<" + fmt, data)[0]
+
+        def skip_string() -> None:
+            f.seek(read("Q"), os.SEEK_CUR)
+
+        def read_value(kind: int):
+            if kind == _GGUF_STRING:
+                n = read("Q")
+                return f.read(n)
+            if kind == _GGUF_ARRAY:
+                inner, count = read("I"), read("Q")
+                if inner in _GGUF_SCALAR_BYTES:
+                    f.seek(_GGUF_SCALAR_BYTES[inner] * count, os.SEEK_CUR)
+                else:
+                    for _ in range(count):
+                        read_value(inner)
+                return None
+            if kind not in _GGUF_SCALAR_BYTES:
+                raise ValueError(f"an unknown metadata type {kind}")
+            return f.read(_GGUF_SCALAR_BYTES[kind]) if kind != _GGUF_UINT32 else read("I")
+
+        magic = f.read(4)
+        if magic != b"GGUF":
+            return f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')"
+        try:
+            version = read("I")
+            if version not in (2, 3):
+                return f"{path} is GGUF version {version}; the course reads versions 2 and 3: {redo}"
+            n_tensors, n_kv = read("Q"), read("Q")
+            alignment = 32
+            for _ in range(n_kv):
+                key = f.read(read("Q"))
+                value = read_value(read("I"))
+                if key == b"general.alignment" and isinstance(value, int) and value > 0:
+                    alignment = value
+                if f.tell() > size:
+                    raise EOFError
+            end = 0
+            for _ in range(n_tensors):
+                skip_string()
+                dims = [read("Q") for _ in range(read("I"))]
+                kind, offset = read("I"), read("Q")
+                block, type_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+                count = 1
+                for d in dims:
+                    count *= d
+                end = max(end, offset + count // block * type_bytes)
+                if f.tell() > size:
+                    raise EOFError
+            data_start = -(-f.tell() // alignment) * alignment
+        except EOFError:
+            return f"{path} is cut off inside its GGUF header ({size} bytes): {redo}"
+        except ValueError as exc:  # an unknown value or tensor type: not a file any GGUF reader can use
+            return f"{path} could not be read as GGUF ({exc}): {redo}"
+    if data_start + end > size:
+        return (f"{path} is cut off: it holds {size / 2**20:.1f} MiB but its tensors need "
+                f"{(data_start + end) / 2**20:.1f} MiB: {redo}")
+    return None
+
+
+def cache_problem(folder: Path) -> str | None:
+    """Why the weights cache folder cannot be one (a file where it or a folder above it should be), or None."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is None:
+        return None
+    where = "" if blocker == folder else f" (so {folder} cannot be made)"
+    return f"{blocker} is a file, not a folder{where}: set KVCOURSE_CACHE to a folder (or unset it)"
 
 
 def add_arguments(p):
@@ -19,7 +109,8 @@ def run(args) -> int:
 
     from course.engine.device import pick_device
     from course.measure.timing import memory_bandwidth
-    from course.engine.weights import cache_dir, cached_weights_path, check_cache, default_gguf_path
+    from course.engine.weights import (cache_dir, cached_weights_path, check_cache, check_model_path,
+                                       default_gguf_path)
 
     ok = True
     print(f"python      {sys.version.split()[0]} on {platform.machine()} ({platform.system()})")
@@ -51,10 +142,21 @@ def run(args) -> int:
         print(f"full size   WRONG — {exc}")
         ok = False
     try:
-        path = default_gguf_path()
+        path = check_model_path(default_gguf_path())  # a folder: "is a folder, not a GGUF file", as generate says
+        problem = gguf_problem(path)
+        if problem:
+            raise ValueError(problem)
         print(f"model       {path} ({path.stat().st_size / 2**20:.0f} MiB)")
-        cached = cached_weights_path(path)
-        if not cached.exists():
+        problem = cache_problem(cache_dir())
+        if problem:
+            print(f"cache       WRONG — {problem}")
+            ok = False
+            cached = None
+        else:
+            cached = cached_weights_path(path)
+        if cached is None:
+            pass
+        elif not cached.exists():
             print(f"cache       {cache_dir()} (filled on first load)")
         elif args.quick:
             print(f"cache       {cached}")
@@ -66,6 +168,13 @@ def run(args) -> int:
             print(f"cache       {cached} ({verdict})")
     except FileNotFoundError as exc:
         print(f"model       MISSING — {exc}")
+        ok = False
+    except ValueError as exc:
+        print(f"model       WRONG — {exc}")
+        ok = False
+    except OSError as exc:  # e.g. not readable by you
+        print(f"model       WRONG — cannot read {exc.filename or 'the model file'} ({exc.strerror or exc}): "
+              "check its permissions, or set KVCOURSE_MODEL to a .gguf file you can read")
         ok = False
     if not args.quick:
         bw = memory_bandwidth(device, nbytes=128 << 20, repeats=3)
