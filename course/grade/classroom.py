@@ -1,13 +1,15 @@
 """`kvcourse classroom`: run the course for a class on JupyterHub with nbgrader's exchange.
 
 The instructor's side of nbgrader's cycle, one subcommand per step, each a thin wrapper over nbgrader's
-own command of the same job (the exchange is nbgrader's; nothing here moves a student's file by hand):
+own command of the same job (the exchange is nbgrader's; the one copy made here is collect's, which opens
+no link: nbgrader's would follow a student's link to the solutions with the instructor's rights):
 
     init                 create the class folder and the shared exchange (mode ugo+rwx, as nbgrader asks)
     release A            nbgrader generate_assignment (from solutions/) + release_assignment
     (students fetch and submit with the Assignment List in JupyterLab)
     collect A            nbgrader collect, into the class folder's inbox/; a submission made as another
-                         student (its folder's owner is not the student it names) is reported, exit 1
+                         student (its folder's owner is not the student it names) is reported, exit 1; one
+                         holding a symbolic link (or a pipe, socket, device) is not collected, exit 1
     grade A [--jobs N]   `kvcourse grade` (course/grade/grader.py: each submission sealed off in a
                          bubblewrap sandbox, verdicts from plain data, one gradebook writer)
     feedback A           nbgrader release_feedback (students then fetch it from the Assignment List)
@@ -22,12 +24,14 @@ sets both for each instructor, so the command typed in a JupyterLab terminal and
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import shutil
 import stat
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from . import grading
 from course.paths import AUTOGRADE
@@ -217,27 +221,180 @@ def impersonations(assignment: str, exchange: Path) -> list[tuple[str, str, str]
             pwd.getpwnam(claimed)
         except KeyError:  # students without Unix accounts (a test hub's one-account spawner): owners say nothing
             continue
+        uid = entry.lstat().st_uid  # the folder's own owner, even where it is a link (collect refuses those)
         try:
-            owner = pwd.getpwuid(entry.stat().st_uid).pw_name
+            owner = pwd.getpwuid(uid).pw_name
         except KeyError:
-            owner = f"uid {entry.stat().st_uid}"
+            owner = f"uid {uid}"
         if owner != claimed:
             found.append((entry.name, claimed, owner))
     return found
 
 
-def collect(assignment: str, course: Path, exchange: Path) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """nbgrader collect (newest submission of each student) into inbox/.
+# ----------------------------------------------------------------------------- collecting plain files only
+# nbgrader's collect copies a submission with shutil.copytree, which follows symbolic links with the
+# instructor's rights: a student who hands in memory_formula.ipynb -> solutions/.../memory_formula.ipynb (or a
+# classmate's notebook) gets the solution back, copied into the class folder and graded as theirs. So a
+# submission must be plain files and folders; one that holds anything else is not collected.
 
-    Returns (the students collected, submissions made as another student). nbgrader's own warnings (its
-    "cheating attempt?" included) are shown, not silenced."""
+class UnsafeSubmission(Exception):
+    """A submission folder holds something other than plain files and folders: (what, where in it)."""
+
+    def __init__(self, what: str, where: str):
+        super().__init__(what, where)
+        self.what, self.where = what, where
+
+
+def _why(exc: OSError, what: str) -> str:
+    return "a symbolic link" if exc.errno == errno.ELOOP else f"{what} the grader cannot read ({exc.strerror})"
+
+
+def unsafe_entry(folder: Path) -> UnsafeSubmission | None:
+    """The first thing in a submission folder (the folder itself included) that is not a plain file or folder:
+    a symbolic link, a named pipe, socket or device, or something the grader cannot read. None when clean."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        return UnsafeSubmission("a symbolic link", "")
+    unreadable = []
+    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable.append):  # never follows links
+        for name in sorted(dirnames + filenames):
+            where = os.path.relpath(os.path.join(dirpath, name), folder)
+            try:
+                mode = os.lstat(os.path.join(dirpath, name)).st_mode
+            except OSError as exc:  # removed while we looked: the student is still changing it
+                return UnsafeSubmission(_why(exc, "a file"), where)
+            if stat.S_ISLNK(mode):
+                return UnsafeSubmission("a symbolic link", where)
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                return UnsafeSubmission("a named pipe, socket or device file", where)
+    if unreadable:
+        where = os.path.relpath(unreadable[0].filename, folder)
+        return UnsafeSubmission(_why(unreadable[0], "a folder"), "" if where == "." else where)
+    return None
+
+
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a pipe swapped in cannot hang us
+
+
+def copy_plain_tree(src: Path, dest: Path, ignore=None) -> None:
+    """Copy the folder `src` to the new folder `dest`, reading through descriptors opened without following
+    links (so a file swapped for a link after unsafe_entry looked is refused, not followed). `ignore` is
+    shutil.copytree's (nbgrader's include/exclude/size filter). Raises UnsafeSubmission; `dest` may then be partial."""
+    try:
+        top = os.open(src, _OPEN_DIR)
+    except OSError as exc:
+        raise UnsafeSubmission(_why(exc, "a folder"), "") from None
+    try:
+        _copy_folder(top, Path(src), Path(dest), "", ignore)
+    finally:
+        os.close(top)
+
+
+def _copy_folder(dir_fd: int, src: Path, dest: Path, rel: str, ignore) -> None:
+    dest.mkdir(mode=0o700)
+    names = sorted(os.listdir(dir_fd))
+    ignored = set(ignore(str(src / rel), names)) if ignore else set()
+    for name in names:
+        where = os.path.join(rel, name)
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
+            raise UnsafeSubmission("a symbolic link", where)
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise UnsafeSubmission("a named pipe, socket or device file", where)
+        if name in ignored:
+            continue
+        try:
+            fd = os.open(name, _OPEN_DIR if stat.S_ISDIR(mode) else _OPEN_FILE, dir_fd=dir_fd)
+        except OSError as exc:
+            raise UnsafeSubmission(_why(exc, "a folder" if stat.S_ISDIR(mode) else "a file"), where) from None
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                _copy_folder(fd, src, dest / name, where, ignore)
+            elif not stat.S_ISREG(st.st_mode):
+                raise UnsafeSubmission("a named pipe, socket or device file", where)
+            else:
+                with open(dest / name, "xb") as out:
+                    while chunk := os.read(fd, 1 << 20):
+                        out.write(chunk)
+                os.chmod(dest / name, stat.S_IMODE(st.st_mode) | 0o600)
+                os.utime(dest / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+        except OSError as exc:
+            raise UnsafeSubmission(_why(exc, "a file"), where) from None
+        finally:
+            os.close(fd)
+    os.chmod(dest, stat.S_IMODE(os.fstat(dir_fd).st_mode) | 0o700)
+
+
+def _plain_files_collect(refused: list):
+    """nbgrader's collect (newest submission per student, --update, due dates, its owner warning), except that
+    a submission holding anything but plain files and folders is left in the exchange and added to `refused`
+    as (student, folder name, UnsafeSubmission)."""
+    from nbgrader.exchange.default.collect import ExchangeCollect
+    from nbgrader.utils import ignore_patterns
+
+    class PlainFilesCollect(ExchangeCollect):
+        def init_src(self):
+            super().init_src()
+            safe = []
+            for rec in self.src_records:
+                problem = unsafe_entry(Path(self.inbound_path) / rec["filename"])
+                if problem:
+                    refused.append((rec["username"], rec["filename"], problem))
+                else:
+                    safe.append(rec)
+            self.src_records = safe
+
+        def do_copy(self, src, dest, log=None):
+            if self.get_size(src) > 1000 * self.coursedir.max_dir_size:  # as nbgrader's own do_copy
+                raise RuntimeError(f"Directory size is too big. Maximum size is {1000 * self.coursedir.max_dir_size}")
+            try:
+                copy_plain_tree(src, dest, ignore_patterns(exclude=self.coursedir.ignore, include=self.coursedir.include,
+                                                           max_file_size=self.coursedir.max_file_size, log=self.log))
+            except UnsafeSubmission as problem:  # changed after init_src looked
+                shutil.rmtree(dest, ignore_errors=True)
+                name = os.path.basename(src)
+                refused.append((name.split("+")[0], name, problem))
+                return
+            if self.coursedir.groupshared:  # as nbgrader's own do_copy: the group may write what was collected
+                for dirname, _, filenames in os.walk(dest):
+                    os.chmod(dirname, (os.stat(dirname).st_mode | 0o2770) & 0o2777)
+                    for f in filenames:
+                        os.chmod(os.path.join(dirname, f), (os.stat(os.path.join(dirname, f)).st_mode | 0o660) & 0o777)
+
+    return PlainFilesCollect
+
+
+class Collected(NamedTuple):
+    students: list[str]  # every student with a collected copy of the assignment in inbox/
+    suspicious: list[tuple[str, str, str]]  # impersonations(): (folder, claimed student, real owner)
+    refused: list[tuple[str, str, UnsafeSubmission]]  # (student, folder, what it holds): left in the exchange
+
+
+def collect(assignment: str, course: Path, exchange: Path) -> Collected:
+    """nbgrader collect (newest submission of each student) into inbox/, plain files and folders only.
+
+    nbgrader's own warnings (its "cheating attempt?" included) are shown, not silenced."""
     _assignment(assignment)
     suspicious = impersonations(assignment, exchange)
-    api = _api(course, exchange, log_level="WARN", CourseDirectory={"submitted_directory": INBOX})
+    refused: list = []
+    api = _api(course, exchange, log_level="WARN", CourseDirectory={"submitted_directory": INBOX},
+               ExchangeFactory={"collect": _plain_files_collect(refused)})
     log = _run(api.collect(assignment, update=True), f"collect {assignment}")
     if "WARN" in log:  # nbgrader's own warnings (its "cheating attempt?" among them), as nbgrader wrote them
         print(log.strip(), file=sys.stderr)
-    return sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious
+    return Collected(sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious, refused)
+
+
+def _report_refused(refused, course: Path, assignment: str) -> int:
+    for student, folder, problem in sorted(refused, key=lambda r: r[:2]):
+        held = (f"is {problem.what} ({folder})" if not problem.where else f"holds {problem.what} ({problem.where})")
+        ask = ("ask the student to submit the file itself" if "link" in problem.what and problem.where else
+               "ask the student to submit again")
+        kept = ("; the copy collected before is kept" if (course / INBOX / student / assignment).is_dir() else "")
+        print(f"error: {student}'s submission {held}: not collected; {ask}{kept}", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def _report_impersonations(found) -> int:
@@ -376,9 +533,9 @@ def run_classroom(args) -> int:
             where = release(args.assignment, course, exchange, force=args.force)
             print(f"released {args.assignment} to {where}; students fetch it from Nbgrader > Assignments")
         elif args.step == "collect":
-            students, suspicious = collect(args.assignment, course, exchange)
+            students, suspicious, refused = collect(args.assignment, course, exchange)
             print(f"collected {len(students)} submission(s) of {args.assignment} into {course / INBOX}")
-            return _report_impersonations(suspicious)
+            return max(_report_impersonations(suspicious), _report_refused(refused, course, args.assignment))
         elif args.step == "feedback":
             students = feedback(args.assignment, course, exchange)
             print(f"released feedback on {args.assignment} for {len(students)} student(s); "
@@ -391,9 +548,9 @@ def run_classroom(args) -> int:
             for a, counts in counts_by_assignment.items():
                 print(f"{a:<22} " + "  ".join(f"{k} {v}" for k, v in counts.items()))
         else:  # grade, cycle
-            suspicious = []
+            suspicious, refused = [], []
             if args.step == "cycle":
-                students, suspicious = collect(args.assignment, course, exchange)
+                students, suspicious, refused = collect(args.assignment, course, exchange)
                 print(f"collected {len(students)} submission(s)")
             rows = grade(args.assignment, course, exchange, jobs=args.jobs, timeout=args.timeout,
                          force=args.force, progress=not args.quiet)
@@ -401,7 +558,7 @@ def run_classroom(args) -> int:
             if args.step == "cycle":
                 released = feedback(args.assignment, course, exchange)
                 print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")
-            return max(code, _report_impersonations(suspicious))
+            return max(code, _report_impersonations(suspicious), _report_refused(refused, course, args.assignment))
     except (ClassroomError, grading.GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
