@@ -1,9 +1,12 @@
-"""`kvcourse classroom` under faults: hostile submissions in the exchange. Each test runs the command in this process (fast) and
+"""`kvcourse classroom` under faults: hostile submissions in the exchange, a gradebook that is damaged or held by
+another program. Each test runs the command in this process (fast) and
 checks what the instructor reads: what went wrong and what to run, never a traceback."""
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -103,3 +106,63 @@ def test_a_refused_resubmission_keeps_the_copy_collected_before(class_with_excha
     kept = course / classroom.INBOX / "mallory" / ASSIGNMENT
     assert (kept / f"{NOTEBOOK}.ipynb").read_bytes() == REFERENCE.read_bytes()
     assert (kept / "timestamp.txt").read_text() == STAMP
+
+
+# ----------------------------------------------------------------------------- 2. the gradebook damaged or busy
+
+def steps_that_open_the_gradebook(tmp_path):
+    roster = tmp_path / "roster.txt"
+    roster.write_text("alice\nbob\n")
+    return (["export"], ["init", "--roster", roster], ["release", ASSIGNMENT, "--force"], ["collect", ASSIGNMENT])
+
+
+def test_a_damaged_gradebook_is_named_with_what_to_do(class_with_exchange, tmp_path, capsys):
+    course, exchange = class_with_exchange
+    classroom.init(course, exchange, ["alice"])
+    db = course / "gradebook.db"
+    db.write_bytes(db.read_bytes()[:5000])  # `head -c 5000`: cut short by a full disk or a crash
+    damaged = db.read_bytes()
+    for step in steps_that_open_the_gradebook(tmp_path):
+        code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, *step)
+        assert code == 2 and f"the gradebook {db} is damaged" in err, (step, err)
+        assert "rm " in err and "init --roster" in err, (step, err)  # nothing collected: start it again
+        assert "Traceback" not in err and "sqlalchemy" not in err, (step, err)
+        assert db.read_bytes() == damaged, step
+    (course / classroom.INBOX / "alice" / ASSIGNMENT).mkdir(parents=True)  # once collected: grade rebuilds it
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "export")
+    assert code == 2 and f"`kvcourse classroom grade {ASSIGNMENT}` moves it aside" in err, err
+
+
+@pytest.fixture
+def held_gradebook(class_with_exchange):
+    """The gradebook held by another process (`BEGIN EXCLUSIVE`, as formgrader while it saves)."""
+    course, exchange = class_with_exchange
+    classroom.init(course, exchange, ["alice"])
+    holder = subprocess.Popen([sys.executable, "-c", "import sqlite3, sys, time\n"
+                               "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                               "c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(120)",
+                               str(course / "gradebook.db")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    yield course, exchange
+    holder.kill()
+    holder.wait()
+
+
+def test_a_busy_gradebook_says_close_it_and_retry(held_gradebook, tmp_path, capsys):
+    course, exchange = held_gradebook
+    before = (course / "gradebook.db").read_bytes()
+    for step in steps_that_open_the_gradebook(tmp_path)[:2]:  # each waits 10 s for the lock
+        code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, *step)
+        assert code == 2 and "is busy" in err and "Close it and run the command again" in err, (step, err)
+        assert "Traceback" not in err and "OperationalError" not in err, (step, err)
+    assert (course / "gradebook.db").read_bytes() == before
+
+
+def test_a_gradebook_taken_after_the_check_says_the_same(held_gradebook, tmp_path, capsys, monkeypatch):
+    """The lock comes between the check and nbgrader's own use: its error is read, not shown as a traceback."""
+    course, exchange = held_gradebook
+    monkeypatch.setattr(classroom, "gradebook_problem", lambda *args, **kwargs: "", raising=False)  # seen free
+    for step in steps_that_open_the_gradebook(tmp_path)[2:]:
+        code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, *step)
+        assert code == 2 and "is busy" in err and "Close it and run the command again" in err, (step, err)
+        assert "Traceback" not in err and "Please see" not in err, (step, err)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from . import grading
+from .nbgrader_api import gradebook_busy, gradebook_problem
 from course.paths import AUTOGRADE
 
 COURSE_ID = "kvcourse"
@@ -142,6 +143,43 @@ def read_roster(path: Path) -> tuple[list[str], list[str]]:
     return students, notes
 
 
+# ----------------------------------------------------------------------------- the gradebook's health
+
+def _damaged(course: Path, why: str) -> str:
+    """What to do about a gradebook that cannot be read: the recovery depends on what was collected."""
+    db = course / "gradebook.db"
+    collected = sorted({p.name for p in (course / INBOX).glob("*/*") if p.is_dir()})
+    if collected:
+        fix = (f"otherwise {' and '.join(f'`kvcourse classroom grade {a}`' for a in collected)} moves it aside and "
+               "rebuilds it by regrading the collected submissions; grades given by hand in the formgrader must be "
+               "given again, and `kvcourse classroom init --roster FILE` adds the class list back")
+    else:
+        fix = (f"otherwise, as nothing was collected yet, delete it (rm {db}) and run `kvcourse classroom init "
+               "--roster FILE` to add the class list again")
+    return f"the gradebook {db} is damaged ({why}); nothing was changed. Put back a backup of it if you have one; {fix}"
+
+
+def check_gradebook(course: Path) -> None:
+    """ClassroomError before a step opens a gradebook that another program holds (formgrader saving) or that
+    is damaged: nbgrader would end in a SQLAlchemy traceback. A missing gradebook is fine (nbgrader makes one)."""
+    try:
+        why = gradebook_problem(course / "gradebook.db", retry="run the command again")
+    except grading.GradingError as exc:  # busy
+        raise ClassroomError(str(exc)) from None
+    if why:
+        raise ClassroomError(_damaged(course, why))
+
+
+def _gradebook_failure(course: Path, text: str) -> ClassroomError | None:
+    """The clear error for a failure that came from the gradebook (taken, or damaged, after check_gradebook)."""
+    if "database is locked" in text:
+        return ClassroomError(gradebook_busy(course / "gradebook.db", "run the command again"))
+    cause = re.search(r"\(sqlite3\.DatabaseError\) ([^\n\[]+)|(file is not a database|disk image is malformed)", text)
+    if cause:
+        return ClassroomError(_damaged(course, (cause.group(1) or cause.group(2)).strip()))
+    return None
+
+
 def _assignment(name: str) -> str:
     known = grading.assignments()
     if name not in known:
@@ -157,10 +195,18 @@ def _api(course: Path, exchange: Path, log_level: str = "ERROR", **changes):
     return grading.nbgrader_api(cfg, log_level=log_level)
 
 
-def _run(result: dict, what: str) -> str:
+def _run(result: dict, what: str, course: Path) -> str:
     if not result.get("success"):
+        text = f"{result.get('log') or ''}\n{result.get('error') or ''}"
+        failure = _gradebook_failure(course, text)
+        if failure:
+            raise failure
         detail = (result.get("error") or result.get("log") or "").strip().splitlines()[-12:]
-        raise ClassroomError(f"nbgrader {what} failed:\n" + "\n".join(detail))
+        # nbgrader often ends with "Please see the above traceback": keep the first error line, the cause
+        cause = next((line for line in text.splitlines() if re.match(r"\s*\[?[\w.]*(Error|Exception)\b", line)
+                      and line not in detail), None)
+        raise ClassroomError(f"nbgrader {what} failed:\n" + "\n".join(([cause.strip(), "..."] if cause else [])
+                                                                      + detail))
     return result.get("log") or ""
 
 
@@ -175,15 +221,21 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     added = []
     if roster:
         from nbgrader.api import Gradebook
+        from sqlalchemy.exc import DatabaseError
 
+        check_gradebook(course)
         grading._venv_on_path(os.environ)  # a new gradebook runs `alembic`
-        with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
-            known = {s.id for s in gb.students}
-            for student in roster:
-                gb.update_or_create_student(student)
-                if student not in known:
-                    added.append(student)
-                    known.add(student)
+        try:
+            with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
+                known = {s.id for s in gb.students}
+                for student in roster:
+                    gb.update_or_create_student(student)
+                    if student not in known:
+                        added.append(student)
+                        known.add(student)
+        except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
+            raise (_gradebook_failure(course, str(exc))
+                   or ClassroomError(f"the gradebook could not be written: {exc.orig}")) from None
     return added
 
 
@@ -197,9 +249,10 @@ def release(assignment: str, course: Path, exchange: Path, force: bool = False) 
     if outbound.exists() and not force:  # refuse before touching anything (the release/ folder included)
         raise ClassroomError(f"{assignment} is already released; add --force to release it again "
                              "(students who fetched it keep their copy)")
+    check_gradebook(course)  # generate_assignment writes the tests into it
     api = _api(course, exchange, ExchangeReleaseAssignment={"force": force})
-    _run(api.generate_assignment(assignment, force=True, create=True), f"generate_assignment {assignment}")
-    _run(api.release_assignment(assignment), f"release_assignment {assignment}")
+    _run(api.generate_assignment(assignment, force=True, create=True), f"generate_assignment {assignment}", course)
+    _run(api.release_assignment(assignment), f"release_assignment {assignment}", course)
     return outbound
 
 
@@ -377,11 +430,12 @@ def collect(assignment: str, course: Path, exchange: Path) -> Collected:
 
     nbgrader's own warnings (its "cheating attempt?" included) are shown, not silenced."""
     _assignment(assignment)
+    check_gradebook(course)  # collect reads the due date from it
     suspicious = impersonations(assignment, exchange)
     refused: list = []
     api = _api(course, exchange, log_level="WARN", CourseDirectory={"submitted_directory": INBOX},
                ExchangeFactory={"collect": _plain_files_collect(refused)})
-    log = _run(api.collect(assignment, update=True), f"collect {assignment}")
+    log = _run(api.collect(assignment, update=True), f"collect {assignment}", course)
     if "WARN" in log:  # nbgrader's own warnings (its "cheating attempt?" among them), as nbgrader wrote them
         print(log.strip(), file=sys.stderr)
     return Collected(sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious, refused)
@@ -432,7 +486,7 @@ def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
     if not ready:
         raise ClassroomError(f"no feedback for {assignment} in {course / 'feedback'}: run `kvcourse classroom "
                              f"grade {assignment}` first")
-    _run(_api(course, exchange).release_feedback(assignment), f"release_feedback {assignment}")
+    _run(_api(course, exchange).release_feedback(assignment), f"release_feedback {assignment}", course)
     return ready
 
 
@@ -454,7 +508,14 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
     if not os.access(where, os.W_OK | os.X_OK) or (dest.exists() and not os.access(dest, os.W_OK)):
         raise ClassroomError(f"cannot write {dest}: {dest if dest.exists() else where} is not writable by you; "
                              "give --to a file in a folder you can write to")
-    grading._export_csv(config(course, exchange), dest)
+    from sqlalchemy.exc import DatabaseError
+
+    check_gradebook(course)
+    try:
+        grading._export_csv(config(course, exchange), dest)
+    except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
+        raise (_gradebook_failure(course, str(exc))
+               or ClassroomError(f"the gradebook could not be read: {exc.orig}")) from None
     return dest
 
 

@@ -106,8 +106,15 @@ NBGRADER_TABLES = {"assignment", "notebook", "student", "submitted_assignment", 
                    "grade_cells", "base_cell"}
 
 
-def gradebook_problem(path: Path) -> str:
-    """Why the SQLite gradebook at `path` cannot be trusted ("" when it is sound or does not exist yet)."""
+def gradebook_busy(path: Path, retry: str = "grade again") -> str:
+    """What to say when another program holds the gradebook; `retry` is what the user runs again."""
+    return (f"the gradebook {path} is busy: another program (formgrader, or a grader in another course setup) is "
+            f"using it. Close it and {retry}; nothing was changed")
+
+
+def gradebook_problem(path: Path, retry: str = "grade again") -> str:
+    """Why the SQLite gradebook at `path` cannot be trusted ("" when it is sound or does not exist yet).
+    A gradebook in use raises GradingError (gradebook_busy) instead: it is not broken."""
     path = Path(path)
     if not path.exists():
         return ""
@@ -129,8 +136,7 @@ def gradebook_problem(path: Path) -> str:
             con.close()
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):  # in use, not broken: never moved aside (it holds grades)
-            raise GradingError(f"the gradebook {path} is busy: another program (formgrader, or a grader in another "
-                               "course setup) is using it. Close it and grade again; nothing was changed") from None
+            raise GradingError(gradebook_busy(path, retry)) from None
         return f"not a readable SQLite database ({exc})"
     except sqlite3.DatabaseError as exc:
         return f"not a readable SQLite database ({exc})"
