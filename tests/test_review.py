@@ -413,3 +413,22 @@ def test_the_progress_table_says_what_its_columns_count(tmp_path):
     for shown in (review.progress_text(store), review.progress_html(store)):
         assert "right/seen: checkpoint questions you answered right / answered" in shown
         assert "cards due: interview cards due for another look" in shown
+
+
+def test_widget_says_when_the_progress_file_cannot_be_written(store, bank, monkeypatch):
+    """With the disk full the session raises ProgressFileDiskError: the widget showed it as a traceback under
+    itself; it shows the message and stays on the item, so the learner can try again."""
+    from course.teach.progress import ProgressFileDiskError
+    from course.teach.review_widget import ReviewWidget
+
+    q = bank.for_lesson("02_kv_cache")[0]
+    store.record_answer(q.lesson, q.id, next(o.key for o in q.options if o.key != q.answer), False)
+    widget = ReviewWidget(ReviewSession(store, bank, limit=1))
+    assert widget.shown.id == q.id
+
+    def full(*_a, **_k):
+        raise ProgressFileDiskError("cannot write the progress file: its disk is full; free some space")
+
+    monkeypatch.setattr(widget.session, "answer", full)
+    widget.check(q.answer)
+    assert "disk is full" in widget.note.value and widget.shown.id == q.id and not widget._answered

@@ -12,7 +12,7 @@ import html
 
 import ipywidgets as widgets
 
-from course.teach.progress import ProgressStore, default_store
+from course.teach.progress import ProgressFileError, ProgressStore, default_store
 from course.teach.questions import load_questions
 from course.teach.quiz import _show
 from course.teach.quiz_widget import FlipCard, QuestionWidget, _html, _TextFallback
@@ -89,7 +89,11 @@ class ReviewWidget(_TextFallback, widgets.VBox):
         if self._answered:
             return  # a second try after a miss is shown, not saved: the first answer set the schedule
         outcome_item = self.shown
-        self.session.answer(question_widget.options.value)
+        try:
+            self.session.answer(question_widget.options.value)
+        except ProgressFileError as exc:  # busy, or the disk full: say so here, not as a traceback under it
+            self.note.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            return
         self._answered = True
         due = self.session.outcomes[-1].next_due_at
         self.note.value = (f"<span style='color:#666'>{html.escape(outcome_item.id)} comes back "
@@ -113,7 +117,11 @@ class ReviewWidget(_TextFallback, widgets.VBox):
         self._need("card")
         if not self.session.revealed:
             self.flip()
-        self.session.rate(knew)
+        try:
+            self.session.rate(knew)
+        except ProgressFileError as exc:
+            self.note.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            return
         self._show_current()
 
     def next(self) -> None:
