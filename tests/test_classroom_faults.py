@@ -1,5 +1,5 @@
 """`kvcourse classroom` under faults: hostile submissions in the exchange, a gradebook that is damaged or held by
-another program. Each test runs the command in this process (fast) and
+another program, and steps run in the wrong order. Each test runs the command in this process (fast) and
 checks what the instructor reads: what went wrong and what to run, never a traceback."""
 from __future__ import annotations
 
@@ -166,3 +166,28 @@ def test_a_gradebook_taken_after_the_check_says_the_same(held_gradebook, tmp_pat
         code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, *step)
         assert code == 2 and "is busy" in err and "Close it and run the command again" in err, (step, err)
         assert "Traceback" not in err and "Please see" not in err, (step, err)
+
+
+# ----------------------------------------------------------------------------- 3. steps in the wrong order
+
+def test_collect_before_init_or_release_names_the_step_to_run(tmp_path, capsys):
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "collect", ASSIGNMENT)
+    assert code == 2 and f"no exchange at {exchange}" in err and "kvcourse classroom init" in err, err
+    assert not exchange.exists(), "the exchange is made by init (with its mode), not by a failed collect"
+    exchange.mkdir()
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "collect", ASSIGNMENT)
+    assert code == 2 and f"kvcourse classroom release {ASSIGNMENT}" in err, err
+    assert "Traceback" not in err and "ExchangeError" not in err and "Course not found" not in err, err
+
+
+def test_an_exchange_that_is_a_file_is_named(tmp_path, capsys):
+    course, blocker = tmp_path / "class", tmp_path / "exchange"
+    blocker.write_text("not a folder")
+    for exchange in (blocker, blocker / "below"):
+        code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "init")
+        assert code == 2 and f"{blocker} is a file, not a folder" in err and "--exchange" in err, err
+        assert "Errno" not in err and "Traceback" not in err, err
+    assert not course.exists(), "init refused before making anything"
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", blocker, "release", ASSIGNMENT)
+    assert code == 2 and f"the exchange {blocker} is a file, not a folder" in err and "no exchange" not in err, err

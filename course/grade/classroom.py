@@ -75,6 +75,10 @@ def make_exchange(exchange: Path) -> Path:
     """Create nbgrader's exchange root, writable by everyone (nbgrader makes the per-course folders in it
     with its own, narrower permissions: inbound is write-only for students, outbound read-only)."""
     exchange = Path(exchange)
+    blocker = next((p for p in (exchange, *exchange.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would only say "[Errno 17] File exists"
+        raise ClassroomError(f"the exchange {exchange} cannot be created: {blocker} is a file, not a folder. Give "
+                             "the exchange folder with --exchange or $KVCOURSE_EXCHANGE (or move the file away)")
     try:
         exchange.mkdir(parents=True, exist_ok=True)
         if stat.S_IMODE(exchange.stat().st_mode) & EXCHANGE_MODE != EXCHANGE_MODE:
@@ -94,6 +98,16 @@ def existing_exchange(exchange: Path) -> Path:
         raise ClassroomError(f"the exchange {exchange} is a file, not a folder: give the exchange folder with "
                              "--exchange or $KVCOURSE_EXCHANGE")
     return exchange
+
+
+def released_course(exchange: Path, assignment: str) -> Path:
+    """The course's folder in the exchange, once something was released to it; otherwise ClassroomError saying
+    which step comes first (nbgrader would say "Course not found" with a traceback)."""
+    root = existing_exchange(exchange) / COURSE_ID
+    if not (root / "inbound").is_dir():
+        raise ClassroomError(f"nothing is released in the exchange {exchange} yet, so there is nothing to collect: "
+                             f"run `kvcourse classroom release {assignment}` first, then let the students submit")
+    return root
 
 
 def check_class_dir(course: Path) -> Path:
@@ -216,8 +230,8 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     """Class folder, exchange, and the roster in the gradebook (so the export lists who did not submit).
     Returns the students that were new to the gradebook."""
     check_class_dir(course)
-    course.mkdir(parents=True, exist_ok=True)
     make_exchange(exchange)
+    course.mkdir(parents=True, exist_ok=True)
     added = []
     if roster:
         from nbgrader.api import Gradebook
@@ -242,14 +256,13 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
 def release(assignment: str, course: Path, exchange: Path, force: bool = False) -> Path:
     """nbgrader generate_assignment + release_assignment. Returns the assignment's folder in the exchange."""
     _assignment(assignment)
-    course.mkdir(parents=True, exist_ok=True)
-    if not exchange.is_dir():
-        raise ClassroomError(f"no exchange at {exchange}: run `kvcourse classroom init` first")
+    existing_exchange(exchange)  # missing: run init; a file: say so (not "run init")
     outbound = exchange / COURSE_ID / "outbound" / assignment
     if outbound.exists() and not force:  # refuse before touching anything (the release/ folder included)
         raise ClassroomError(f"{assignment} is already released; add --force to release it again "
                              "(students who fetched it keep their copy)")
     check_gradebook(course)  # generate_assignment writes the tests into it
+    course.mkdir(parents=True, exist_ok=True)
     api = _api(course, exchange, ExchangeReleaseAssignment={"force": force})
     _run(api.generate_assignment(assignment, force=True, create=True), f"generate_assignment {assignment}", course)
     _run(api.release_assignment(assignment), f"release_assignment {assignment}", course)
@@ -430,6 +443,7 @@ def collect(assignment: str, course: Path, exchange: Path) -> Collected:
 
     nbgrader's own warnings (its "cheating attempt?" included) are shown, not silenced."""
     _assignment(assignment)
+    released_course(exchange, assignment)
     check_gradebook(course)  # collect reads the due date from it
     suspicious = impersonations(assignment, exchange)
     refused: list = []
@@ -486,6 +500,7 @@ def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
     if not ready:
         raise ClassroomError(f"no feedback for {assignment} in {course / 'feedback'}: run `kvcourse classroom "
                              f"grade {assignment}` first")
+    existing_exchange(exchange)
     _run(_api(course, exchange).release_feedback(assignment), f"release_feedback {assignment}", course)
     return ready
 
