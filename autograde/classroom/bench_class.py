@@ -76,7 +76,7 @@ def main() -> int:
             nb = ROOT / "autograde" / "samples" / entry["student"] / args.assignment / f"{entry['notebook']}.ipynb"
             submit(f"student-{i:02d}", args.assignment, nb, tmp / "homes" / f"student-{i:02d}", exchange)
         collected = classroom.collect(args.assignment, first, exchange)
-        assert len(collected) == args.students, collected
+        assert len(collected.students) == args.students, collected
         result["release_submit_collect_s"] = round(time.perf_counter() - started, 1)
 
         scores = {}
