@@ -12,22 +12,13 @@ import pytest
 
 from course.grade import classroom
 from course.paths import AUTOGRADE, SOLUTIONS
+from test_classroom import classroom_main
 
 ASSIGNMENT, NOTEBOOK = "01_memory_formula", "memory_formula"
 REFERENCE = AUTOGRADE / "samples" / "reference" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 STAMP = "2026-01-01 10:00:00.000000 UTC"
 
 
-def classroom_main(capsys, *args) -> tuple[int, str, str]:
-    """`kvcourse classroom ARGS` in this process: (exit status, stdout, stderr)."""
-    from course import cli
-
-    try:
-        code = cli.main(["classroom", *map(str, args)])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def submission(exchange, student: str, notebook=REFERENCE):
