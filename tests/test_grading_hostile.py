@@ -165,6 +165,37 @@ def test_events_written_by_the_submission_are_dropped_and_noted(tmp_path):
     assert any("grader's event pipe" in r for r in outcome.reached), outcome.reached
 
 
+TAKE_OVER_THE_HARNESS = """
+import sys
+_G = getattr(type(sys.stdout).write, "__globals__")  # sys.stdout is the harness's CappedIO: its module's globals
+_Ev = _G["Events"]
+_w = _Ev.write
+def _quiet(self, **event):  # drop the harness's notes, keep its numbering and signature
+    if event.get("ev") == "audit":
+        event = {"ev": "cell_noop"}
+    return _w(self, **event)
+_Ev.write = _quiet
+_orig = _G["run_checks"]
+def _run_checks(checks, ns, *rest):
+    return _orig(checks, dict(ns, double=lambda x: 2 * x), *rest)
+_G["run_checks"] = _run_checks
+def double(x):
+    return 3 * x
+"""
+
+
+@needs_bwrap
+def test_a_submission_cannot_take_over_the_harness_unnoticed(tmp_path):
+    """Through a harness function's __globals__ a cell replaced Events.write (dropping the audit notes) and
+    run_checks (grading the course's answers instead of its own): 12/14 with no note. The harness now holds
+    what it calls from before the learner's code ran, and patching its classes is noted."""
+    outcome = _run(tmp_path, TAKE_OVER_THE_HARNESS)
+    values = _values(outcome)
+    assert values[("test_double", 0)] == {"t": "int", "v": "63"}, values  # its own code's value, not 42
+    assert {"replaced course.grade.harness.Events.write", "replaced course.grade.harness.run_checks"} <= \
+        set(outcome.reached), outcome.reached
+
+
 def test_only_signed_rising_lines_are_events():
     import hashlib
     import hmac

@@ -102,6 +102,7 @@ def test_a_full_check_saves_the_visible_tests_to_progress(tmp_path, monkeypatch)
 @pytest.mark.parametrize("code, shown", [
     ("%time import course.engine.sampling as _S", "course.engine.sampling"),  # a magic runs its argument
     ("import course.config\nc = course.engine.kv_cache.LayerKVCache", "course.engine.kv_cache"),
+    ("import importlib\n_m = importlib.util.resolve_name\nx = 'course.engine.kv_cache'", "course.engine.kv_cache"),
 ])
 def test_delegation_behind_a_magic_or_a_harmless_import_is_named(code, shown):
     notes = integrity.flags(_with(_release("02_kv_cache"), code), _release("02_kv_cache"))
@@ -115,6 +116,11 @@ def test_delegation_behind_a_magic_or_a_harmless_import_is_named(code, shown):
     ("import torch\nm = torch.importlib.import_module('x')", ".import_module()"),
     ("import sys\nf = getattr(sys, '_get' + 'frame')", "getattr(…, <a name built in code>)"),
     ("open('_helpers.py', 'w').write('x = 1')", "writes _helpers.py"),
+    ("import sys\ng = getattr(type(sys.stdout).write, '__globals__')", "__globals__"),  # a constant name, too
+    ("import sys\nf = getattr(sys, '_getframe')(0)", "_getframe"),
+    ("import gc\nobjs = getattr(gc, 'get_objects')()", "gc.get_objects"),
+    ("import importlib\nm = getattr(importlib, 'import_module')('x')", ".import_module()"),
+    ("from importlib import import_module as im\nm = im('x')", ".import_module()"),
 ])
 def test_evasions_of_the_scan_are_named(code, shown):
     notes = integrity.flags(_with(_release("03_sampler"), code), _release("03_sampler"))

@@ -1,6 +1,6 @@
 """Runs inside the sandbox: execute one notebook, then the exercise's checks, and write plain-data events.
 
-    python -m course.grade.harness < JOB (JSON on stdin)
+    python -c "import course.grade.harness as h; h.main()" < JOB (JSON on stdin; not -m: see sandbox._attempt)
 
 JOB: {"notebook": the notebook itself, "checks": the checks module's source, "checks_name", "events_fd", "key"
 (the events' MAC key), "cell_timeout", "stop_before", "skip_checks"}. The job is read whole from stdin, a pipe, and the checks are
@@ -68,12 +68,14 @@ class Events:
         import hashlib
         import hmac
 
-        self.fd, self.n, self._os_write = fd, 0, os.write
+        # everything write() uses is held here, read before any learner's code: patching json, os or this
+        # module's globals later changes nothing it writes (the harness passes on the bound method, `emit`)
+        self.fd, self.n, self._os_write, self._dumps = fd, 0, os.write, json.dumps
         self._mac = hmac.new(bytes.fromhex(key), digestmod=hashlib.sha256) if key else None
 
     def write(self, **event) -> None:
         event["n"], self.n = self.n, self.n + 1
-        line = json.dumps(event).encode()
+        line = self._dumps(event).encode()
         if self._mac is not None:
             mac = self._mac.copy()
             mac.update(line)
@@ -114,7 +116,7 @@ def full_scratch() -> list[str]:
     return full
 
 
-def run_cells(nb: dict, events: Events, timeout: float, stop_before: int | None) -> dict:
+def run_cells(nb: dict, emit, timeout: float, stop_before: int | None) -> dict:
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance(colors="NoColor")
@@ -132,7 +134,7 @@ def run_cells(nb: dict, events: Events, timeout: float, stop_before: int | None)
         source = cell_source(cell)
         if cell.get("cell_type") != "code" or is_test_cell(cell) or not source.strip():
             continue
-        events.write(ev="cell_start", i=i)
+        emit(ev="cell_start", i=i)
         out, err = CappedIO(), CappedIO()
         last_error.clear()
         started = time.perf_counter()
@@ -156,24 +158,27 @@ def run_cells(nb: dict, events: Events, timeout: float, stop_before: int | None)
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20_000:]
             outputs.append({"output_type": "error", "ename": type(exc).__name__, "evalue": str(exc)[:2000],
                             "traceback": tb.splitlines()[-40:]})
-        events.write(ev="cell_done", i=i, outputs=outputs, seconds=round(time.perf_counter() - started, 3),
+        emit(ev="cell_done", i=i, outputs=outputs, seconds=round(time.perf_counter() - started, 3),
                      timeout=isinstance(exc, CellTimeout))
     return shell.user_ns
 
 
-def run_checks(checks: dict, ns: dict, events: Events, timeout: float, skip: set) -> None:
-    from course.grade.plain import encode, error
-
+def run_checks(checks: dict, ns: dict, emit, timeout: float, skip: set, encode, error, audit) -> None:
+    """encode, error: course.grade.plain's, taken before any learner's code ran; audit: watch()'s check for
+    replaced functions, run after each check's call and before its value is encoded (a replacement that undoes
+    itself inside encode is seen in place)."""
     for gid, items in checks.items():
         for k, check in enumerate(items):
             if (gid, k) in skip:
                 continue
-            events.write(ev="check_start", gid=gid, k=k)
+            emit(ev="check_start", gid=gid, k=k)
             saved = sys.stdout, sys.stderr
             sys.stdout, sys.stderr = CappedIO(10_000), CappedIO(10_000)  # the learner's prints are not output
             try:
                 _alarm(check.timeout or timeout)
-                value = encode(check.run(ns))
+                raw = check.run(ns)
+                audit()
+                value = encode(raw)
             except CellTimeout as exc:
                 value = {"t": "raised", "name": "CellTimeout", "builtin_bases": ["CellTimeout"], "message": str(exc)}
             except BaseException as exc:  # SystemExit, KeyboardInterrupt included: the learner's code raised
@@ -181,7 +186,7 @@ def run_checks(checks: dict, ns: dict, events: Events, timeout: float, skip: set
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 sys.stdout, sys.stderr = saved
-            events.write(ev="check", gid=gid, k=k, value=value)
+            emit(ev="check", gid=gid, k=k, value=value)
 
 
 # Run-time events that no exercise needs and that tampering with the checks does (they run in this process):
@@ -192,7 +197,7 @@ AUDITED = frozenset({"sys._getframe", "sys._current_frames", "gc.get_objects", "
                      "ctypes.call_function", "sys.addaudithook", "sys.settrace", "sys.setprofile", "os.fork",
                      "os.forkpty", "os.kill", "os.killpg", "code.__new__", "function.__new__"})
 WATCHED_MODULES = ("builtins", "math", "random", "json", "torch", "torch.nn.functional", "torch.linalg", "numpy",
-                   "course.grade.plain", "course.grade.verdicts")
+                   "course.grade.plain", "course.grade.verdicts", "course.grade.harness")
 
 
 def _system_prefixes() -> tuple[str, ...]:
@@ -202,7 +207,7 @@ def _system_prefixes() -> tuple[str, ...]:
     return tuple(sorted({os.path.realpath(p) for p in places} | places)) + ("<frozen ",)
 
 
-def watch(events: Events):
+def watch(emit):
     """Report, once each, what the learner's own code does of AUDITED, through a hook Python cannot remove
     (sys.addaudithook); the hook writes at once, so a later tamper cannot take the report back. Code is the
     learner's when it is not from the interpreter, the virtual environment or the course package (a cell, or a
@@ -239,7 +244,7 @@ def watch(events: Events):
             if what in seen or len(seen) >= 40 or not learner(sys._getframe(1)):
                 return
             seen.add(what)
-            events.write(ev="audit", what=what)
+            emit(ev="audit", what=what)
         except Exception:
             pass
         finally:
@@ -249,9 +254,13 @@ def watch(events: Events):
         out = {}
         for name in WATCHED_MODULES:
             module = sys.modules.get(name)
-            for attr, value in (vars(module).items() if module is not None else ()):
+            for attr, value in (list(vars(module).items()) if module is not None else ()):
                 if callable(value):
                     out[f"{name}.{attr}"] = (id(value), str(getattr(value, "__module__", "") or ""))
+                if name.startswith("course.") and isinstance(value, type) and value.__module__ == name:
+                    for method, fn in list(vars(value).items()):  # Events.write = …: no audit event for a class
+                        if callable(fn):
+                            out[f"{name}.{attr}.{method}"] = (id(fn), str(getattr(fn, "__module__", "") or ""))
         return out
 
     before = snapshot()
@@ -265,7 +274,7 @@ def watch(events: Events):
                           and not now[k][1].startswith(("torch", "numpy")))[:10]:
             if f"replaced {key}" not in seen:
                 seen.add(f"replaced {key}")
-                events.write(ev="audit", what=f"replaced {key}")
+                emit(ev="audit", what=f"replaced {key}")
 
     return replaced
 
@@ -276,18 +285,21 @@ def main() -> int:
     os.dup2(devnull, 0)
     os.close(devnull)
     os.environ["NBGRADER_EXECUTION"] = "autograde"  # notebooks skip their slow demos while grading
-    events = Events(job.pop("events_fd"), job.pop("key", ""))
+    emit = Events(job.pop("events_fd"), job.pop("key", "")).write  # bound now: see Events
     nb = job.pop("notebook")
+    from course.grade.plain import encode, error
     from course.grade.verdicts import load_checks_source
 
     checks = load_checks_source(job.pop("checks"), job.get("checks_name", "checks"))
-    replaced = watch(events)
-    ns = run_cells(nb, events, job["cell_timeout"], job.get("stop_before"))
+    checking, scratch, timeout = run_checks, full_scratch, job["cell_timeout"]  # this module's globals can be
+    skip = {tuple(x) for x in job.get("skip_checks", [])}  # reached from a cell (a function's __globals__): taken now
+    replaced = watch(emit)
+    ns = run_cells(nb, emit, timeout, job.get("stop_before"))
     replaced()
-    events.write(ev="cells_done", full=full_scratch())
-    run_checks(checks, ns, events, job["cell_timeout"], {tuple(x) for x in job.get("skip_checks", [])})
+    emit(ev="cells_done", full=scratch())
+    checking(checks, ns, emit, timeout, skip, encode, error, replaced)
     replaced()
-    events.write(ev="done")
+    emit(ev="done")
     sys.stdout.flush()
     os._exit(0)  # the learner's atexit hooks and threads do not get a say after the last event
 

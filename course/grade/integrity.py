@@ -65,6 +65,9 @@ def _course_imports(tree: ast.AST) -> set[str]:
             found |= {f"{node.module}:{a.name}" for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {f"{a.name}:" for a in node.names if a.name == "course" or a.name.startswith("course.")}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                re.fullmatch(r"course(?:\.\w+)+", node.value):  # import_module("course.engine.sampling")
+            found.add(f"{node.value}:")
     return found
 
 
@@ -121,6 +124,18 @@ def _reaching(tree: ast.AST, modules: set[str]) -> set[str]:
             if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and node.args and \
                     isinstance(node.args[0], ast.Name) and node.args[0].id in modules:
                 used.add(f"{f.id}({node.args[0].id}, …)")
+            if isinstance(f, ast.Name) and f.id in ("getattr", "setattr") and len(node.args) >= 2 and \
+                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                name = node.args[1].value  # getattr(f, "__globals__") is f.__globals__, and is noted as such
+                base = node.args[0].id if isinstance(node.args[0], ast.Name) else ""
+                if name in REACHING_ATTRS:
+                    used.add(name)
+                elif name in REACHING_ATTR_CALLS:
+                    used.add(f".{name}()")
+                elif base in ("os", "sys", "signal") and name in PROCESS_ATTRS:
+                    used.add(f"{base}.{name}")
+                elif base in SAFE_USES and name not in SAFE_USES[base]:
+                    used.add(f"{base}.{name}")
             if isinstance(f, ast.Name) and f.id == "getattr" and len(node.args) >= 2 and \
                     not isinstance(node.args[1], ast.Constant) and (
                         isinstance(node.args[1], (ast.BinOp, ast.JoinedStr, ast.Call)) or  # 'f_' + 'back'
@@ -149,6 +164,7 @@ def _reaching(tree: ast.AST, modules: set[str]) -> set[str]:
                 used |= {f"{top}.{a.name}" for a in node.names if a.name not in SAFE_USES[top]}
             if top in ("os", "sys"):
                 used |= {f"{node.module}.{a.name}" for a in node.names if a.name in REACHING_ATTRS | PROCESS_ATTRS}
+            used |= {f".{a.name}()" for a in node.names if a.name in REACHING_ATTR_CALLS}  # import_module as im
         elif isinstance(node, ast.Attribute) and node.attr in REACHING_ATTRS:
             used.add(node.attr)
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
