@@ -97,6 +97,13 @@ EXTRA_BUGS = {
         ("    ids = torch.multinomial(flat, 1, generator=generator).squeeze(-1)  # [B]\n"
          "    return ids.reshape(probs.shape[:-1])",
          "    return torch.multinomial(flat, 1, generator=generator).squeeze()")]}), "test_sampler_hidden"),
+    "samp-bug-negative-top-p": ("03_sampler", Sample("top_p_filter lets p < 0 through (it checks p == 0 only)", "loses",
+                                                     patches={"top_p_filter": [("if not 0 < p <= 1:",
+                                                                                "if p == 0 or p > 1:")]}),
+                                "test_filters_hidden"),
+    "samp-bug-negative-top-k": ("03_sampler", Sample("top_k_filter lets k < 0 through (it checks k == 0 only)", "loses",
+                                                     patches={"top_k_filter": [("if k < 1:", "if k == 0:")]}),
+                                "test_filters_hidden"),
     "samp-bug-keeps-half-precision": ("03_sampler", Sample("softmax in the logits' own dtype (bfloat16 stays)", "loses",
                                                            patches={"sampler": [
         ("logits = apply_temperature(logits.float(), temperature)",

@@ -286,6 +286,8 @@ CHECKS = {
         Check("k = 0", call("top_k_filter", ROWS, 0), raises, "hint: invalid k or p must raise ValueError"),
         Check("p = 0", call("top_p_filter", ROWS, 0.0), raises, "hint: invalid k or p must raise ValueError"),
         Check("p > 1", call("top_p_filter", ROWS, 1.5), raises, "hint: invalid k or p must raise ValueError"),
+        Check("k < 0", call("top_k_filter", ROWS, -1), raises, "hint: k < 1 must raise ValueError"),
+        Check("p < 0", call("top_p_filter", ROWS, -0.2), raises, "hint: p must be in (0, 1]: p <= 0 raises ValueError"),
         Check("p = 1 on a 49152-token vocabulary", wide_top_p_one, exact,
               "hint: p = 1 keeps every token (a float32 running total can reach 1 before the last token)"),
         Check("top-p: the running total lands exactly on p", kept_per_row(0.5), exact,
