@@ -424,6 +424,17 @@ def test_the_ledger_is_trusted_only_while_the_gradebook_and_feedback_hold_the_gr
     ledger.write_text(json.dumps(data))
     (row,) = grader.grade(folder, course, progress=False, log=_quiet)
     assert row.status == "graded" and row.score == first.score and exported() == {"ann": first.score}
+    # an older gradebook restored: its 14/14 belongs to another file than the one the ledger graded last
+    backup = (course / "gradebook.db").read_bytes()
+    shutil.copy(SAMPLES / "blank" / ASSIGNMENT / "memory_formula.ipynb", folder / "ann" / ASSIGNMENT)
+    (blank,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert blank.score == 0
+    (course / "gradebook.db").write_bytes(backup)
+    for page in (course / "feedback" / "ann" / ASSIGNMENT).glob("*.html"):
+        page.unlink()  # and its feedback page deleted: written again
+    (row,) = grader.grade(folder, course, progress=False, log=_quiet)
+    assert row.score == 0 and exported() == {"ann": 0.0} and "manual" not in row.problems, row
+    assert list((course / "feedback" / "ann" / ASSIGNMENT).glob("*.html"))
 
 
 def test_a_course_folder_inside_the_submissions_folder_is_refused(tmp_path):

@@ -139,3 +139,31 @@ def test_a_name_that_is_not_utf8_gets_a_row_and_stops_no_one(tmp_path):
     odd = [s for s in subs if s.student in ("Ren\ufffd", "Zo\ufffd")]
     assert {s.student for s in odd} == {"Ren\ufffd", "Zo\ufffd"} and all("not UTF-8" in s.problem for s in odd)
     assert [s.problem for s in subs if s.student == "ann"] == [""]
+
+
+def test_linked_folders_macos_leftovers_and_an_assignment_folder(tmp_path):
+    """A student's folder or assignment folder that is a symbolic link was reported 'missing'; a __MACOSX folder
+    from a macOS zip became a student with 0/14; an assignment's folder given as DIR was graded and replaced the
+    class's report.csv."""
+    import os
+
+    import pytest
+
+    subs = tmp_path / "subs"
+    _put("reference", "01_memory_formula", "memory_formula", subs / "ann" / "01_memory_formula" / "memory_formula.ipynb")
+    (subs / "fay").mkdir()
+    os.symlink(subs / "ann" / "01_memory_formula", subs / "fay" / "01_memory_formula")
+    os.symlink(subs / "ann", subs / "gus")
+    mac = subs / "__MACOSX" / "ann" / "01_memory_formula"
+    mac.mkdir(parents=True)
+    (mac / "._memory_formula.ipynb").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    found = submissions.discover(subs, KNOWN)
+    by_student = {}
+    for s in found:
+        by_student.setdefault(s.student, []).append(s)
+    assert "__MACOSX" not in by_student
+    assert [s.problem for s in by_student["ann"]] == [""]
+    assert len(by_student["fay"]) == 1 and "symbolic link" in by_student["fay"][0].problem
+    assert len(by_student["gus"]) == 1 and "symbolic link" in by_student["gus"][0].problem
+    with pytest.raises(Exception, match="one assignment's folder"):
+        submissions.discover(subs / "ann" / "01_memory_formula", KNOWN)

@@ -200,16 +200,30 @@ def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
     return nb
 
 
-def _held(cfg, course: Path) -> tuple[set[str], set[tuple[str, str]]]:
-    """(the assignments, (assignment, student) of every submission) the gradebook holds; none when there is no
-    gradebook (deleted, or a backup restored without it): the ledger's entries are then redone, not trusted."""
+def _held(cfg, course: Path) -> tuple[set[str], dict[tuple[str, str], tuple[float, bool]]]:
+    """(the assignments, {(assignment, student): (score, whether an instructor graded a cell by hand)}) the
+    gradebook holds; none when there is no gradebook (deleted, or a backup restored without it): the ledger's
+    entries are then redone, not trusted."""
     if not (course / "gradebook.db").exists():
-        return set(), set()
+        return set(), {}
     from nbgrader.api import Gradebook
 
     with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:
         return ({a.name for a in gb.assignments},
-                {(a.name, s.student.id) for a in gb.assignments for s in a.submissions})
+                {(a.name, s.student.id): (float(s.score), any(g.manual_score is not None for nb in s.notebooks
+                                                              for g in nb.grades))
+                 for a in gb.assignments for s in a.submissions})
+
+
+def _reusable(done: dict, held: dict, sub, course: Path) -> bool:
+    """The ledger's grade of this very file may stand: the gradebook holds it (the score the checks gave, or an
+    instructor's hand grading on top; an older backup restored holds another score and no hand grade), and the
+    graded notebook and its feedback page are still there."""
+    row = done.get("row", {})
+    key = (sub.assignment, sub.student)
+    return (key in held and (held[key][0] == row.get("score") or held[key][1])
+            and any((course / "autograded" / sub.key).glob("*.ipynb"))
+            and any((course / "feedback" / sub.key).glob("*.html")))
 
 
 def _earlier_grade(ledger, sub) -> list[str]:
@@ -317,8 +331,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
             continue
         sub.digest = sha(sub.path.read_bytes(), ledger.data["sources"][sub.assignment].encode())
         done = ledger.data["graded"].get(sub.key)
-        if (not force and done and done.get("hash") == sub.digest and (course / "autograded" / sub.key).exists()
-                and (sub.assignment, sub.student) in held and (course / "feedback" / sub.key).is_dir()):
+        if not force and done and done.get("hash") == sub.digest and _reusable(done, held, sub, course):
             rows[key] = Row(**done["row"])
             continue
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)

@@ -83,6 +83,9 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     folder = Path(folder)
     if not folder.is_dir():
         raise GradingError(f"{folder} is not a folder; give the folder that holds one sub-folder per student")
+    if folder.name in known:
+        raise GradingError(f"{folder} is one assignment's folder: give the folder that holds one folder per student "
+                           f"(DIR/<student>/{folder.name}/)")
     inside = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name in known)
     if inside:
         raise GradingError(f"{folder} holds assignment folders ({', '.join(inside)}): it looks like one student's "
@@ -91,8 +94,8 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     candidates: dict[tuple[str, str, str], list[tuple[tuple, Submission]]] = {}
     for path in sorted(folder.rglob("*.ipynb")):
         parts = path.relative_to(folder).parts
-        if any(p.startswith(".") for p in parts):
-            continue  # .ipynb_checkpoints and other hidden folders
+        if any(p.startswith(".") or p == "__MACOSX" for p in parts):
+            continue  # .ipynb_checkpoints, other hidden folders, and the AppleDouble copies of a macOS zip
         stem, note = _stem(path, by_stem)
         student = _readable(parts[0]) if len(parts) > 1 else ""
         folder_assignment = parts[1] if len(parts) == 3 else ""
@@ -129,16 +132,26 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     # students (or assignment folders) with no notebook at all: a "missing" row each, never silence
     graded = {s.assignment for s in found if s.assignment and not s.problem.startswith("misplaced")}
     have = {(s.student, s.assignment) for s in found if not s.problem.startswith("misplaced")}
-    for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")):
+    for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+                              and p.name != "__MACOSX"):
         student = student_dir.name
         if _not_utf8([student]):
             if not any(s.path and folder / student in s.path.parents for s in found):
                 found.append(Submission(_readable(student), "", "", None, problem=_not_utf8([student])))
             continue
-        expected = {d.name for d in student_dir.iterdir() if d.is_dir() and d.name in known}
+        if student_dir.is_symlink():
+            found.append(Submission(_readable(student), "", "", None, problem=f"{_readable(student)}/ is a symbolic "
+                                    "link, not a folder the student handed in: not graded"))
+            continue
+        linked = sorted(d.name for d in student_dir.iterdir() if d.is_symlink() and d.name in known)
+        for assignment in linked:
+            found.append(Submission(_readable(student), assignment, known[assignment][0], None, problem=(
+                f"{_readable(student)}/{assignment}/ is a symbolic link, not a folder the student handed in: "
+                "not graded")))
+        expected = {d.name for d in student_dir.iterdir() if d.is_dir() and d.name in known and d.name not in linked}
         if not any(s == student for s, _ in have):
             expected |= graded or set(known)
-        for assignment in sorted(expected):
+        for assignment in sorted(expected - set(linked)):
             if (student, assignment) not in have:
                 for nb in known[assignment]:
                     found.append(Submission(student, assignment, nb, None, missing=True,
