@@ -87,6 +87,8 @@ _BAD_ROWS = {
     "card rating at=NULL-ish blob": "INSERT INTO card_ratings (lesson, card_id, knew, at) "
                                     "VALUES ('02_kv_cache', 'interview-1', 1, x'00')",
     "self-assessment at text": "INSERT INTO self_assessments (lesson, level, at) VALUES ('02_kv_cache', 'got it', 'y')",
+    "exercise at=1e300": "INSERT INTO exercise_checks (exercise, passed, total, details, at) "
+                         "VALUES ('sampler', 1, 3, NULL, 1e300)",  # a number, but no date: OverflowError
 }
 
 
@@ -196,3 +198,30 @@ def test_doctor_quick_passes_the_course_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KVCOURSE_CACHE", str(tmp_path / "cache"))
     code, out = _doctor_quick(capsys)
     assert code == 0 and "all good" in out and "WRONG" not in out, out
+
+
+def test_relative_paths_reach_the_lab_as_the_command_meant_them(tmp_path, monkeypatch):
+    """KVCOURSE_PROGRESS=myprog.sqlite from the project: a notebook's kernel (started in lessons/) wrote
+    lessons/myprog.sqlite while `kvcourse progress` read ./myprog.sqlite; the model path failed the same way."""
+    import os
+
+    from course.cli.lab import lab_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KVCOURSE_PROGRESS", "myprog.sqlite")
+    monkeypatch.setenv("KVCOURSE_MODEL", "models/m.gguf")
+    monkeypatch.setenv("KVCOURSE_CACHE", "cache/")
+    env = lab_env()
+    assert env["KVCOURSE_PROGRESS"] == str(tmp_path / "myprog.sqlite")
+    assert env["KVCOURSE_MODEL"] == str(tmp_path / "models" / "m.gguf")
+    assert env["KVCOURSE_CACHE"] == str(tmp_path / "cache") + os.sep
+
+
+def test_doctor_refuses_a_named_pipe_as_the_model_without_waiting(tmp_path):
+    import os
+
+    from course.cli.doctor import gguf_problem
+
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    assert "not a regular file" in gguf_problem(fifo)

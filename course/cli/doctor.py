@@ -21,8 +21,13 @@ def gguf_problem(path: Path) -> str | None:
 
     from course.engine.weights import SETUP_HINT
 
-    size = path.stat().st_size
+    import stat
+
     redo = f"download or reinstall it ({SETUP_HINT} for the course model)"
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):  # a named pipe would block the read below until someone writes to it
+        return f"{path} is not a regular file (a pipe or a device?): {redo}"
+    size = st.st_size
     with open(path, "rb") as f:
         def read(fmt: str):
             data = f.read(struct.calcsize(fmt))

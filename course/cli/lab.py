@@ -211,6 +211,10 @@ def lab_env() -> dict:
     bin_dir = os.path.dirname(os.path.abspath(sys.executable))
     parts = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
     env["PATH"] = os.pathsep.join([bin_dir, *parts])
+    for name in ("KVCOURSE_PROGRESS", "KVCOURSE_MODEL", "KVCOURSE_CACHE"):  # the kernels start in lessons/ or
+        if env.get(name) and not os.path.isabs(os.path.expanduser(env[name])):  # exercises/: a relative path
+            trail = os.sep if env[name].endswith(("/", os.sep)) else ""  # would name another file there
+            env[name] = os.path.abspath(os.path.expanduser(env[name])) + trail
     return env
 
 

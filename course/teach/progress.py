@@ -738,7 +738,7 @@ def _is_int(value) -> bool:
 
 def _is_time(value) -> bool:
     """Epoch seconds as saved (REAL, or INTEGER from another tool); text, NULL or a blob is not one."""
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < 2.5e11  # before year 9999
 
 
 def _need_text(**values) -> None:
