@@ -55,6 +55,11 @@ def _stem(path: Path, by_stem: dict) -> tuple[str, str]:
     return path.stem, ""
 
 
+def _ignored(name: str) -> bool:
+    """Not a student's: .ipynb_checkpoints and other hidden folders, and the AppleDouble copies of a macOS zip."""
+    return name.startswith(".") or name == "__MACOSX"
+
+
 def _readable(name: str) -> str:
     """A file name as text: names that are not UTF-8 (a zip made on Windows: b'Ren\\xe9') keep their bytes as
     surrogates, which no CSV, JSON or gradebook can store; they are shown with U+FFFD instead."""
@@ -94,8 +99,8 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     candidates: dict[tuple[str, str, str], list[tuple[tuple, Submission]]] = {}
     for path in sorted(folder.rglob("*.ipynb")):
         parts = path.relative_to(folder).parts
-        if any(p.startswith(".") or p == "__MACOSX" for p in parts):
-            continue  # .ipynb_checkpoints, other hidden folders, and the AppleDouble copies of a macOS zip
+        if any(_ignored(p) for p in parts):
+            continue
         stem, note = _stem(path, by_stem)
         student = _readable(parts[0]) if len(parts) > 1 else ""
         folder_assignment = parts[1] if len(parts) == 3 else ""
@@ -132,8 +137,7 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     # students (or assignment folders) with no notebook at all: a "missing" row each, never silence
     graded = {s.assignment for s in found if s.assignment and not s.problem.startswith("misplaced")}
     have = {(s.student, s.assignment) for s in found if not s.problem.startswith("misplaced")}
-    for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-                              and p.name != "__MACOSX"):
+    for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not _ignored(p.name)):
         student = student_dir.name
         if _not_utf8([student]):
             if not any(s.path and folder / student in s.path.parents for s in found):
