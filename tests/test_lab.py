@@ -212,3 +212,61 @@ def test_a_relative_state_folder_is_the_one_jupyter_reads(tmp_path, monkeypatch)
     server = json.loads((tmp_path / "relstate" / "config" / "jupyter_server_config.json").read_text())
     assert server["ServerApp"]["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
     assert not (PROJECT_ROOT / "relstate").exists()
+
+
+def test_a_settings_file_that_is_a_symbolic_link_is_written_where_it_points(tmp_path, monkeypatch):
+    """jupyter_server_config.json as a link into a dotfiles folder: `kvcourse lab` replaced the link with a plain
+    file (the dotfiles copy no longer used, and the learner not told). Now the link stays and its target is updated,
+    keeping the learner's keys and the file's permissions."""
+    state = tmp_path / "state"
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    target = dotfiles / "jupyter_server_config.json"
+    target.write_text(json.dumps({"ServerApp": {"ip": "0.0.0.0"}}))
+    target.chmod(0o640)
+    link = state / "config" / "jupyter_server_config.json"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(os.path.relpath(target, link.parent))
+    monkeypatch.setenv("KVCOURSE_STATE", str(state))
+    rc, became = _run_lab(monkeypatch)
+    assert rc == 0 and len(became) == 1
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    server = json.loads(target.read_text())["ServerApp"]
+    assert server["ip"] == "0.0.0.0" and server["jpserver_extensions"]["nbgrader.server_extensions.formgrader"] is False
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in dotfiles.iterdir()) == ["jupyter_server_config.json"]  # no temp file left
+
+
+@pytest.mark.parametrize("server_text", ['{"ServerApp": []}', '{"ServerApp": {"jpserver_extensions": 3}}'])
+def test_both_settings_files_are_checked_before_either_is_written(tmp_path, monkeypatch, capsys, server_text):
+    """ServerApp as a list in jupyter_server_config.json: page_config.json had already been rewritten when the
+    error came. Now neither file is written."""
+    state = tmp_path / "state"
+    page = state / "config" / "labconfig" / "page_config.json"
+    server = state / "config" / "jupyter_server_config.json"
+    page.parent.mkdir(parents=True)
+    page_text = '{"disabledExtensions": {"some-learner-choice": true}}'
+    page.write_text(page_text)
+    server.write_text(server_text)
+    monkeypatch.setenv("KVCOURSE_STATE", str(state))
+    rc, became = _run_lab(monkeypatch)
+    err = capsys.readouterr().err
+    assert rc == 1 and became == []
+    assert page.read_text() == page_text and server.read_text() == server_text
+    (line,) = err.splitlines()
+    assert line.startswith(f"kvcourse lab: {server}: ServerApp") and "not an object: fix it" in line, err
+    assert "nothing was changed" in line
+
+
+def test_settings_that_cannot_be_written_are_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    import errno
+
+    def full(path, data, private=False):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(lab, "atomic_write", full)
+    monkeypatch.setenv("KVCOURSE_STATE", str(tmp_path / "state"))
+    rc, became = _run_lab(monkeypatch)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert rc == 1 and became == []
+    assert line.startswith("kvcourse lab: cannot write the self-paced settings") and "No space left" in line

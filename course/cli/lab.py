@@ -22,10 +22,10 @@ import re
 import shutil
 import socket
 import sys
-import tempfile
 from pathlib import Path
 
 from course.cli.args import port as port_type
+from course.grade.files import atomic_write
 from course.paths import PROJECT_ROOT, jupyter_env, state_dir
 
 START_NOTEBOOK = "lessons/00_start_here.ipynb"
@@ -58,11 +58,9 @@ def add_arguments(p):
 
 # --------------------------------------------------------------------------- settings
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    """Replace the settings file atomically (a crash leaves the old one), keeping its permissions. A file that is a
+    symbolic link (settings kept in a dotfiles folder) is written where the link points: the link stays a link."""
+    atomic_write(Path(os.path.realpath(path)), json.dumps(data, indent=2))
 
 
 class UnreadableSettings(ValueError):
@@ -121,28 +119,29 @@ def prepare_self_paced(state: Path | None = None) -> Path:
     config = state / "config"
     page_config = config / "labconfig" / "page_config.json"
     server_config = config / "jupyter_server_config.json"
-    page_data, server_data = _read_json(page_config), _read_json(server_config)  # both before either is written
-    data = page_data
-    disabled = data.setdefault("disabledExtensions", {})
+    page_data, server_data = _read_json(page_config), _read_json(server_config)
+    # Both files are checked before either is written: a wrong shape in the second must not leave the first changed.
+    disabled = page_data.setdefault("disabledExtensions", {})
     if isinstance(disabled, list):  # the older form: a list of names
-        disabled = data["disabledExtensions"] = {name: True for name in disabled if isinstance(name, str)}
+        disabled = page_data["disabledExtensions"] = {name: True for name in disabled if isinstance(name, str)}
     if not isinstance(disabled, dict):
         raise UnreadableSettings(f"{page_config}: disabledExtensions is a JSON {type(disabled).__name__}, not an "
-                                 "object: fix it or move the file aside, then run the command again")
-    disabled.update({name: True for name in SELF_PACED_DISABLED_PLUGINS})
-    _write_json(page_config, data)
-
-    data = server_data
-    server = data.setdefault("ServerApp", {})
+                                 "object: fix it or move the file aside, then run the command again (nothing was "
+                                 "changed)")
+    server = server_data.setdefault("ServerApp", {})
     if not isinstance(server, dict):
         raise UnreadableSettings(f"{server_config}: ServerApp is a JSON {type(server).__name__}, not an object: fix "
-                                 "it or move the file aside, then run the command again")
-    if not isinstance(server.setdefault("jpserver_extensions", {}), dict):
-        raise UnreadableSettings(f"{server_config}: ServerApp.jpserver_extensions is not a JSON object: fix it or "
-                                 "move the file aside, then run the command again")
-    server["jpserver_extensions"].update({name: False for name in SELF_PACED_DISABLED_SERVER_EXTENSIONS})
+                                 "it or move the file aside, then run the command again (nothing was changed)")
+    extensions = server.setdefault("jpserver_extensions", {})
+    if not isinstance(extensions, dict):
+        raise UnreadableSettings(f"{server_config}: ServerApp.jpserver_extensions is a JSON "
+                                 f"{type(extensions).__name__}, not an object: fix it or move the file aside, then "
+                                 "run the command again (nothing was changed)")
+    disabled.update({name: True for name in SELF_PACED_DISABLED_PLUGINS})
+    extensions.update({name: False for name in SELF_PACED_DISABLED_SERVER_EXTENSIONS})
     server["contents_manager_class"] = "course.cli.jupyter_contents.CourseContentsManager"
-    _write_json(server_config, data)
+    _write_json(page_config, page_data)
+    _write_json(server_config, server_data)
 
     workspaces = config / "lab" / "workspaces"
     if not any(workspaces.glob("*.jupyterlab-workspace")):
@@ -228,6 +227,12 @@ def run(args) -> int:
         prepare_self_paced()
     except UnreadableSettings as exc:
         print(f"kvcourse lab: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a read-only or full settings folder: the old files stay (atomic writes)
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"kvcourse lab: cannot write the self-paced settings{where} ({exc.strerror or exc}): make the folder "
+              "writable or free space on its disk (or set KVCOURSE_STATE to another folder), then run the command "
+              "again", file=sys.stderr)
         return 1
     print(banner(args.port, port, host))
     print("(Jupyter prints the address with its login token below.)", flush=True)
