@@ -542,3 +542,29 @@ def test_kvcourse_check_says_where_a_moved_aside_file_is(tmp_path, monkeypatch, 
     aside = _moved_aside(path)
     assert err.startswith("Note: ") and f"moved aside to {aside}; your earlier progress" in err
     assert len(err.strip().splitlines()) == 1 and ".py:" not in err
+
+
+# ---------------------------------------------------------------------- rows out of range
+@pytest.mark.parametrize("passed, total", [(5, 3), (-1, 2), (0, -2)])
+def test_an_exercise_check_out_of_range_is_skipped_like_other_bad_rows(progress_file, capsys, passed, total):
+    """A hand-edited exercise_checks row with passed > total (or a negative count) was shown as it was: '5/3 tests
+    passed (to fix)' in `kvcourse progress`, 5/3 in the lesson's tests column. record_exercise_check refuses such
+    numbers, so they are skipped as other bad rows are, with the one note."""
+    from course.cli import main
+
+    store = ProgressStore(progress_file)
+    store.record_exercise_check("memory_formula", 2, 6)
+    con = sqlite3.connect(progress_file)
+    con.execute("INSERT INTO exercise_checks (exercise, passed, total, details, at) VALUES ('memory_formula', ?, ?, "
+                "NULL, 9e9)", (passed, total))
+    con.commit()
+    con.close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # told as a note, not raised
+        assert main(["progress"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{passed}/{total}" not in out
+    assert "memory_formula" in out and "2/6 tests passed" in out and "1 run," in out  # the good row is shown
+    assert _row(out, "02_kv_cache")[5] == "2/6"
+    (note,) = [ln for ln in (out + err).splitlines() if "out of range" in ln]
+    assert note.startswith("Note: ") and str(progress_file) in note and "1 in exercise_checks" in note

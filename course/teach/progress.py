@@ -20,7 +20,8 @@ session's new progress goes to a temporary copy, with a warning that says so and
 holds its lock longer than ``timeout``, the call raises ProgressFileBusy ("busy ...; try again"); when its disk
 is full or failing, ProgressFileDiskError ("cannot write the progress file ... (disk full)"). Both are
 ProgressFileError: nothing of that call was saved, everything saved before stays.
-Rows with values of the wrong type (a file edited by hand or by another tool) are skipped when read, with one note.
+Rows with values of the wrong type or out of range (a file edited by hand or by another tool: at='abc', passed > total,
+a negative count) are skipped when read, with one note.
 Commands print each warning as one "Note: ..." line (``notes_printed``, ``ProgressStore.notes``).
 
 ``kvcourse progress`` (course/cli/progress.py) prints a per-lesson summary; ``kvcourse progress --reset``
@@ -206,7 +207,7 @@ class ProgressStore:
         self.saved_path = self.path  # the learner's file (self.path becomes a session copy if it cannot be written)
         self.not_saved: str | None = None  # why new progress cannot be saved in saved_path, when it cannot
         self.moved_aside: list[str] = []   # one sentence per file moved aside, naming where it is now
-        self.skipped_rows: dict[str, int] = {}  # table → rows read and skipped (values of the wrong type)
+        self.skipped_rows: dict[str, int] = {}  # table → rows read and skipped (wrong type or out of range)
         self.timeout = float(timeout)
         self._ready = False
         self._lock = threading.Lock()
@@ -223,8 +224,8 @@ class ProgressStore:
 
     def _skipped_note(self) -> str:
         counts = ", ".join(f"{n} in {table}" for table, n in sorted(self.skipped_rows.items()))
-        return (f"some saved rows in {self.saved_path} have values of the wrong type (edited by hand or by another "
-                f"program) and were skipped ({counts}); the rest of your progress is read as usual.")
+        return (f"some saved rows in {self.saved_path} have values of the wrong type or out of range (edited by hand "
+                f"or by another program) and were skipped ({counts}); the rest of your progress is read as usual.")
 
     def _valid(self, table: str, rows: list, ok) -> list:
         """The rows for which ok(row) is true; the others are counted in skipped_rows and told once (a
@@ -610,7 +611,8 @@ class ProgressStore:
         """The latest self-check of each exercise, with how many times it was checked."""
         rows = self._valid("exercise_checks", self._run(lambda c: c.execute(
             "SELECT exercise, passed, total, details, at FROM exercise_checks ORDER BY id").fetchall()),
-            lambda r: _texts(r["exercise"]) and _is_int(r["passed"]) and _is_int(r["total"]) and _is_time(r["at"])
+            lambda r: _texts(r["exercise"]) and _is_int(r["passed"]) and _is_int(r["total"])
+            and 0 <= r["passed"] <= r["total"] and _is_time(r["at"])  # as record_exercise_check saves them
             and (r["details"] is None or isinstance(r["details"], str)))
         latest: dict[str, dict] = {}
         runs: dict[str, int] = {}
