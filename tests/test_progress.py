@@ -189,6 +189,79 @@ def test_another_programs_database_is_never_changed_or_moved(tmp_path, monkeypat
     assert "Traceback" not in out + err and "Progress cleared" not in out
 
 
+def _wal_database_in_use(path: Path, kind: str) -> None:
+    """Another program's database as it lies while that program runs (or after it stopped without closing it):
+    WAL mode, its tables and rows still in the -wal, not yet folded into the main file."""
+    import shutil
+
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.commit()
+    _another_programs_database_rows(con, kind)
+    con.commit()
+    for suffix in ("", "-wal"):  # as they are now: closing the connection would fold the -wal in
+        shutil.copyfile(f"{path}{suffix}", f"{path}.then{suffix}")
+    con.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    for suffix in ("", "-wal"):
+        Path(f"{path}.then{suffix}").rename(f"{path}{suffix}")
+
+
+def _another_programs_database_rows(con, kind: str) -> None:
+    if kind == "notes":
+        con.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")
+        con.execute("INSERT INTO notes (text) VALUES ('mine')")
+    else:  # only a user_version
+        con.execute("PRAGMA user_version = 42")
+
+
+@pytest.mark.parametrize("kind", ["notes", "version"])
+@pytest.mark.parametrize("argv", [["progress"], ["review", "--list"], ["progress", "--reset", "--yes"]])
+def test_another_programs_wal_database_is_checked_without_changing_it(tmp_path, monkeypatch, capsys, kind, argv):
+    """A WAL-mode database whose tables were still in its -wal: the read-only check read the main file alone (empty),
+    so the file was opened for writing, which folded the -wal into it (main file changed, -wal gone) and left a
+    .lock beside it. Now the check reads a copy of the two: both files stay byte for byte, nothing is added."""
+    from course.cli import main
+
+    path = tmp_path / "app.db"
+    _wal_database_in_use(path, kind)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["app.db", "app.db-wal"]
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
+    main(argv)
+    out, err = capsys.readouterr()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert "another program's database" in out + err and "left untouched" in out + err
+    assert "Traceback" not in out + err and "Progress cleared" not in out
+
+
+def test_a_progress_file_with_a_wal_not_yet_folded_in_is_still_ours(tmp_path):
+    """Our own file with a -wal left by a kernel that stopped mid-session is not taken for another program's."""
+    import shutil
+
+    path = tmp_path / "p.sqlite"
+    ProgressStore(path).record_answer("02_kv_cache", "kv-1", "A", True)
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("INSERT INTO answers (lesson, question_id, choice, correct, at) VALUES ('02_kv_cache', 'kv-2', 'B', "
+                "0, 5e9)")
+    con.commit()
+    for suffix in ("", "-wal"):
+        shutil.copyfile(f"{path}{suffix}", f"{path}.then{suffix}")
+    con.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    for suffix in ("", "-wal"):
+        Path(f"{path}.then{suffix}").rename(f"{path}{suffix}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = ProgressStore(path)
+        assert [a["question_id"] for a in store.answers()] == ["kv-1", "kv-2"]
+    assert store.not_saved is None
+
+
 def test_an_empty_database_and_an_older_progress_file_are_adopted(tmp_path):
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()  # a zero-byte file

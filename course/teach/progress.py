@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -307,22 +308,30 @@ class ProgressStore:
             raise problem from exc
 
     def _foreign_database(self) -> str | None:
-        """Why the file is another application's database, checked through a read-only connection before anything
-        (even a lock file) is written next to it; None when it is empty, ours, or not readable this way (the checks
+        """Why the file is another application's database, checked without writing anything where it lies (no lock
+        file, no -shm, no checkpoint of its -wal); None when it is empty, ours, or not readable this way (the checks
         in _initialise then say what it is)."""
         try:
             if self.path.stat().st_size == 0:
                 return None
-            # immutable: no lock, no -shm beside it (a WAL file not yet checkpointed is checked again in _initialise)
-            conn = sqlite3.connect(self.path.absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
-        except (OSError, sqlite3.Error):
+        except OSError:
             return None
-        try:
-            return _foreign_reason(conn)
-        except sqlite3.Error:
-            return None
-        finally:
-            conn.close()
+        # immutable: SQLite reads the main file only, takes no lock and makes no -shm beside it
+        reason = _foreign_reason_read_only(self.path)
+        wal = Path(str(self.path) + "-wal")
+        if reason or not wal.is_file() or wal.stat().st_size == 0:
+            return reason
+        # A -wal not yet folded in (another program is using the file, or stopped without closing it) can hold its
+        # tables. A write connection would fold it into the main file, so check a copy of the two in a folder of
+        # our own. Our own file is small; another program's with its tables in the main file was found above.
+        with tempfile.TemporaryDirectory(prefix="kvcourse-check-") as folder:
+            copy = Path(folder) / "check.sqlite"
+            try:
+                shutil.copyfile(self.path, copy)
+                shutil.copyfile(wal, str(copy) + "-wal")
+            except OSError:
+                return None
+            return _foreign_reason_read_only(copy, immutable=False)
 
     @staticmethod
     def _schema_is_complete(conn: sqlite3.Connection) -> bool:
@@ -408,7 +417,6 @@ class ProgressStore:
         it is, and keep this session's new progress in a temporary copy, removed at exit. The reason is kept in
         `not_saved` (commands print it) and given as a ProgressFileWarning."""
         import atexit
-        import shutil
 
         fd, name = tempfile.mkstemp(prefix="kvcourse-progress-", suffix=".sqlite")
         os.close(fd)
@@ -724,6 +732,21 @@ def _foreign_reason(conn: sqlite3.Connection) -> str | None:
     if version not in (0, SCHEMA_VERSION):
         return f"it is another program's database (user_version {version}, the course's is {SCHEMA_VERSION})"
     return None
+
+
+def _foreign_reason_read_only(path: Path, immutable: bool = True) -> str | None:
+    """_foreign_reason of the database at `path`, opened read-only; None when it cannot be read this way."""
+    try:
+        conn = sqlite3.connect(path.absolute().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro"),
+                               uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        return _foreign_reason(conn)
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
 
 
 def _sentence(text: str) -> str:
