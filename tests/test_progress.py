@@ -320,6 +320,35 @@ def test_default_path_follows_the_environment(tmp_path, monkeypatch):
     assert default_path().parts[-2:] == ("kvcourse", "progress.sqlite")
 
 
+@pytest.mark.parametrize("argv", [["progress"], ["review", "--list"]])
+def test_a_folder_path_that_names_a_file_says_so(tmp_path, monkeypatch, capsys, argv):
+    """KVCOURSE_PROGRESS=notes.txt/ (a trailing slash names a folder) where notes.txt is a file: the note said the
+    folder 'is not writable (File exists)', which sends the learner to chmod. Now it says the path names a file, not
+    a folder, and how to set it; the file is left as it was."""
+    from course.cli import main
+
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("my notes")
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(blocker) + "/")
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    (note,) = [ln for ln in (out + err).splitlines() if ln.startswith("Note: ")]
+    assert f"{blocker} is a file, not a folder (KVCOURSE_PROGRESS ends with a slash" in note, note
+    assert f"set KVCOURSE_PROGRESS to {blocker} without the slash" in note and "not writable" not in note
+    assert "This session's new progress is kept for this session only" in note
+    assert blocker.read_text() == "my notes" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_file_in_the_middle_of_the_path_is_named(tmp_path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("my notes")
+    store = ProgressStore(blocker / "sub" / "p.sqlite")
+    with pytest.warns(ProgressFileWarning, match="is a file, not a folder, so nothing can be saved under it"):
+        store.record_answer("02_kv_cache", "kv-1", "A", True)
+    assert f"{blocker} is a file, not a folder" in store.not_saved and len(store.answers()) == 1
+    assert blocker.read_text() == "my notes"
+
+
 # ---------------------------------------------------------------------- `kvcourse progress`
 @pytest.fixture
 def progress_file(tmp_path, monkeypatch):

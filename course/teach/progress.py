@@ -408,8 +408,10 @@ class ProgressStore:
                 self._ensure_ready_locked()
             except _NotWritable as exc:  # a read-only file: read it, keep new progress aside, and say so
                 self._use_session_copy(str(exc))
-            except OSError as exc:  # the folder is not writable: keep going, but say so
-                self._use_session_copy(f"{self.path.parent} is not writable ({exc.strerror or exc})")
+            except OSError as exc:  # the folder is not writable (or a file is where it would be): keep going, say so
+                blocker = _file_in_the_way(self.path.parent)
+                self._use_session_copy(_file_in_the_way_text(blocker) if blocker else
+                                       f"{self.path.parent} is not writable ({exc.strerror or exc})")
             self._ready = True
 
     def _use_session_copy(self, why: str) -> None:
@@ -433,8 +435,8 @@ class ProgressStore:
             except OSError as read_exc:
                 why += f", and the file cannot be read either ({read_exc.strerror or read_exc})"
         self.not_saved = (f"new progress cannot be saved in {self.saved_path}: {why}. "
-                          + ("Your saved progress was read from it; " if copied else "")
-                          + f"this session's new progress is kept for this session only (in {fallback}). "
+                          + ("Your saved progress was read from it; this" if copied else "This")
+                          + f" session's new progress is kept for this session only (in {fallback}). "
                           f"Set {ENV_VAR} to a writable file to keep it.")
         warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=5)
         self.path = fallback
@@ -732,6 +734,26 @@ def _foreign_reason(conn: sqlite3.Connection) -> str | None:
     if version not in (0, SCHEMA_VERSION):
         return f"it is another program's database (user_version {version}, the course's is {SCHEMA_VERSION})"
     return None
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The nearest existing path at or above `folder` when it is not a folder (so `folder` cannot be made), else None."""
+    for path in (folder, *folder.parents):
+        try:
+            if path.exists():
+                return None if path.is_dir() else path
+        except OSError:
+            return None
+    return None
+
+
+def _file_in_the_way_text(blocker: Path) -> str:
+    env = os.environ.get(ENV_VAR, "")
+    if env.endswith(("/", os.sep)) and Path(env).expanduser() == blocker:
+        return (f"{blocker} is a file, not a folder ({ENV_VAR} ends with a slash, which names a folder): set "
+                f"{ENV_VAR} to {blocker} without the slash to keep your progress in that file, or to a folder")
+    return (f"{blocker} is a file, not a folder, so nothing can be saved under it: set {ENV_VAR} to a folder, or to "
+            "a file in one")
 
 
 def _foreign_reason_read_only(path: Path, immutable: bool = True) -> str | None:
