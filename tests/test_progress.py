@@ -670,3 +670,87 @@ def test_an_exercise_check_out_of_range_is_skipped_like_other_bad_rows(progress_
     assert _row(out, "02_kv_cache")[5] == "2/6"
     (note,) = [ln for ln in (out + err).splitlines() if "out of range" in ln]
     assert note.startswith("Note: ") and str(progress_file) in note and "1 in exercise_checks" in note
+
+
+# ---------------------------------------------------------------------- a full disk under a read-only command
+# `kvcourse ARGS` in a process that may write no file past 8 KiB (`ulimit -f 8`): every write SQLite makes fails, as on
+# a full disk (tests/test_tool_faults.py does the same).
+_RUN_ON_A_FULL_DISK = textwrap.dedent("""
+    import builtins, resource, sys
+    sys.dont_write_bytecode = True  # a .pyc cut off at 8 KiB would break every later import of that module
+    from course.cli import main
+    builtins.input = lambda prompt="": print(prompt) or "A"
+    resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def _on_a_full_disk(tmp_path, *argv: str) -> subprocess.CompletedProcess:
+    from course.paths import PROJECT_ROOT
+
+    env = {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "KVCOURSE_PROGRESS": str(tmp_path / "p.sqlite"),
+           "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(tmp_path), "PYTHONPATH": str(PROJECT_ROOT)}
+    return subprocess.run([sys.executable, "-c", _RUN_ON_A_FULL_DISK, *argv], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=str(tmp_path))
+
+
+def _six_missed(path: Path, newest_in_the_wal: bool = False) -> None:
+    import shutil
+    import time
+
+    store = ProgressStore(path)
+    for q in load_questions().for_lesson("02_kv_cache")[:6]:
+        store.record_answer("02_kv_cache", q.id, "Z", False)
+    if newest_in_the_wal:  # a right answer still in the -wal, as a kernel that stopped mid-session leaves it
+        q = load_questions().for_lesson("02_kv_cache")[0]
+        con = sqlite3.connect(path)
+        con.execute("PRAGMA wal_autocheckpoint=0")
+        con.execute("INSERT INTO answers (lesson, question_id, choice, correct, at) VALUES ('02_kv_cache', ?, ?, 1, ?)",
+                    (q.id, q.correct.key, time.time() + 60))
+        con.commit()
+        for suffix in ("", "-wal"):
+            shutil.copyfile(f"{path}{suffix}", f"{path}.then{suffix}")
+        con.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        for suffix in ("", "-wal"):
+            Path(f"{path}.then{suffix}").rename(f"{path}{suffix}")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE (ulimit -f) is POSIX")
+@pytest.mark.parametrize("in_the_wal", [False, True], ids=["saved", "newest in the wal"])
+@pytest.mark.parametrize("argv", [["progress"], ["review", "--list"]])
+def test_read_only_commands_show_what_is_saved_on_a_full_disk(tmp_path, argv, in_the_wal):
+    """On a full disk `kvcourse progress` and `kvcourse review --list` only said 'cannot write the progress file'
+    (rc 1): opening the file needs a -shm beside it. Reading needs no write: they now read the file as it is (no
+    lock, no -shm) and show it, with one note saying nothing new can be saved there until space is freed."""
+    path = tmp_path / "p.sqlite"
+    _six_missed(path, newest_in_the_wal=in_the_wal)
+    run = _on_a_full_disk(tmp_path, *argv)
+    assert "Traceback" not in run.stderr, run.stderr
+    assert run.returncode == 0, run.stderr
+    (note,) = [ln for ln in (run.stdout + run.stderr).splitlines() if ln.startswith("Note: ")]
+    assert "cannot write the progress file" in note.lower() and "free space" in note and "shown as it is" in note
+    right = 1 if in_the_wal else 0
+    if argv == ["progress"]:
+        assert _row(run.stdout, "02_kv_cache")[1] == f"{right}/6", run.stdout
+    else:
+        listed = [ln for ln in run.stdout.splitlines() if "02_kv_cache" in ln and "missed last time" in ln]
+        assert len(listed) == 6 - right, run.stdout
+    answers = ProgressStore(path).answers()
+    assert len(answers) == 6 + right  # nothing lost
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE (ulimit -f) is POSIX")
+@pytest.mark.parametrize("argv", [["review"], ["review", "--reset", "--yes"], ["progress", "--reset", "--yes"]])
+def test_commands_that_write_stop_before_asking_on_a_full_disk(tmp_path, argv):
+    """A review session or a reset still stops at once with the one line (not after a note that the file was read as
+    it is, nor after asking a question whose answer cannot be saved)."""
+    path = tmp_path / "p.sqlite"
+    _six_missed(path)
+    run = _on_a_full_disk(tmp_path, *argv)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    (line,) = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert line.startswith(f"kvcourse {argv[0]}: cannot write the progress file {path}") and "free space" in line
+    assert "Your answer" not in run.stdout and "Note:" not in run.stdout + run.stderr
+    assert len(ProgressStore(path).answers()) == 6 and ProgressStore(path).review_reset_at() is None

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 from course.cli.args import _typed, confirmed, existing_file, positive_int
-from course.teach.progress import ENV_VAR, ProgressFileError, ProgressStore, default_store, notes_printed
+from course.teach.progress import (ENV_VAR, ProgressFileDiskWarning, ProgressFileError, ProgressStore, default_store,
+                                   notes_printed)
 from course.teach.questions import load_questions
 from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
                                  nothing_due_text, when_text)
@@ -69,11 +71,17 @@ def run(args) -> int:
     store = ProgressStore(args.file) if args.file is not None else default_store()
     try:
         with notes_printed():  # a file moved aside, or not writable: one "Note: ..." line, not a Python warning
+            if args.list:  # only reads: on a full disk it still lists what is due (with a note saying so)
+                return _list(store, bank, limit, args.lesson)
+            # A reset and a session write: on a full disk they stop before asking anything (the error below), not
+            # after a note that the file was read as it is.
+            warnings.simplefilter("ignore", ProgressFileDiskWarning)
             if args.reset:
                 return _reset(store, assume_yes=args.yes)
-            if args.list:
-                return _list(store, bank, limit, args.lesson)
-            return _session(ReviewSession(store, bank, limit=limit, lesson=args.lesson))
+            session = ReviewSession(store, bank, limit=limit, lesson=args.lesson)
+            if store.disk_error is not None:
+                raise store.disk_error
+            return _session(session)
     except ProgressFileError as exc:  # busy or disk full, before anything was answered (_session says what was saved once it started)
         print(f"kvcourse review: {exc}", file=sys.stderr)
         return 1
@@ -81,6 +89,8 @@ def run(args) -> int:
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
     store.review_reset_at()  # opens the file first: a note on it comes before the question
+    if store.disk_error is not None:  # read as it is, from a full disk: nothing can be reset there
+        raise store.disk_error
     if store.not_saved:  # only a session copy could be reset: say so instead of pretending
         print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
         return 2

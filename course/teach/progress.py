@@ -18,8 +18,10 @@ side files) with a ProgressFileWarning naming both paths, and a fresh file is st
 moved aside: when it (or its folder) cannot be written, the saved progress is read as it is, and this
 session's new progress goes to a temporary copy, with a warning that says so and why; when another process
 holds its lock longer than ``timeout``, the call raises ProgressFileBusy ("busy ...; try again"); when its disk
-is full or failing, ProgressFileDiskError ("cannot write the progress file ... (disk full)"). Both are
-ProgressFileError: nothing of that call was saved, everything saved before stays.
+is full or failing, a write raises ProgressFileDiskError ("cannot write the progress file ... (disk full)"). Both are
+ProgressFileError: nothing of that call was saved, everything saved before stays. A read on a full disk still
+reads: the file is read as it is, with nothing made beside it (``disk_error`` and one note say so), so
+``kvcourse progress`` and ``kvcourse review --list`` show what is saved.
 Rows with values of the wrong type or out of range (a file edited by hand or by another tool: at='abc', passed > total,
 a negative count) are skipped when read, with one note.
 Commands print each warning as one "Note: ..." line (``notes_printed``, ``ProgressStore.notes``).
@@ -83,6 +85,10 @@ BUSY_MESSAGE = "the progress file is busy (another kernel or command is using it
 
 class ProgressFileWarning(UserWarning):
     """The progress file was unusable and was moved aside (or could not be written)."""
+
+
+class ProgressFileDiskWarning(ProgressFileWarning):
+    """A read met a full or failing disk: what is saved is read as it is, and nothing new can be saved there now."""
 
 
 class ProgressFileError(sqlite3.OperationalError):
@@ -209,6 +215,9 @@ class ProgressStore:
         self.not_saved: str | None = None  # why new progress cannot be saved in saved_path, when it cannot
         self.moved_aside: list[str] = []   # one sentence per file moved aside, naming where it is now
         self.skipped_rows: dict[str, int] = {}  # table → rows read and skipped (wrong type or out of range)
+        # Set when a read met a full or failing disk: reads then come from the file as it is, writing nothing
+        # (commands that only show progress still show it); writes still raise it, and one that succeeds clears it.
+        self.disk_error: ProgressFileDiskError | None = None
         self.timeout = float(timeout)
         self._ready = False
         self._lock = threading.Lock()
@@ -221,7 +230,10 @@ class ProgressStore:
         """What a command must tell the learner about this file, one line each (each was also given as a
         ProgressFileWarning): the files moved aside and where they are, and why new progress is not saved."""
         return self.moved_aside + ([self.not_saved] if self.not_saved else []) + (
-            [self._skipped_note()] if self.skipped_rows else [])
+            [self._disk_note()] if self.disk_error else []) + ([self._skipped_note()] if self.skipped_rows else [])
+
+    def _disk_note(self) -> str:
+        return f"{self.disk_error}. What is saved in it is shown as it is; nothing new is saved until then."
 
     def _skipped_note(self) -> str:
         counts = ", ".join(f"{n} in {table}" for table, n in sorted(self.skipped_rows.items()))
@@ -262,9 +274,13 @@ class ProgressStore:
             raise _Unusable(f"{self.path} is not a file")
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         conn.row_factory = sqlite3.Row
-        # In WAL mode NORMAL is still safe against a crashed kernel (only a power cut can lose the
-        # last commit) and spares an fsync per click.
-        conn.execute("PRAGMA synchronous=NORMAL")
+        try:
+            # In WAL mode NORMAL is still safe against a crashed kernel (only a power cut can lose the
+            # last commit) and spares an fsync per click.
+            conn.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:  # e.g. no room for the -shm: a connection left open would keep its lock
+            conn.close()
+            raise
         return conn
 
     def _initialise(self) -> None:
@@ -496,17 +512,28 @@ class ProgressStore:
     def _run(self, fn, write: bool = False):
         """Run fn(conn). If the file turns out to be corrupt mid-session, recover once and retry; if it cannot be
         written, retry in a session copy (saying so); if it stays busy, raise ProgressFileBusy; on a full or failing
-        disk, ProgressFileDiskError."""
+        disk, a write raises ProgressFileDiskError and a read reads the file as it is (_read_as_it_is)."""
+        if not write and self.disk_error is not None:
+            return self._read_as_it_is(fn)
         for attempt in (0, 1):
             try:
                 with self._connection(write) as conn:
-                    return fn(conn)
+                    result = fn(conn)
+                if write:
+                    self.disk_error = None  # space was freed: reads open the file as usual again
+                return result
+            except ProgressFileDiskError as exc:  # found while setting the file up (_ensure_ready)
+                if write:
+                    raise
+                return self._read_as_it_is(fn, exc)
             except ProgressFileError:
                 raise
             except (sqlite3.Error, _Unusable, _NotWritable) as exc:
                 problem = exc if isinstance(exc, (_Unusable, _NotWritable)) else self._problem(exc)
                 if problem is None:
                     raise
+                if isinstance(problem, ProgressFileDiskError) and not write:
+                    return self._read_as_it_is(fn, problem)
                 if isinstance(problem, ProgressFileError):
                     raise problem from exc
                 if attempt:
@@ -518,6 +545,27 @@ class ProgressStore:
                     else:
                         self._recover()
                     self._ready = True
+
+    def _read_as_it_is(self, fn, disk_error: ProgressFileDiskError | None = None):
+        """fn(conn) on a connection that writes nothing: the disk is full or failing, and a read must still show
+        what is saved (a normal connection needs a -shm file, a lock file, tables made). The first time, says so
+        once (a ProgressFileWarning, and a line in notes). If even this read fails, raises the disk error."""
+        if disk_error is not None and self.disk_error is None:
+            self.disk_error = disk_error
+            warnings.warn(_sentence(self._disk_note()), ProgressFileDiskWarning, stacklevel=4)
+        try:
+            conn = _connect_without_writing(self.path, self.timeout)
+        except sqlite3.Error as exc:
+            raise self.disk_error from exc
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            problem = self._problem(exc)
+            if problem is None:  # not about the file: a mistake here, not to be told as a full disk
+                raise
+            raise (problem if isinstance(problem, ProgressFileBusy) else self.disk_error) from exc
+        finally:
+            conn.close()
 
     def _recover(self) -> None:
         self._set_up()
@@ -754,6 +802,34 @@ def _file_in_the_way_text(blocker: Path) -> str:
                 f"{ENV_VAR} to {blocker} without the slash to keep your progress in that file, or to a folder")
     return (f"{blocker} is a file, not a folder, so nothing can be saved under it: set {ENV_VAR} to a folder, or to "
             "a file in one")
+
+
+def _connect_without_writing(path: Path, timeout: float) -> sqlite3.Connection:
+    """A connection that reads the progress file at `path` and writes nothing beside it (for a full disk). Tables an
+    older file lacks are empty ones in memory; no file at all reads as nothing saved."""
+    wal = Path(str(path) + "-wal")
+    try:
+        recent_rows_in_wal = wal.stat().st_size > 0
+    except OSError:
+        recent_rows_in_wal = False
+    if not path.is_file():
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+    elif recent_rows_in_wal:  # the newest rows are in the -wal: read them keeping its index in memory, not a -shm
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+    else:  # everything is in the main file: read it as a file that does not change (no lock, no side file)
+        conn = sqlite3.connect(path.absolute().as_uri() + "?mode=ro&immutable=1", uri=True, isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("PRAGMA temp_store=MEMORY")
+        have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for table, columns in _SCHEMA.items():
+            if table not in have:
+                conn.execute(f"CREATE TEMP TABLE {table} ({columns})")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _foreign_reason_read_only(path: Path, immutable: bool = True) -> str | None:
