@@ -754,3 +754,26 @@ def test_commands_that_write_stop_before_asking_on_a_full_disk(tmp_path, argv):
     assert line.startswith(f"kvcourse {argv[0]}: cannot write the progress file {path}") and "free space" in line
     assert "Your answer" not in run.stdout and "Note:" not in run.stdout + run.stderr
     assert len(ProgressStore(path).answers()) == 6 and ProgressStore(path).review_reset_at() is None
+
+
+def test_another_programs_wal_database_with_no_room_for_a_copy_is_still_never_changed(tmp_path, monkeypatch, capsys):
+    """Where the copy for the check cannot be made (TMPDIR full or read-only), the file is read read-only in place:
+    its main file and -wal stay byte for byte (a -shm, SQLite's index of the -wal, may appear beside them)."""
+    import shutil
+
+    from course.cli import main
+
+    path = tmp_path / "app.db"
+    _wal_database_in_use(path, "notes")
+    before = {name: (tmp_path / name).read_bytes() for name in ("app.db", "app.db-wal")}
+
+    def no_room(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", no_room)
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
+    main(["progress"])
+    out, err = capsys.readouterr()
+    assert {name: (tmp_path / name).read_bytes() for name in ("app.db", "app.db-wal")} == before
+    assert not (tmp_path / "app.db.lock").exists()
+    assert "another program's database" in out + err and "left untouched" in out + err

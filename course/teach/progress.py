@@ -345,8 +345,8 @@ class ProgressStore:
             try:
                 shutil.copyfile(self.path, copy)
                 shutil.copyfile(wal, str(copy) + "-wal")
-            except OSError:
-                return None
+            except OSError:  # no room for a copy: read-only in place (never folds the -wal in; may add a -shm)
+                return _foreign_reason_read_only(self.path, immutable=False)
             return _foreign_reason_read_only(copy, immutable=False)
 
     @staticmethod
