@@ -57,6 +57,48 @@ def test_kernel_refuses_what_it_cannot_compute():
         row_product.row_product(torch.randn(2, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64))
 
 
+def _attention_inputs(B, H, G, S, D, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*shape, generator=g) for shape in ((B, H, G, D), (B + 2, H, S, D), (B + 2, H, S, D)))
+    positions = torch.randint(0, S, (B,), generator=g)
+    hidden = torch.where(torch.arange(S)[None] <= positions[:, None], 0.0, float("-inf"))[:, None, None, :]
+    return q, k[1:B + 1], v[1:B + 1], hidden  # k and v: rows of a larger cache (views, not contiguous copies)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_kernel_equals_softmax_attention(threads):
+    """decode_attention against plain_attention (softmax(q kᵀ / √D + mask) v): head sizes on the vector path (16, 64,
+    128) and off it (24), one and several query heads per KV head, masks that hide most keys or none."""
+    from course.engine.fast import plain_attention
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for B, H, G, S, D in ((1, 3, 3, 65, 64), (8, 3, 3, 65, 64), (3, 2, 4, 17, 24), (2, 1, 1, 1, 16),
+                              (5, 2, 1, 40, 128), (4, 4, 2, 33, 32)):
+            q, k, v, hidden = _attention_inputs(B, H, G, S, D, seed=B * S + D)
+            got = torch.ops.kvcourse.decode_attention(q, k, v, hidden)
+            assert got.shape == (B, H, G, D)
+            torch.testing.assert_close(got, plain_attention(q, k, v, hidden), atol=1e-5, rtol=1e-5)
+            hidden = torch.zeros_like(hidden)  # every key visible
+            torch.testing.assert_close(torch.ops.kvcourse.decode_attention(q, k, v, hidden),
+                                       plain_attention(q, k, v, hidden), atol=1e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_attention_kernel_refuses_what_it_cannot_compute():
+    q, k, v, hidden = _attention_inputs(2, 3, 3, 8, 16, seed=0)
+    with pytest.raises(RuntimeError, match="q must be \\[B, H, G, D\\]"):
+        torch.ops.kvcourse.decode_attention(q[:, :2], k, v, hidden)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.kvcourse.decode_attention(q.double(), k.double(), v.double(), hidden.double())
+    with pytest.raises(RuntimeError, match="hidden must hold"):
+        torch.ops.kvcourse.decode_attention(q, k, v, hidden[:1])
+
+
 @needs_kernel
 def test_kernel_runs_inside_a_full_graph_with_a_symbolic_batch():
     w = torch.randn(48, 32)

@@ -22,11 +22,18 @@
 // probably because sixteen rows of 2.3 KB each, fetched into a 48 KB L1 beside x, pushed out rows
 // still in use. On the AMD EPYC (Zen 4), 1 thread, 4, 12 and 16 rows ahead measured no faster than 8 (paired,
 // B = 2 to 16: 4 rows 1.02-1.65x the time, 12 and 16 rows 0.98-1.14x).
+#if defined(__AVX512F__) && !defined(CPU_CAPABILITY_AVX512)
+#define CPU_CAPABILITY_AVX512  // ATen's vector types for AVX-512, as Inductor builds its kernels
+#endif
 #include <ATen/ATen.h>
+#include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <limits>
+#include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -203,6 +210,129 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& w, int64_t blas_ab
   return y;
 }
 
+// Decode attention: out[b, h, g, :] = softmax_j(q[b, h, g, :] . k[b, h, j, :] / sqrt(D) + hidden[b, j]) v[b, h, j, :]
+// for one new token per sequence, G query heads sharing each of the H KV heads (grouped-query attention).
+// q [B, H, G, D]; k, v [B, H, S, D] with D contiguous; hidden: the additive mask, B x S numbers (0 where a key is
+// visible, -inf where the sequence has not reached it). Keys behind -inf are skipped, which is exact (their weight
+// is 0). Inside the compiled step this replaces two batched matrix products per layer, which BLAS makes as one
+// small product per (sequence, KV head): at 8 sequences, context 64, 1 thread on an AMD EPYC, about 55 us each,
+// 60 a step, 3.3 of a 30 ms step.
+// q . k over D numbers
+static inline float dot(const float* q, const float* k, int64_t D) {
+#if defined(__AVX512F__)
+  if (D % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+#endif
+  float total = 0.0f;
+  for (int64_t d = 0; d < D; ++d) total += q[d] * k[d];
+  return total;
+}
+
+// o = scale * sum_j p[j] v[j] over D numbers, skipping keys of weight 0
+#if defined(__AVX512F__)
+template <int NC>  // D = 16 * NC: the sum stays in NC registers
+static inline void weigh_vec(const float* p, const float* v, int64_t vs, int64_t S, float scale, float* o) {
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S; ++j) {
+    if (p[j] == 0.0f) continue;
+    const __m512 w = _mm512_set1_ps(p[j]);
+    const float* vj = v + j * vs;
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(o + 16 * c, _mm512_mul_ps(acc[c], _mm512_set1_ps(scale)));
+}
+#endif
+
+static inline void weigh(const float* p, const float* v, int64_t vs, int64_t S, int64_t D, float scale, float* o) {
+#if defined(__AVX512F__)
+  switch (D) {
+    case 16: return weigh_vec<1>(p, v, vs, S, scale, o);
+    case 32: return weigh_vec<2>(p, v, vs, S, scale, o);
+    case 64: return weigh_vec<4>(p, v, vs, S, scale, o);
+    case 128: return weigh_vec<8>(p, v, vs, S, scale, o);
+    default: break;
+  }
+#endif
+  for (int64_t d = 0; d < D; ++d) o[d] = 0.0f;
+  for (int64_t j = 0; j < S; ++j) {
+    if (p[j] == 0.0f) continue;
+    const float* vj = v + j * vs;
+    for (int64_t d = 0; d < D; ++d) o[d] += p[j] * vj[d];
+  }
+  for (int64_t d = 0; d < D; ++d) o[d] *= scale;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& hidden) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
+              q.size(1) == k.size(1) && q.size(3) == k.size(3),
+              "decode_attention: q must be [B, H, G, D] and k, v [B, H, S, D]; got ", q.sizes(), ", ", k.sizes(),
+              " and ", v.sizes());
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
+              hidden.scalar_type() == at::kFloat && q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu()
+              && hidden.device().is_cpu(), "decode_attention: float32 CPU tensors only");
+  const int64_t B = q.size(0), H = q.size(1), G = q.size(2), D = q.size(3), S = k.size(2);
+  TORCH_CHECK(hidden.numel() == B * S, "decode_attention: hidden must hold B x S = ", B * S, " numbers; got ",
+              hidden.sizes());
+  auto qc = q.contiguous();
+  auto kc = k.stride(3) == 1 ? k : k.contiguous();
+  auto vc = v.stride(3) == 1 ? v : v.contiguous();
+  auto mc = hidden.reshape({B, S}).contiguous();
+  auto out = at::empty({B, H, G, D}, qc.options());
+  const float* Q = qc.data_ptr<float>();
+  const float* K = kc.data_ptr<float>();
+  const float* V = vc.data_ptr<float>();
+  const float* M = mc.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  const int64_t kb = kc.stride(0), kh = kc.stride(1), ks = kc.stride(2);
+  const int64_t vb = vc.stride(0), vh = vc.stride(1), vs = vc.stride(2);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> p(G * S);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* q0 = Q + bh * G * D;
+      const float* k0 = K + b * kb + h * kh;
+      const float* v0 = V + b * vb + h * vh;
+      const float* m = M + b * S;
+      float* o0 = O + bh * G * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qg = q0 + g * D;
+        float* pg = p.data() + g * S;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < S; ++j) {
+          if (m[j] == -std::numeric_limits<float>::infinity()) { pg[j] = m[j]; continue; }
+          pg[j] = dot(qg, k0 + j * ks, D) * scale + m[j];
+          top = std::max(top, pg[j]);
+        }
+        // exp(score - top), 16 at a time (ATen's vectorised exp, from Sleef; std::exp one at a time took most of
+        // the kernel's time); exp(-inf) = 0 for the keys the mask hides
+        int64_t j = 0;
+        using Vec = at::vec::Vectorized<float>;
+        Vec sum(0.0f);
+        for (; j + Vec::size() <= S; j += Vec::size()) {
+          Vec e = (Vec::loadu(pg + j) - Vec(top)).exp();
+          e.store(pg + j);
+          sum = sum + e;
+        }
+        float lanes[Vec::size()];
+        sum.store(lanes);
+        float total = 0.0f;
+        for (int i = 0; i < Vec::size(); ++i) total += lanes[i];
+        for (; j < S; ++j) {
+          pg[j] = std::exp(pg[j] - top);
+          total += pg[j];
+        }
+        weigh(pg, v0, vs, S, D, 1.0f / total, o0 + g * D);
+      }
+    }
+  });
+  return out;
+}
+
 bool vectorised() {
 #if defined(__AVX512F__)
   return true;
@@ -214,5 +344,9 @@ bool vectorised() {
 TORCH_LIBRARY(kvcourse, m) {
   m.def("row_product(Tensor x, Tensor w, int blas_above) -> Tensor");
   m.def("row_product_vectorised() -> bool", &vectorised);
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor hidden) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(kvcourse, CPU, m) { m.impl("row_product", &row_product); }
+TORCH_LIBRARY_IMPL(kvcourse, CPU, m) {
+  m.impl("row_product", &row_product);
+  m.impl("decode_attention", &decode_attention);
+}
