@@ -23,7 +23,7 @@ Attention, where the kernel below builds, is one call per layer to its own CPU k
 On a CPU in float32, where course.engine.row_product's kernel builds (a C++ compiler and AVX-512), the step
 calls that kernel from inside the graph for batches of 2 or more: each weight row is read once, prefetched
 ahead of the arithmetic, and serves every sequence, so a step of 8 costs little more than a step of 1 (one
-row keeps the streamed reduction, which measured faster there). On Intel CPUs batches above 16 use BLAS's
+row takes it too, except on Intel CPUs, where the streamed reduction measured faster: see batch_row_linear). On Intel CPUs batches above 16 use BLAS's
 matrix-matrix product instead (course.engine.row_product.blas_above), and so do batches where the kernel is
 missing. On the CPU the weights are first moved into one
 buffer on huge pages (course.engine.arena; the model's own parameters become views of it), which puts each
@@ -128,11 +128,14 @@ def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def batch_row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """row_linear for a batch, Inductor's streamed reduction (stream_product) for one row. For one sequence the
-    streamed reduction, fused with its neighbours, beat the kernel on the course's Sapphire Rapids hosts (in
-    separate runs, side by side: 0.2–2.1 ms per step with 1 thread, 2.2–2.6 with 2) and on an AMD EPYC (2.5 ms
-    with 1 thread, 2.0 with 2; since the kernel reads one row as a single stream, within a millisecond either
-    way there); `kvcourse bench`, decode_floor, times both. Eagerly: F.linear."""
+    """row_linear for a batch, Inductor's streamed reduction (stream_product) for one row: DecodeStep's choice on
+    Intel CPUs. For one sequence the streamed reduction, fused with its neighbours, beat the kernel on the course's
+    Sapphire Rapids hosts (in separate runs, side by side: 0.2–2.1 ms per step with 1 thread, 2.2–2.6 with 2, with
+    Inductor's Python wrapper). On an AMD EPYC it did too until the step's graph called its kernels from C++
+    (CPP_WRAPPER) and attention moved to its own kernel; since then the kernel is the faster one there (one
+    process, paired rounds: 0.975 of the streamed step's time at 1 thread, 0.934 at 2; in a bench run 0.98 at
+    both), so DecodeStep uses row_linear for one row on other CPUs. `kvcourse bench`, decode_floor, times both.
+    Eagerly: F.linear."""
     if torch.compiler.is_compiling():
         if _one_row(x):
             return stream_product(x, weight)
@@ -367,14 +370,15 @@ class DecodeStep:
     fuse (default True): q|k|v and gate|up read as one weight each (fused_block_weights; on the CPU after
     course.engine.arena.pack_parameters moved the model's weights into one huge-page buffer, elsewhere by
     re-homing each group's parameters into one tensor). one_row_kernel: B = 1 on the row kernel too, instead of
-    Inductor's streamed reduction (the bench times the two side by side). cpp_wrapper (None: on the CPU, not
+    Inductor's streamed reduction (None: except on Intel CPUs; see batch_row_linear; the bench times the two side
+    by side). cpp_wrapper (None: on the CPU, not
     under CUDA graphs): the whole-step graphs call their kernels from C++ rather than Python (CPP_WRAPPER).
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
                  skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream",
                  row_kernel: bool | None = None, any_shape: bool = False, fuse: bool = True,
-                 one_row_kernel: bool = False, cpp_wrapper: bool | None = None):
+                 one_row_kernel: bool | None = None, cpp_wrapper: bool | None = None):
         if product not in ("stream", "blas"):
             raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
         self._linear = streamed_linear if product == "stream" else blas_linear
@@ -386,8 +390,13 @@ class DecodeStep:
             self.row_kernel = row_product.available()
             if row_kernel and not self.row_kernel:
                 raise RuntimeError(f"the batched decode kernel is not available: {row_product.why_not()}")
+            if one_row_kernel is None:  # one row: the kernel, except on Intel CPUs (see batch_row_linear)
+                from course.engine.device import cpu_vendor
+
+                one_row_kernel = cpu_vendor() != "GenuineIntel"
             if self.row_kernel:  # one row: Inductor's streamed reduction, unless one_row_kernel (the kernel there too)
                 self._linear = row_linear if one_row_kernel else batch_row_linear
+        self.one_row_kernel = self._linear is row_linear
         self.product = product
         self.model = model
         # fuse: the weights in one huge-page buffer on the CPU (course.engine.arena: the model's own parameters

@@ -26,7 +26,8 @@ import time
 from course.measure.bench import Context, Target, bench_item
 
 CONTEXT = 64
-ROW_KERNEL = "compiled, batch kernel for the row"  # decode_floor's row with course.engine.row_product at B = 1
+# decode_floor's row beside "compiled": the same graph with the other product for one row (DecodeStep's one_row_kernel)
+OTHER_ROW = {True: "compiled, streamed reduction for the row", False: "compiled, batch kernel for the row"}
 BLAS_PRODUCTS = "eager's products alone (BLAS)"  # every weight matrix times one row through F.linear
 SAME = 0.03  # two step times within 3 % of each other are "about as fast"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -245,12 +246,13 @@ def bench_decode_floor(ctx: Context) -> dict:
                BLAS_PRODUCTS: (blas_products, float(sum(w.numel() * w.element_size() for w in linears)))}
     if ctx.compile and not ctx.quick:
         engines["compiled"] = (_decode_setup(ctx, model, 1, CONTEXT, compiled=True), weight_bytes + kv_bytes)
-        if ctx.fast("float32").step.row_kernel:  # the same graph on the batch kernel (row_product), beside it
-            from course.engine.fast import DecodeStep
+        step = ctx.fast("float32").step
+        if step.row_kernel:  # the same graph with the other product for one row (row_product's kernel or Inductor's
+            from course.engine.fast import DecodeStep  # streamed reduction), beside it
 
-            engines[ROW_KERNEL] = (
-                _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=DecodeStep(model, one_row_kernel=True)),
-                weight_bytes + kv_bytes)
+            other = DecodeStep(model, one_row_kernel=not step.one_row_kernel)
+            engines[OTHER_ROW[step.one_row_kernel]] = (
+                _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=other), weight_bytes + kv_bytes)
     engines["torch sum of weights"] = (sum_all, float(sum_bytes))
     thread_counts = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
     before = torch.get_num_threads()
