@@ -132,10 +132,10 @@ def batch_row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     Intel CPUs. For one sequence the streamed reduction, fused with its neighbours, beat the kernel on the course's
     Sapphire Rapids hosts (in separate runs, side by side: 0.2–2.1 ms per step with 1 thread, 2.2–2.6 with 2, with
     Inductor's Python wrapper). On an AMD EPYC it did too until the step's graph called its kernels from C++
-    (CPP_WRAPPER) and attention moved to its own kernel; since then the kernel is the faster one there (one
-    process, paired rounds: 0.975 of the streamed step's time at 1 thread, 0.934 at 2; in a bench run 0.98 at
-    both), so DecodeStep uses row_linear for one row on other CPUs. `kvcourse bench`, decode_floor, times both.
-    Eagerly: F.linear."""
+    (CPP_WRAPPER) and attention moved to its own kernel; since then the two are about as fast there (the kernel's
+    step 0.93–1.03 of the streamed one's time in four paired comparisons at 1 and 2 threads), so DecodeStep uses
+    row_linear for one row on other CPUs: every batch size runs the same product. `kvcourse bench`, decode_floor,
+    times both. Eagerly: F.linear."""
     if torch.compiler.is_compiling():
         if _one_row(x):
             return stream_product(x, weight)
