@@ -189,24 +189,30 @@ def test_another_programs_database_is_never_changed_or_moved(tmp_path, monkeypat
     assert "Traceback" not in out + err and "Progress cleared" not in out
 
 
-def _wal_database_in_use(path: Path, kind: str) -> None:
-    """Another program's database as it lies while that program runs (or after it stopped without closing it):
-    WAL mode, its tables and rows still in the -wal, not yet folded into the main file."""
+def _close_leaving_the_wal(con: sqlite3.Connection, path: Path) -> None:
+    """Close `con` but leave the database as it lay before: its newest rows still in the -wal (closing the last
+    connection folds the -wal into the main file, so the two files are copied first and put back after)."""
     import shutil
 
-    con = sqlite3.connect(path)
-    con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA wal_autocheckpoint=0")
-    con.commit()
-    _another_programs_database_rows(con, kind)
-    con.commit()
-    for suffix in ("", "-wal"):  # as they are now: closing the connection would fold the -wal in
+    for suffix in ("", "-wal"):
         shutil.copyfile(f"{path}{suffix}", f"{path}.then{suffix}")
     con.close()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     for suffix in ("", "-wal"):
         Path(f"{path}.then{suffix}").rename(f"{path}{suffix}")
+
+
+def _wal_database_in_use(path: Path, kind: str) -> None:
+    """Another program's database as it lies while that program runs (or after it stopped without closing it):
+    WAL mode, its tables and rows still in the -wal, not yet folded into the main file."""
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.commit()
+    _another_programs_database_rows(con, kind)
+    con.commit()
+    _close_leaving_the_wal(con, path)
 
 
 def _another_programs_database_rows(con, kind: str) -> None:
@@ -239,7 +245,6 @@ def test_another_programs_wal_database_is_checked_without_changing_it(tmp_path, 
 
 def test_a_progress_file_with_a_wal_not_yet_folded_in_is_still_ours(tmp_path):
     """Our own file with a -wal left by a kernel that stopped mid-session is not taken for another program's."""
-    import shutil
 
     path = tmp_path / "p.sqlite"
     ProgressStore(path).record_answer("02_kv_cache", "kv-1", "A", True)
@@ -248,13 +253,7 @@ def test_a_progress_file_with_a_wal_not_yet_folded_in_is_still_ours(tmp_path):
     con.execute("INSERT INTO answers (lesson, question_id, choice, correct, at) VALUES ('02_kv_cache', 'kv-2', 'B', "
                 "0, 5e9)")
     con.commit()
-    for suffix in ("", "-wal"):
-        shutil.copyfile(f"{path}{suffix}", f"{path}.then{suffix}")
-    con.close()
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    for suffix in ("", "-wal"):
-        Path(f"{path}.then{suffix}").rename(f"{path}{suffix}")
+    _close_leaving_the_wal(con, path)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         store = ProgressStore(path)
@@ -695,7 +694,6 @@ def _on_a_full_disk(tmp_path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def _six_missed(path: Path, newest_in_the_wal: bool = False) -> None:
-    import shutil
     import time
 
     store = ProgressStore(path)
@@ -708,13 +706,7 @@ def _six_missed(path: Path, newest_in_the_wal: bool = False) -> None:
         con.execute("INSERT INTO answers (lesson, question_id, choice, correct, at) VALUES ('02_kv_cache', ?, ?, 1, ?)",
                     (q.id, q.correct.key, time.time() + 60))
         con.commit()
-        for suffix in ("", "-wal"):
-            shutil.copyfile(f"{path}{suffix}", f"{path}.then{suffix}")
-        con.close()
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
-        for suffix in ("", "-wal"):
-            Path(f"{path}.then{suffix}").rename(f"{path}{suffix}")
+        _close_leaving_the_wal(con, path)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="RLIMIT_FSIZE (ulimit -f) is POSIX")
