@@ -16,6 +16,10 @@ prefetch, which an AMD EPYC read as fast as torch sums the same weights);
 with several threads each claims a share of the rows still left (large first, at least 48 at the end), so
 each core reads long stretches in sequence and no core waits for a slower one at the end of a product; above blas_above() rows of x (16 on Intel CPUs, none elsewhere) it hands over to BLAS. llama.cpp's CPU matrix-vector kernels work the same way.
 
+The same library holds decode's attention for one new token per sequence, `torch.ops.kvcourse.decode_attention(q,
+k, v, hidden)` (q [B, H_kv, G, D], k and v [B, H_kv, S, D], hidden the additive mask): the compiled step calls it once
+per layer (course.engine.fast.kernel_attention) instead of two batched BLAS products.
+
 The kernel is compiled for this machine's CPU (-march=native) by torch.utils.cpp_extension into the
 course's cache folder (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), one build per CPU kind and
 torch version. Where no C++ compiler or no AVX-512 is found, `available()` is False (it says why in
