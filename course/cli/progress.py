@@ -40,8 +40,7 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ProgressFileWarning)
         counts = store.counts()
-    if store.disk_error is not None:  # read as it is, from a full disk: nothing can be deleted there
-        raise store.disk_error
+    store.check_writable()  # read as it is, from a full disk: nothing can be deleted there
     if store.not_saved:  # only a session copy could be cleared: say so instead of pretending
         print(f"Nothing deleted: {store.not_saved}", file=sys.stderr)
         return 2

@@ -79,8 +79,7 @@ def run(args) -> int:
             if args.reset:
                 return _reset(store, assume_yes=args.yes)
             session = ReviewSession(store, bank, limit=limit, lesson=args.lesson)
-            if store.disk_error is not None:
-                raise store.disk_error
+            store.check_writable()
             return _session(session)
     except ProgressFileError as exc:  # busy or disk full, before anything was answered (_session says what was saved once it started)
         print(f"kvcourse review: {exc}", file=sys.stderr)
@@ -89,8 +88,7 @@ def run(args) -> int:
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
     store.review_reset_at()  # opens the file first: a note on it comes before the question
-    if store.disk_error is not None:  # read as it is, from a full disk: nothing can be reset there
-        raise store.disk_error
+    store.check_writable()  # read as it is, from a full disk: nothing can be reset there
     if store.not_saved:  # only a session copy could be reset: say so instead of pretending
         print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
         return 2

@@ -546,6 +546,12 @@ class ProgressStore:
                         self._recover()
                     self._ready = True
 
+    def check_writable(self) -> None:
+        """Raise the disk error an earlier read met (ProgressFileDiskError), if any: for a command that is about to
+        write and should stop before asking the learner anything, not after."""
+        if self.disk_error is not None:
+            raise self.disk_error
+
     def _read_as_it_is(self, fn, disk_error: ProgressFileDiskError | None = None):
         """fn(conn) on a connection that writes nothing: the disk is full or failing, and a read must still show
         what is saved (a normal connection needs a -shm file, a lock file, tables made). The first time, says so
