@@ -20,23 +20,22 @@ matrix-vector product (GEMV) that should run at memory speed. Where the BLAS cal
 reaches only a fraction of the memory bandwidth for a single row, the same product written as a
 reduction, `(x * W).sum(-1)`, becomes one vectorised Inductor loop that streams each weight row once.
 Attention, where the kernel below builds, is one call per layer to its own CPU kernel (kernel_attention).
-On a CPU in float32, where course.engine.row_product's kernel builds (a C++ compiler and AVX-512), the step
-calls that kernel from inside the graph for batches of 2 or more: each weight row is read once, prefetched
-ahead of the arithmetic, and serves every sequence, so a step of 8 costs little more than a step of 1 (one
-row takes it too, except on Intel CPUs, where the streamed reduction measured faster: see batch_row_linear). On Intel CPUs batches above 16 use BLAS's
-matrix-matrix product instead (course.engine.row_product.blas_above), and so do batches where the kernel is
-missing. On the CPU the weights are first moved into one
-buffer on huge pages (course.engine.arena; the model's own parameters become views of it), which puts each
-layer's q, k and v weights side by side, so they are read as one weight, and its gate and up weights as
-one: 4 products per layer instead of 7 (gpt-fast's Llama fuses wq, wk, wv the same way). The per-call
-work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is
-skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is
-safe here because every call is shaped the same as its warm-up. With torch 2.13 on the course's AMD EPYC this
-measured no faster than checking them (side by side: 1.005 and 1.000 of the time at B = 1 with 1 and 2 threads,
-1.007 at B = 8): TorchDynamo's lookup of the compiled graph took 0.35-0.5 ms of a 21 ms step either way. On the CPU the graph
-calls its kernels from C++ rather than Python (CPP_WRAPPER: about 5 % of the step at B = 1). On
-CUDA the step is captured as a CUDA graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds
-of kernel launches of a step.
+On a CPU in float32, where course.engine.row_product's kernel builds (a C++ compiler and AVX-512), the step calls
+that kernel from inside the graph for batches of 2 or more: each weight row is read once, prefetched ahead of the
+arithmetic, and serves every sequence, so a step of 8 costs little more than a step of 1 (one row takes it too,
+except on Intel CPUs, where the streamed reduction measured faster: see batch_row_linear). On Intel CPUs batches
+above 16 use BLAS's matrix-matrix product instead (course.engine.row_product.blas_above), and so do batches where
+the kernel is missing. On the CPU the weights are first moved into one buffer on huge pages (course.engine.arena;
+the model's own parameters become views of it), which puts each layer's q, k and v weights side by side, so they are
+read as one weight, and its gate and up weights as one: 4 products per layer instead of 7 (gpt-fast's Llama fuses
+wq, wk, wv the same way). The per-call work of torch.compile itself (its guards: checks that the inputs still match
+the compiled graph) is skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`),
+which is safe here because every call is shaped the same as its warm-up. With torch 2.13 on the course's AMD EPYC
+this measured no faster than checking them (side by side: 1.005 and 1.000 of the time at B = 1 with 1 and 2 threads,
+1.007 at B = 8): TorchDynamo's lookup of the compiled graph took 0.35-0.5 ms of a 21 ms step either way. On the CPU
+the graph calls its kernels from C++ rather than Python (CPP_WRAPPER: about 5 % of the step at B = 1). On CUDA the
+step is captured as a CUDA graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds of kernel
+launches of a step.
 
 Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
 The weights are not copied: the step reads the eager model's own parameters.
@@ -154,15 +153,17 @@ def stream_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight[:, None, :] * x[None]).sum(-1, dtype=torch.float32).to(x.dtype).t()  # [N, B] → [B, N]
 
 
-def plain_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def plain_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    hidden: torch.Tensor) -> torch.Tensor:
     """One new token's attention: q [B, H_kv, G, D_h] (G query heads per KV head), k_cache / v_cache [B, H_kv, S,
     D_h], hidden [B, 1, 1, S] (0 where a key is visible, -inf where not) → [B, H_kv, G, D_h]. Two batched matrix
     products around a softmax."""
-    scores = (q.float() @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1])) + hidden  # [B, H_kv, G, S]
+    scores = (q.float() @ k_cache.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1])) + hidden  # [.., G, S]
     return torch.softmax(scores, dim=-1).to(q.dtype) @ v_cache
 
 
-def kernel_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def kernel_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     hidden: torch.Tensor) -> torch.Tensor:
     """plain_attention on course.engine.row_product's CPU kernel inside a compiled step (float32, where the row kernel
     computes the products): one call per layer instead of two batched matrix products, which BLAS makes as one small
     product per sequence and KV head (at 8 sequences, context 64, 1 thread on an AMD EPYC: about 55 µs each, 3.3 ms
@@ -371,8 +372,8 @@ class DecodeStep:
     course.engine.arena.pack_parameters moved the model's weights into one huge-page buffer, elsewhere by
     re-homing each group's parameters into one tensor). one_row_kernel: B = 1 on the row kernel too, instead of
     Inductor's streamed reduction (None: except on Intel CPUs; see batch_row_linear; the bench times the two side
-    by side). cpp_wrapper (None: on the CPU, not
-    under CUDA graphs): the whole-step graphs call their kernels from C++ rather than Python (CPP_WRAPPER).
+    by side). cpp_wrapper (None: on the CPU, not under CUDA graphs): the whole-step graphs call their kernels from
+    C++ rather than Python (CPP_WRAPPER).
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,

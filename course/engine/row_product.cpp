@@ -210,13 +210,6 @@ at::Tensor row_product(const at::Tensor& x, const at::Tensor& w, int64_t blas_ab
   return y;
 }
 
-// Decode attention: out[b, h, g, :] = softmax_j(q[b, h, g, :] . k[b, h, j, :] / sqrt(D) + hidden[b, j]) v[b, h, j, :]
-// for one new token per sequence, G query heads sharing each of the H KV heads (grouped-query attention).
-// q [B, H, G, D]; k, v [B, H, S, D] with D contiguous; hidden: the additive mask, B x S numbers (0 where a key is
-// visible, -inf where the sequence has not reached it). Keys behind -inf are skipped, which is exact (their weight
-// is 0). Inside the compiled step this replaces two batched matrix products per layer, which BLAS makes as one
-// small product per (sequence, KV head): at 8 sequences, context 64, 1 thread on an AMD EPYC, about 55 us each,
-// 60 a step, 3.3 of a 30 ms step.
 // q . k over D numbers
 static inline float dot(const float* q, const float* k, int64_t D) {
 #if defined(__AVX512F__)
@@ -266,6 +259,13 @@ static inline void weigh(const float* p, const float* v, int64_t vs, int64_t S, 
   for (int64_t d = 0; d < D; ++d) o[d] *= scale;
 }
 
+// Decode attention: out[b, h, g, :] = softmax_j(q[b, h, g, :] . k[b, h, j, :] / sqrt(D) + hidden[b, j]) v[b, h, j, :]
+// for one new token per sequence, G query heads sharing each of the H KV heads (grouped-query attention).
+// q [B, H, G, D]; k, v [B, H, S, D] with D contiguous; hidden: the additive mask, B x S numbers (0 where a key is
+// visible, -inf where the sequence has not reached it). Keys behind -inf are skipped, which is exact (their weight
+// is 0). Inside the compiled step this replaces two batched matrix products per layer, which BLAS makes as one
+// small product per (sequence, KV head): at 8 sequences, context 64, 1 thread on an AMD EPYC, about 55 us each,
+// 60 a step, 3.3 of a 30 ms step.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& hidden) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes() && q.size(0) == k.size(0) &&
               q.size(1) == k.size(1) && q.size(3) == k.size(3),
@@ -291,7 +291,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t vb = vc.stride(0), vh = vc.stride(1), vs = vc.stride(2);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> p(G * S);
+    thread_local std::vector<float> p;  // the softmax weights, G x S: grown once per thread, not per call
+    p.resize(G * S);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const float* q0 = Q + bh * G * D;
