@@ -203,6 +203,13 @@ def test_compiled_step_matches_eager_for_64_steps_without_recompiling(compiled_t
     assert step.compiled
     assert worst <= 1e-4, f"compiled vs eager logits differ by {worst:.2e}"
     assert tokens_c == tokens_e
+    # on the CPU the warm graph is called without TorchDynamo (DecodeStep's direct path), and its cache writes
+    # land in the cache itself: every layer's K and V equal the eager model's at every position written
+    assert [key[0] for key in step._direct] == ([1] if step._graphs is not None else [])
+    end = len(prompt) + 64
+    for e, c in zip(cache_e.layers, cache_c.layers):
+        torch.testing.assert_close(c.k[:, :, :end], e.k[:, :, :end], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(c.v[:, :, :end], e.v[:, :, :end], atol=1e-4, rtol=1e-4)
     assert len(set(tokens_e)) > 1  # the test decoded something, not one token over and over
 
 
@@ -239,6 +246,18 @@ def test_compiled_batch_matches_each_sequence_alone_and_serves_every_batch_size(
     three = _stack(model, [c for _, c in _solo_caches(model, prompts[:3])])  # another batch size, same graph
     got = step(tokens[:3], positions[:3] + 6, three)
     assert _graphs() == graphs and got.shape == (3, model.config.vocab_size)
+    if step._graphs is not None:  # both batch sizes call the one batch graph directly once warm
+        batch_graphs = {id(g) for key, g in step._direct.items() if key[0] in (3, 4)}
+        assert {key[0] for key in step._direct} >= {3, 4} and len(batch_graphs) == 1
+        copy = KVCache(model.config, 3, S)
+        for mine, theirs in zip(copy.layers, three.layers):
+            mine.k.copy_(theirs.k), mine.v.copy_(theirs.v)
+        nxt = got.argmax(-1, keepdim=True)
+        again = step(nxt, positions[:3] + 7, three)  # the warm size of 3, now called directly
+        want = DecodeStep(model, compile=False)(nxt, positions[:3] + 7, copy)  # the same step, eagerly
+        torch.testing.assert_close(again, want, atol=1e-4, rtol=1e-4)
+        for mine, theirs in zip(copy.layers, three.layers):  # and it wrote the same K and V
+            torch.testing.assert_close(theirs.k, mine.k, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

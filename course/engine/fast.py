@@ -28,14 +28,15 @@ above 16 use BLAS's matrix-matrix product instead (course.engine.row_product.bla
 the kernel is missing. On the CPU the weights are first moved into one buffer on huge pages (course.engine.arena;
 the model's own parameters become views of it), which puts each layer's q, k and v weights side by side, so they are
 read as one weight, and its gate and up weights as one: 4 products per layer instead of 7 (gpt-fast's Llama fuses
-wq, wk, wv the same way). The per-call work of torch.compile itself (its guards: checks that the inputs still match
-the compiled graph) is skipped once a batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`),
-which is safe here because every call is shaped the same as its warm-up. With torch 2.13 on the course's AMD EPYC
-this measured no faster than checking them (side by side: 1.005 and 1.000 of the time at B = 1 with 1 and 2 threads,
-1.007 at B = 8): TorchDynamo's lookup of the compiled graph took 0.35-0.5 ms of a 21 ms step either way. On the CPU
-the graph calls its kernels from C++ rather than Python (CPP_WRAPPER: about 5 % of the step at B = 1). On CUDA the
-step is captured as a CUDA graph (`mode="reduce-overhead"`), so one graph launch replaces the hundreds of kernel
-launches of a step.
+wq, wk, wv the same way). On the CPU, once a shape is warm, DecodeStep calls its compiled graph itself, without
+TorchDynamo's lookup of the graph in between (Graphs: the inputs gathered where TorchDynamo found them): side by
+side on the course's AMD EPYC, 0.971-0.986 of the time at B = 1 and 8 (0.3-0.6 ms a step). Elsewhere the per-call
+work of torch.compile itself (its guards: checks that the inputs still match the compiled graph) is skipped once a
+batch size is warm (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`), which is safe here because every call
+is shaped the same as its warm-up; with torch 2.13 on the AMD EPYC this measured no faster than checking them
+(1.000-1.007 of the time). On the CPU the graph calls its kernels from C++ rather than Python (CPP_WRAPPER: about
+5 % of the step at B = 1). On CUDA the step is captured as a CUDA graph (`mode="reduce-overhead"`), so one graph
+launch replaces the hundreds of kernel launches of a step.
 
 Prefill (many rows) is a matrix-matrix product that BLAS does well, so it stays eager.
 The weights are not copied: the step reads the eager model's own parameters.
@@ -106,6 +107,56 @@ COMPUTE_ONCE = {"realize_opcount_threshold": 4}
 # compile time: 65 against 45 s for the B = 1 graph, 94 against 59 s for the batch graph, on 2 cores, once (Inductor
 # keeps the result on disk). DecodeStep uses it for its whole-step graphs on the CPU.
 CPP_WRAPPER = {"cpp_wrapper": True}
+
+
+class Graphs:
+    """torch.compile's Inductor backend (the same compile_fx call, the same options) that also keeps each graph it
+    compiles, so that DecodeStep can call a warm graph itself, without TorchDynamo in between.
+
+    Every call through torch.compile first runs TorchDynamo's lookup of the compiled graph (its guards, or with
+    skip_guard_eval_unsafe a shorter check) and the bytecode it wrote around the graph. Called directly, the course
+    model's step took 0.986 (1 thread) and 0.974 (2 threads) of the time at B = 1 and 0.971 at B = 8 on the course's
+    AMD EPYC (context 64, side by side, 12 paired rounds each; logits bit-identical): 0.3-0.6 ms of an 18-28 ms
+    step. For the 2-layer test model a whole warm call took 46 against 83 µs. TorchDynamo records where it found
+    each of the graph's inputs (the `source` of each placeholder, a Python expression over the function's arguments
+    such as "L['ks'][3]"), so the same inputs can be gathered again from the next call's arguments and handed to the
+    compiled graph.
+    """
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.ran: Graph | None = None  # the graph TorchDynamo called last (set by Graph.__call__)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        return Graph(self, compile_fx(gm, example_inputs, config_patches=self.options), gm)
+
+
+class Graph:
+    """One compiled graph: called by TorchDynamo with its inputs, or by `direct(arguments)` with the arguments of
+    the compiled function (its inputs gathered from them where TorchDynamo found them; None when it cannot say)."""
+
+    def __init__(self, owner: Graphs, compiled, gm: torch.fx.GraphModule):
+        self.owner, self.compiled = owner, compiled
+        names = []
+        for node in gm.graph.find_nodes(op="placeholder"):
+            arg = node.meta.get("grapharg")
+            source = getattr(arg, "source", None)
+            if source is None or getattr(arg, "pass_arg_as_tensor", False):  # an input only TorchDynamo can make
+                names = None
+                break
+            names.append(source.name)
+        # the sources are TorchDynamo's own expressions over the call's arguments L (and the module's globals G)
+        self.inputs = None if names is None else eval(f"lambda L, G: ({''.join(n + ', ' for n in names)})", {})
+
+    def __call__(self, *args):
+        self.owner.ran = self
+        return self.compiled(*args)
+
+    def direct(self, arguments: dict, globals_: dict):
+        """The graph's output for a call of the compiled function with these arguments (a dict by name)."""
+        return self.compiled(*self.inputs(arguments, globals_))
 
 
 def _one_row(x: torch.Tensor) -> bool:
@@ -319,6 +370,9 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
     return linear(rms_norm(x, model.norm.weight, c.norm_eps), model.output.weight).float()  # [B, V]
 
 
+_GLOBALS = decode_step.__globals__  # G in TorchDynamo's names of the step's inputs
+
+
 def decode_blocks(x: torch.Tensor, ws: tuple, eps: float, ks: list[torch.Tensor], vs: list[torch.Tensor],
                   rows: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   hidden: torch.Tensor, n_heads: int, n_kv_heads: int, gather: bool = False, linear=streamed_linear,
@@ -348,12 +402,12 @@ class DecodeStep:
     The cache is a contiguous course.engine.kv_cache.KVCache, written in place at each sequence's position,
     or a course.engine.paged.PagedBatch (one token per sequence), written into its pool slots and read through
     its block table. Batch size 1 compiles one graph and every batch of 2 or more shares a second one (its batch
-    dimension symbolic; dynamic_batch=False compiles each size on its own); each cache length, dtype and
-    device compiles once too, the first time it is seen
-    (tens of seconds on 2 CPU cores; Inductor keeps the result on disk, so a later process starts in
-    seconds); after that the same shapes run without recompiling and, from the second call, without
-    evaluating guards. compile=False runs the same function eagerly (the reference the tests compare
-    against). If compiling fails (no C++ compiler, an unsupported backend) it warns once and runs eagerly.
+    dimension symbolic; dynamic_batch=False compiles each size on its own); each cache length, dtype and device
+    compiles once too, the first time it is seen (tens of seconds on 2 CPU cores; Inductor keeps the result on disk,
+    so a later process starts in seconds); after that the same shapes run without recompiling and, from the second
+    call, without TorchDynamo (direct, on the CPU: see Graphs) or without evaluating guards. compile=False runs the
+    same function eagerly (the reference the tests compare against). If compiling fails (no C++ compiler, an
+    unsupported backend) it warns once and runs eagerly.
 
     any_shape=True, for a server whose batch and contexts change at every step: one compiled group of layers
     (decode_blocks over `layer_group` layers: 5 of the course model's 30), called from Python for each group in
@@ -373,13 +427,16 @@ class DecodeStep:
     re-homing each group's parameters into one tensor). one_row_kernel: B = 1 on the row kernel too, instead of
     Inductor's streamed reduction (None: except on Intel CPUs; see batch_row_linear; the bench times the two side
     by side). cpp_wrapper (None: on the CPU, not under CUDA graphs): the whole-step graphs call their kernels from
-    C++ rather than Python (CPP_WRAPPER).
+    C++ rather than Python (CPP_WRAPPER). direct (None: on the CPU, not under CUDA graphs): a warm whole-step graph
+    is called by this class with the inputs TorchDynamo would give it (Graphs), once the warm-up's step, repeated
+    that way, gave the same logits; the warm-up key includes the cache buffers' strides, so a cache laid out
+    differently is warmed (and checked) through TorchDynamo first.
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
                  skip_guards: bool = True, dynamic_batch: bool = True, product: str = "stream",
                  row_kernel: bool | None = None, any_shape: bool = False, fuse: bool = True,
-                 one_row_kernel: bool | None = None, cpp_wrapper: bool | None = None):
+                 one_row_kernel: bool | None = None, cpp_wrapper: bool | None = None, direct: bool | None = None):
         if product not in ("stream", "blas"):
             raise ValueError(f"product must be 'stream' (one row: Inductor's streamed reduction) or 'blas', got {product!r}")
         self._linear = streamed_linear if product == "stream" else blas_linear
@@ -431,7 +488,16 @@ class DecodeStep:
                    **(COMPUTE_ONCE if model.device.type == "cpu" else {}),
                    **(CPP_WRAPPER if self.cpp_wrapper else {})}
         how = dict(options=options) if mode in ("default", "reduce-overhead") else dict(mode=mode)
+        # direct (None: on the CPU, without CUDA graphs): a warm graph is called by this class itself, without
+        # TorchDynamo's lookup in between (see Graphs); CUDA graphs stay with torch.compile, which manages them
+        if direct is None:
+            direct = model.device.type == "cpu" and mode == "default"
+        self._graphs = Graphs(options) if direct and compile and mode == "default" else None
+        if self._graphs is not None:
+            how = dict(backend=self._graphs)
         self._fn = torch.compile(decode_step, dynamic=None, fullgraph=True, **how) if compile else decode_step
+        self.direct = self._graphs is not None
+        self._direct: dict[tuple, Graph] = {}  # warm shapes whose graph this class calls itself
         self._warm: set[tuple] = set()
         self._checked = weakref.WeakSet()  # caches whose every buffer was checked once
         self._dtype, self._device = model.dtype, model.device  # read once: properties cost per call
@@ -515,7 +581,11 @@ class DecodeStep:
         # torch.compile guards on the thread count too (Inductor's CPU kernels are built for it): a new count
         # is a new graph, compiled (and warmed) like a new shape
         key = (B, B_cache, S, rows is None, self.dtype, self.device.type, ks[0].is_inference(),
-               torch.get_num_threads())
+               torch.get_num_threads(), ks[0].stride())
+        graph = self._direct.get(key)
+        if graph is not None:  # warm, and called directly: the same inputs TorchDynamo would hand the graph
+            return graph.direct(dict(model=self.model, tokens=tokens, positions=positions, ks=ks, vs=vs, rows=rows,
+                                     linear=self._linear, weights=self._layer_weights), _GLOBALS)[0]
         if key not in self._warm:  # first call of these shapes: check the values once, then compile
             last = int(positions.max())
             if int(positions.min()) < 0 or last >= S:
@@ -529,8 +599,12 @@ class DecodeStep:
             if self.mode == "reduce-overhead":  # CUDA graphs may then write the cache buffers in place, and
                 for t in ks + vs + [w for ws in self._layer_weights for w in ws]:  # read the weights where they are
                     torch._dynamo.mark_static_address(t)
+            if self._graphs is not None:
+                self._graphs.ran = None
             out = self._run(tokens, positions, ks, vs, rows)
             self._warm.add(key)
+            if self._graphs is not None and self.compiled:
+                self._take_direct(key, out, tokens, positions, ks, vs, rows)
             return out
         if self.skip_guards:
             try:
@@ -543,6 +617,21 @@ class DecodeStep:
                 warnings.warn(f"DecodeStep: inputs unlike its warm-up ({exc}); evaluating guards from now on")
                 self.skip_guards = False
         return self._run(tokens, positions, ks, vs, rows)
+
+    def _take_direct(self, key: tuple, out: torch.Tensor, tokens, positions, ks, vs, rows) -> None:
+        """After the warm-up call of these shapes: call the graph TorchDynamo chose for them directly from now on,
+        if called directly it gives the same logits. A step is idempotent (it writes this token's K and V where the
+        first call wrote them, then reads the same cache), so the check repeats the warm-up's step."""
+        graph = self._graphs.ran
+        if graph is None or graph.inputs is None:
+            return
+        try:
+            again = graph.direct(dict(model=self.model, tokens=tokens, positions=positions, ks=ks, vs=vs, rows=rows,
+                                      linear=self._linear, weights=self._layer_weights), _GLOBALS)
+        except Exception:  # an input TorchDynamo found where this class cannot look: keep calling through it
+            return
+        if len(again) == 1 and torch.equal(again[0], out):
+            self._direct[key] = graph
 
     def _paged(self, tokens: torch.Tensor, positions, batch: PagedBatch) -> torch.Tensor:
         """One decode step over a paged batch: write each sequence's slot, attend over its blocks."""
@@ -649,7 +738,8 @@ class DecodeStep:
         """Compiling failed: warn once and run every path of the step eagerly from now on. Inductor needs a
         working C++ compiler on CPU; never fail a lesson for speed."""
         warnings.warn(f"torch.compile failed ({type(exc).__name__}: {exc}); decoding eagerly instead")
-        self._fn, self.compiled, self.skip_guards = decode_step, False, False
+        self._fn, self.compiled, self.skip_guards, self.direct = decode_step, False, False, False
+        self._direct.clear()
         if self._block is not None:
             self._block, self._head = decode_blocks, lm_head
 

@@ -28,6 +28,9 @@ from course.measure.bench import Context, Target, bench_item
 CONTEXT = 64
 # decode_floor's row beside "compiled": the same graph with the other product for one row (DecodeStep's one_row_kernel)
 OTHER_ROW = {True: "compiled, streamed reduction for the row", False: "compiled, batch kernel for the row"}
+# and the same graph called through torch.compile (TorchDynamo's lookup on every call), where "compiled" calls it
+# directly (DecodeStep's direct path)
+THROUGH_DYNAMO = "compiled, called through TorchDynamo"
 BLAS_PRODUCTS = "eager's products alone (BLAS)"  # every weight matrix times one row through F.linear
 SAME = 0.03  # two step times within 3 % of each other are "about as fast"
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -253,6 +256,12 @@ def bench_decode_floor(ctx: Context) -> dict:
             other = DecodeStep(model, one_row_kernel=not step.one_row_kernel)
             engines[OTHER_ROW[step.one_row_kernel]] = (
                 _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=other), weight_bytes + kv_bytes)
+        if step.direct:  # the same graph called through torch.compile, beside the direct call
+            from course.engine.fast import DecodeStep
+
+            dynamo = DecodeStep(model, one_row_kernel=step.one_row_kernel, direct=False)
+            engines[THROUGH_DYNAMO] = (
+                _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=dynamo), weight_bytes + kv_bytes)
     engines["torch sum of weights"] = (sum_all, float(sum_bytes))
     thread_counts = (1, 2) if (os.cpu_count() or 1) >= 2 else (1,)
     before = torch.get_num_threads()
