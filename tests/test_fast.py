@@ -309,6 +309,10 @@ def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_grap
         check(rows)
     views = _graphs()
     assert views == start + 2 and step.compiled  # the group of layers and the head
+    # once a kind is warm its group and head graphs are called without TorchDynamo (DecodeStep's direct path):
+    # the checks after each kind's first step compare those direct calls with the eager model
+    kinds = lambda: {key[0][0] for key in step._direct}  # noqa: E731
+    assert kinds() == ({"views"} if step.direct else set())
     assert step._group == layer_group(6) == 3 and len(step._weights) == 2
     short = KVCache(model.config, 2, 40)  # another cache length and row count: the same graph
     got = step(torch.tensor([[3], [4]]), [0, 0], short, rows=[0, 1])
@@ -317,6 +321,7 @@ def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_grap
         check(rows)
     gathered = _graphs()
     assert gathered == views + 1  # a second group graph, the same head
+    assert kinds() == ({"views", "rows"} if step.direct else set())
 
     paged = PagedKVCache(model.config, num_blocks=24, block_size=4)
     logits, lens = {}, {}
@@ -334,6 +339,8 @@ def test_any_shape_step_serves_every_batch_context_and_paged_batch_with_one_grap
             torch.testing.assert_close(got[i:i + 1], want, atol=1e-4, rtol=1e-4)
             logits[s], lens[s] = got[i:i + 1], lens[s] + 1
     assert _graphs() == gathered + 1  # every paged batch above on a third group graph
+    assert kinds() == ({"views", "rows", "paged"} if step.direct else set())
+    assert step.direct == (model.device.type == "cpu")
     with pytest.raises(ValueError, match="pass start_pos=batch.positions"):
         step(torch.tensor([[1]]), [0], paged.append([0], [[1]]))
 

@@ -43,6 +43,7 @@ The weights are not copied: the step reads the eager model's own parameters.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 import weakref
@@ -117,7 +118,9 @@ class Graphs:
     skip_guard_eval_unsafe a shorter check) and the bytecode it wrote around the graph. Called directly, the course
     model's step took 0.986 (1 thread) and 0.974 (2 threads) of the time at B = 1 and 0.971 at B = 8 on the course's
     AMD EPYC (context 64, side by side, 12 paired rounds each; logits bit-identical): 0.3-0.6 ms of an 18-28 ms
-    step. For the 2-layer test model a whole warm call took 46 against 83 µs. TorchDynamo records where it found
+    step. For the 2-layer test model a whole warm call took 46 against 83 µs. The any-shape path, which goes through
+    TorchDynamo seven times a step (six groups of layers, the head), took 0.916 (1 thread) and 0.897 (2 threads) of
+    the time at B = 1 and 0.908 at B = 8 (1 thread) with its graphs called directly. TorchDynamo records where it found
     each of the graph's inputs (the `source` of each placeholder, a Python expression over the function's arguments
     such as "L['ks'][3]"), so the same inputs can be gathered again from the next call's arguments and handed to the
     compiled graph.
@@ -148,6 +151,7 @@ class Graph:
                 break
             names.append(source.name)
         # the sources are TorchDynamo's own expressions over the call's arguments L (and the module's globals G)
+        self.names = names
         self.inputs = None if names is None else eval(f"lambda L, G: ({''.join(n + ', ' for n in names)})", {})
 
     def __call__(self, *args):
@@ -371,6 +375,7 @@ def decode_step(model: Transformer, tokens: torch.Tensor, positions: torch.Tenso
 
 
 _GLOBALS = decode_step.__globals__  # G in TorchDynamo's names of the step's inputs
+_STEP_ARGS = tuple(inspect.signature(decode_step).parameters)  # ... and L's names: model, tokens, positions, ...
 
 
 def decode_blocks(x: torch.Tensor, ws: tuple, eps: float, ks: list[torch.Tensor], vs: list[torch.Tensor],
@@ -394,6 +399,23 @@ def lm_head(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, ep
             linear=streamed_linear) -> torch.Tensor:
     """The final RMSNorm and the LM head: x [B, d] → logits [B, V] in float32."""
     return linear(rms_norm(x, norm_weight, eps), weight).float()
+
+
+_BLOCK_ARGS = tuple(inspect.signature(decode_blocks).parameters)  # the names TorchDynamo's sources use (L['x'], ...)
+_HEAD_ARGS = tuple(inspect.signature(lm_head).parameters)
+
+
+def _repeats(graph: Graph | None, names: tuple, args: tuple, out: torch.Tensor) -> Graph | None:
+    """The graph TorchDynamo just called for `args` (the compiled function's arguments, by `names`), if called directly
+    with the same arguments it gives the same output `out`; None otherwise. Only for calls that can be repeated: a
+    step's group of layers writes this token's K and V where the first call wrote them, the head writes nothing."""
+    if graph is None or graph.inputs is None:
+        return None
+    try:
+        again = graph.direct(dict(zip(names, args)), _GLOBALS)
+    except Exception:  # an input TorchDynamo found where the arguments cannot say: keep calling through it
+        return None
+    return graph if len(again) == 1 and torch.equal(again[0], out) else None
 
 
 class DecodeStep:
@@ -430,7 +452,8 @@ class DecodeStep:
     C++ rather than Python (CPP_WRAPPER). direct (None: on the CPU, not under CUDA graphs): a warm whole-step graph
     is called by this class with the inputs TorchDynamo would give it (Graphs), once the warm-up's step, repeated
     that way, gave the same logits; the warm-up key includes the cache buffers' strides, so a cache laid out
-    differently is warmed (and checked) through TorchDynamo first.
+    differently is warmed (and checked) through TorchDynamo first. The any-shape path does the same for its group
+    and head graphs, once per kind, after its first call repeated the first group and the head that way.
     """
 
     def __init__(self, model: Transformer, compile: bool = True, mode: str | None = None,
@@ -476,7 +499,7 @@ class DecodeStep:
         self.dynamic_batch = dynamic_batch
         self.any_shape = any_shape
         self._block_options = {"size_asserts": False}  # the any-shape path's block and head: compiled when first used
-        self._block = self._head = self._weights = self._head_weights = None
+        self._block = self._head = self._weights = self._head_weights = self._block_graphs = None
         # Inductor's per-call checks of every input's size and stride (hundreds per step) are off: the guards
         # and this class's own checks already pin the shapes. reduce-overhead = CUDA graphs.
         # cpp_wrapper (None: on the CPU): Inductor writes the code that calls the step's kernels in C++ instead of
@@ -584,8 +607,8 @@ class DecodeStep:
                torch.get_num_threads(), ks[0].stride())
         graph = self._direct.get(key)
         if graph is not None:  # warm, and called directly: the same inputs TorchDynamo would hand the graph
-            return graph.direct(dict(model=self.model, tokens=tokens, positions=positions, ks=ks, vs=vs, rows=rows,
-                                     linear=self._linear, weights=self._layer_weights), _GLOBALS)[0]
+            return graph.direct(dict(zip(_STEP_ARGS, (self.model, tokens, positions, ks, vs, rows, self._linear,
+                                                      self._layer_weights))), _GLOBALS)[0]
         if key not in self._warm:  # first call of these shapes: check the values once, then compile
             last = int(positions.max())
             if int(positions.min()) < 0 or last >= S:
@@ -620,17 +643,10 @@ class DecodeStep:
 
     def _take_direct(self, key: tuple, out: torch.Tensor, tokens, positions, ks, vs, rows) -> None:
         """After the warm-up call of these shapes: call the graph TorchDynamo chose for them directly from now on,
-        if called directly it gives the same logits. A step is idempotent (it writes this token's K and V where the
-        first call wrote them, then reads the same cache), so the check repeats the warm-up's step."""
-        graph = self._graphs.ran
-        if graph is None or graph.inputs is None:
-            return
-        try:
-            again = graph.direct(dict(model=self.model, tokens=tokens, positions=positions, ks=ks, vs=vs, rows=rows,
-                                      linear=self._linear, weights=self._layer_weights), _GLOBALS)
-        except Exception:  # an input TorchDynamo found where this class cannot look: keep calling through it
-            return
-        if len(again) == 1 and torch.equal(again[0], out):
+        if called directly it gives the same logits (the check repeats the warm-up's step: see _repeats)."""
+        graph = _repeats(self._graphs.ran, _STEP_ARGS,
+                         (self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights), out)
+        if graph is not None:
             self._direct[key] = graph
 
     def _paged(self, tokens: torch.Tensor, positions, batch: PagedBatch) -> torch.Tensor:
@@ -663,8 +679,12 @@ class DecodeStep:
                 raise ValueError(f"cache rows {rows.tolist()} do not exist in a cache of {B_cache} rows")
         if self._block is None:
             if self.compiled:
-                self._block = torch.compile(decode_blocks, dynamic=None, fullgraph=True, options=self._block_options)
-                self._head = torch.compile(lm_head, dynamic=None, fullgraph=True, options=self._block_options)
+                how = dict(options=self._block_options)
+                if self.direct:  # the block and head graphs are called directly too, once warm (see _blockwise)
+                    self._block_graphs = Graphs(self._block_options)
+                    how = dict(backend=self._block_graphs)
+                self._block = torch.compile(decode_blocks, dynamic=None, fullgraph=True, **how)
+                self._head = torch.compile(lm_head, dynamic=None, fullgraph=True, **how)
             else:
                 self._block, self._head = decode_blocks, lm_head
             # plain tensors (no copies): the group takes its layers' weights as inputs, every group of the same shapes
@@ -674,7 +694,7 @@ class DecodeStep:
             self._head_weights = (self.model.norm.weight.detach(), self.model.output.weight.detach())
         try:
             out = self._blockwise(tokens, positions, ks, vs, rows, table, mark=first and self.compiled,
-                                  skip=not first and self.skip_guards)
+                                  skip=not first and self.skip_guards, key=key)
         except Exception as exc:
             if not self.compiled:
                 raise
@@ -690,8 +710,10 @@ class DecodeStep:
         self._warm.add(key)
         return out
 
-    def _blockwise(self, tokens, positions, ks, vs, rows, table, mark: bool, skip: bool) -> torch.Tensor:
-        """One step through the groups; mark: the first call of a kind, whose sizes the compiler traces as symbols."""
+    def _blockwise(self, tokens, positions, ks, vs, rows, table, mark: bool, skip: bool,
+                   key: tuple | None = None) -> torch.Tensor:
+        """One step through the groups; mark: the first call of a kind, whose sizes the compiler traces as symbols;
+        key: the kind's, under which its warm block and head graphs are called directly (see Graphs)."""
         m, c = self.model, self.config
         B = tokens.shape[0]
         S = ks[0].shape[2] if table is None else table.shape[1] * ks[0].shape[1]
@@ -699,6 +721,19 @@ class DecodeStep:
         gather = rows is not None and table is None
         index = torch.arange(B, device=tokens.device) if rows is None else rows
         x = m.tok_embeddings(tokens[:, 0])  # [B, d]
+        g = self._group
+
+        def block_args(i: int, x: torch.Tensor) -> tuple:
+            return (x, self._weights[i], c.norm_eps, ks[i * g:(i + 1) * g], vs[i * g:(i + 1) * g], index, positions,
+                    cos, sin, hidden, c.n_heads, c.n_kv_heads, gather, self._linear, table)
+
+        head_args = (self._head_weights[0], self._head_weights[1], c.norm_eps, self._linear)
+        direct = self._direct.get(key)
+        if direct is not None:  # warm: each group's graph and the head's, called without TorchDynamo
+            block, head = direct
+            for i in range(len(self._weights)):
+                x = block.direct(dict(zip(_BLOCK_ARGS, block_args(i, x))), _GLOBALS)[0]
+            return head.direct(dict(zip(_HEAD_ARGS, (x, *head_args))), _GLOBALS)[0]
         if mark:  # what changes between a server's steps is symbolic in the traced block and head
             unbacked = torch._dynamo.decorators.mark_unbacked
             for t in (x, cos, sin, hidden, index, positions, *(() if table is None else (table,))):
@@ -707,7 +742,6 @@ class DecodeStep:
                 torch._dynamo.mark_dynamic(table, 1)  # blocks per sequence (2 or more, see _paged)
             if S >= 2:
                 torch._dynamo.mark_dynamic(hidden, 3)  # the keys attention sees
-            g = self._group
             for t in (*ks[:g], *vs[:g]):  # the first group's buffers are traced; the others match them
                 if rows is None and table is None:
                     unbacked(t, 0)  # views of the batch's own rows: as many as the batch
@@ -715,14 +749,25 @@ class DecodeStep:
                     torch._dynamo.mark_dynamic(t, 0)  # cache rows, or pool blocks
                 if table is None and t.shape[2] >= 2:
                     torch._dynamo.mark_dynamic(t, 2)  # the cache length
+        learn = self._block_graphs is not None and key is not None and key not in self._warm
         with torch.compiler.set_stance(skip_guard_eval_unsafe=skip):
-            g = self._group
-            for i, ws in enumerate(self._weights):
-                x = self._block(x, ws, c.norm_eps, ks[i * g:(i + 1) * g], vs[i * g:(i + 1) * g], index, positions, cos,
-                                sin, hidden, c.n_heads, c.n_kv_heads, gather, self._linear, table)
+            for i in range(len(self._weights)):
+                args = block_args(i, x)
+                if learn:
+                    self._block_graphs.ran = None
+                x = self._block(*args)
+                if learn and i == 0:
+                    block = _repeats(self._block_graphs.ran, _BLOCK_ARGS, args, x)
             if mark:
                 torch._dynamo.decorators.mark_unbacked(x, 0)
-            return self._head(x, *self._head_weights, c.norm_eps, self._linear)
+            if learn:
+                self._block_graphs.ran = None
+            out = self._head(x, *head_args)
+        if learn and block is not None:
+            head = _repeats(self._block_graphs.ran, _HEAD_ARGS, (x, *head_args), out)
+            if head is not None:
+                self._direct[key] = (block, head)
+        return out
 
     def _run(self, tokens, positions, ks, vs, rows):
         try:
