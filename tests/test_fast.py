@@ -165,6 +165,11 @@ def test_step_rejects_bad_input_with_a_clear_message(one_thread):
         DecodeStep(model, product="gemm")
     with pytest.raises(TypeError, match="must hold torch.float32"):
         step(torch.zeros(2, 1, dtype=torch.long), 0, KVCache(model.config, 2, 8, dtype=torch.bfloat16))
+    odd = KVCache(model.config, 2, 8)  # same shapes, another layout: a warm graph would misread it
+    odd.layers[1].v = torch.zeros(2, 8, *odd.layers[1].v.shape[1:2], odd.layers[1].v.shape[3]).transpose(1, 2)
+    assert odd.layers[1].v.shape == cache.layers[1].v.shape
+    with pytest.raises(TypeError, match="must be contiguous"):
+        step(torch.zeros(2, 1, dtype=torch.long), 0, odd)
 
 
 def test_fast_model_keeps_prefill_and_other_caches_eager(one_thread):

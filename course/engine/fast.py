@@ -558,6 +558,11 @@ class DecodeStep:
         if any(k.dtype != self.dtype or k.device != self.device for k in ks + vs):
             raise TypeError(f"the {what} must hold {self.dtype} on {self.device}, like the model; "
                             f"got {ks[0].dtype} on {ks[0].device}")
+        # a warm graph is called without TorchDynamo's guards (see Graphs), which would have caught another layout
+        odd = next((t for t in ks + vs if not t.is_contiguous()), None)
+        if odd is not None:
+            raise TypeError(f"the {what}'s K and V buffers must be contiguous, as KVCache allocates them; got one of "
+                            f"shape {list(odd.shape)} with strides {list(odd.stride())}: pass .contiguous() copies")
         return ks, vs
 
     @torch.inference_mode()
