@@ -137,8 +137,9 @@ class Graphs:
 
 
 class Graph:
-    """One compiled graph: called by TorchDynamo with its inputs, or by `direct(arguments)` with the arguments of
-    the compiled function (its inputs gathered from them where TorchDynamo found them; None when it cannot say)."""
+    """One compiled graph: called by TorchDynamo with its inputs, or by `direct(names, arguments)` with the arguments
+    of the compiled function (its inputs gathered from them where TorchDynamo found them; `inputs` is None when it
+    cannot say)."""
 
     def __init__(self, owner: Graphs, compiled, gm: torch.fx.GraphModule):
         self.owner, self.compiled = owner, compiled
@@ -151,16 +152,16 @@ class Graph:
                 break
             names.append(source.name)
         # the sources are TorchDynamo's own expressions over the call's arguments L (and the module's globals G)
-        self.names = names
         self.inputs = None if names is None else eval(f"lambda L, G: ({''.join(n + ', ' for n in names)})", {})
 
     def __call__(self, *args):
         self.owner.ran = self
         return self.compiled(*args)
 
-    def direct(self, arguments: dict, globals_: dict):
-        """The graph's output for a call of the compiled function with these arguments (a dict by name)."""
-        return self.compiled(*self.inputs(arguments, globals_))
+    def direct(self, names: tuple, arguments: tuple):
+        """The graph's output for a call of the compiled function (a function of this module) with these arguments,
+        named by `names` (its parameters' names, as TorchDynamo's sources call them)."""
+        return self.compiled(*self.inputs(dict(zip(names, arguments)), _GLOBALS))
 
 
 def _one_row(x: torch.Tensor) -> bool:
@@ -412,7 +413,7 @@ def _repeats(graph: Graph | None, names: tuple, args: tuple, out: torch.Tensor) 
     if graph is None or graph.inputs is None:
         return None
     try:
-        again = graph.direct(dict(zip(names, args)), _GLOBALS)
+        again = graph.direct(names, args)
     except Exception:  # an input TorchDynamo found where the arguments cannot say: keep calling through it
         return None
     return graph if len(again) == 1 and torch.equal(again[0], out) else None
@@ -612,8 +613,7 @@ class DecodeStep:
                torch.get_num_threads(), ks[0].stride())
         graph = self._direct.get(key)
         if graph is not None:  # warm, and called directly: the same inputs TorchDynamo would hand the graph
-            return graph.direct(dict(zip(_STEP_ARGS, (self.model, tokens, positions, ks, vs, rows, self._linear,
-                                                      self._layer_weights))), _GLOBALS)[0]
+            return graph.direct(_STEP_ARGS, self._step_args(tokens, positions, ks, vs, rows))[0]
         if key not in self._warm:  # first call of these shapes: check the values once, then compile
             last = int(positions.max())
             if int(positions.min()) < 0 or last >= S:
@@ -631,8 +631,11 @@ class DecodeStep:
                 self._graphs.ran = None
             out = self._run(tokens, positions, ks, vs, rows)
             self._warm.add(key)
-            if self._graphs is not None and self.compiled:
-                self._take_direct(key, out, tokens, positions, ks, vs, rows)
+            if self._graphs is not None and self.compiled:  # call the graph TorchDynamo chose directly from now on,
+                graph = _repeats(self._graphs.ran, _STEP_ARGS,  # if so it repeats this step's logits
+                                 self._step_args(tokens, positions, ks, vs, rows), out)
+                if graph is not None:
+                    self._direct[key] = graph
             return out
         if self.skip_guards:
             try:
@@ -645,14 +648,6 @@ class DecodeStep:
                 warnings.warn(f"DecodeStep: inputs unlike its warm-up ({exc}); evaluating guards from now on")
                 self.skip_guards = False
         return self._run(tokens, positions, ks, vs, rows)
-
-    def _take_direct(self, key: tuple, out: torch.Tensor, tokens, positions, ks, vs, rows) -> None:
-        """After the warm-up call of these shapes: call the graph TorchDynamo chose for them directly from now on,
-        if called directly it gives the same logits (the check repeats the warm-up's step: see _repeats)."""
-        graph = _repeats(self._graphs.ran, _STEP_ARGS,
-                         (self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights), out)
-        if graph is not None:
-            self._direct[key] = graph
 
     def _paged(self, tokens: torch.Tensor, positions, batch: PagedBatch) -> torch.Tensor:
         """One decode step over a paged batch: write each sequence's slot, attend over its blocks."""
@@ -737,8 +732,8 @@ class DecodeStep:
         if direct is not None:  # warm: each group's graph and the head's, called without TorchDynamo
             block, head = direct
             for i in range(len(self._weights)):
-                x = block.direct(dict(zip(_BLOCK_ARGS, block_args(i, x))), _GLOBALS)[0]
-            return head.direct(dict(zip(_HEAD_ARGS, (x, *head_args))), _GLOBALS)[0]
+                x = block.direct(_BLOCK_ARGS, block_args(i, x))[0]
+            return head.direct(_HEAD_ARGS, (x, *head_args))[0]
         if mark:  # what changes between a server's steps is symbolic in the traced block and head
             unbacked = torch._dynamo.decorators.mark_unbacked
             for t in (x, cos, sin, hidden, index, positions, *(() if table is None else (table,))):
@@ -774,14 +769,19 @@ class DecodeStep:
                 self._direct[key] = (block, head)
         return out
 
+    def _step_args(self, tokens, positions, ks, vs, rows) -> tuple:
+        """decode_step's arguments, in the order of _STEP_ARGS."""
+        return self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights
+
     def _run(self, tokens, positions, ks, vs, rows):
+        args = self._step_args(tokens, positions, ks, vs, rows)
         try:
-            out = self._fn(self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights)
+            out = self._fn(*args)
         except Exception as exc:
             if self._fn is decode_step:
                 raise
             self._decode_eagerly(exc)
-            out = decode_step(self.model, tokens, positions, ks, vs, rows, self._linear, self._layer_weights)
+            out = decode_step(*args)
         return out.clone() if self.mode == "reduce-overhead" else out  # a CUDA graph reuses its output buffer
 
     def _decode_eagerly(self, exc: Exception) -> None:

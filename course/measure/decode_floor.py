@@ -249,16 +249,15 @@ def bench_decode_floor(ctx: Context) -> dict:
                BLAS_PRODUCTS: (blas_products, float(sum(w.numel() * w.element_size() for w in linears)))}
     if ctx.compile and not ctx.quick:
         engines["compiled"] = (_decode_setup(ctx, model, 1, CONTEXT, compiled=True), weight_bytes + kv_bytes)
+        from course.engine.fast import DecodeStep
+
         step = ctx.fast("float32").step
         if step.row_kernel:  # the same graph with the other product for one row (row_product's kernel or Inductor's
-            from course.engine.fast import DecodeStep  # streamed reduction), beside it
-
+            # streamed reduction), beside it
             other = DecodeStep(model, one_row_kernel=not step.one_row_kernel)
             engines[OTHER_ROW[step.one_row_kernel]] = (
                 _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=other), weight_bytes + kv_bytes)
         if step.direct:  # the same graph called through torch.compile, beside the direct call
-            from course.engine.fast import DecodeStep
-
             dynamo = DecodeStep(model, one_row_kernel=step.one_row_kernel, direct=False)
             engines[THROUGH_DYNAMO] = (
                 _decode_setup(ctx, model, 1, CONTEXT, compiled=True, step=dynamo), weight_bytes + kv_bytes)
