@@ -100,10 +100,11 @@ def load_factor() -> float:
 
 
 def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
-    """Report the headless run time against the lesson's stated bound (scaled by the load), with the slowest cells.
+    """Report the lesson's run time against its stated bound (scaled by the load), with the slowest cells.
 
     Speed is the benchmarks' business (`kvcourse bench` checks each lesson against its stated bound, side by side
-    in one run); a shared test machine's timing would make this test flaky. KVCOURSE_STRICT_TIMES=1 asserts it."""
+    in one run); a shared test machine's timing would make this test flaky. KVCOURSE_STRICT_TIMES=1 asserts it,
+    on a run of the lesson alone (tests/notebook_runner.py: lesson_run)."""
     import os
 
     import datetime as dt
@@ -120,7 +121,7 @@ def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
                       for k in ("iopub.execute_input", "shell.execute_reply"))
             slow.append(((t1 - t0).total_seconds(), cell.source.splitlines()[0][:40]))
     slow.sort(reverse=True)
-    report = (f"{nb_path.name}: {elapsed:.0f} s headless, bound {minutes:g} min × load factor {factor:.1f}; "
+    report = (f"{nb_path.name}: Run All took {elapsed:.0f} s, bound {minutes:g} min × load factor {factor:.1f}; "
               f"slowest cells: " + "; ".join(f"{s:.0f} s {name!r}" for s, name in slow[:4]))
     print(report)
     if os.environ.get("KVCOURSE_STRICT_TIMES", "0") not in ("", "0"):

@@ -1,13 +1,10 @@
-"""Lesson 02 runs headless, end to end; its record()ed numbers are checked here, and its printed prose
-against them."""
-import time
-
-import nbformat
+"""Lesson 02 runs end to end (tests/notebook_runner.py: lesson_run); its record()ed numbers are checked here,
+and its printed prose against them."""
 import pytest
 
 from course.measure.costs import GB, GiB, MiB
 from course.paths import LESSONS
-from learner_text import assert_learner_output_clean, executed, flat, notebook_text, check_run_time
+from learner_text import assert_learner_output_clean, flat, notebook_text, check_run_time
 
 pytestmark = pytest.mark.slow
 
@@ -28,14 +25,11 @@ NOTEBOOK = LESSONS / "02_kv_cache.ipynb"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from notebook_runner import execute_notebook
+    from notebook_runner import lesson_run
 
     # One OpenMP thread: on a shared 2-core machine, spinning extra threads make the uncached sweep many
     # times slower without changing what the test checks (ratios measured under the same conditions).
-    tmp = tmp_path_factory.mktemp("kv")
-    start = time.perf_counter()
-    results = execute_notebook(NOTEBOOK, tmp, timeout=1800, env={"OMP_NUM_THREADS": "1"})
-    return results, executed(tmp, "02_kv_cache"), time.perf_counter() - start
+    return lesson_run(NOTEBOOK, tmp_path_factory, timeout=1800, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,9 @@
-"""Lesson 02's optional appendix (MHA/GQA/MQA, the INT8 cache, beam search) runs headless; its recorded
-numbers are checked here, and its INT8 verdict against the gap between the top two logits."""
-import time
-
-import nbformat
+"""Lesson 02's optional appendix (MHA/GQA/MQA, the INT8 cache, beam search) runs end to end (lesson_run); its
+recorded numbers are checked here, and its INT8 verdict against the gap between the top two logits."""
 import pytest
 
 from course.paths import LESSONS
-from learner_text import assert_learner_output_clean, executed, flat, notebook_text, check_run_time
+from learner_text import assert_learner_output_clean, flat, notebook_text, check_run_time
 
 pytestmark = pytest.mark.slow
 NOTEBOOK = LESSONS / "02b_kv_cache_appendix.ipynb"
@@ -14,12 +11,9 @@ NOTEBOOK = LESSONS / "02b_kv_cache_appendix.ipynb"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from notebook_runner import execute_notebook
+    from notebook_runner import lesson_run
 
-    tmp = tmp_path_factory.mktemp("kv-appendix")
-    start = time.perf_counter()
-    results = execute_notebook(NOTEBOOK, tmp, timeout=1200, env={"OMP_NUM_THREADS": "1"})
-    return results, executed(tmp, NOTEBOOK.stem), time.perf_counter() - start
+    return lesson_run(NOTEBOOK, tmp_path_factory, timeout=1200, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

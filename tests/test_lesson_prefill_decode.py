@@ -1,12 +1,11 @@
-"""Lesson 01 runs headless end to end; its recorded numbers tell the story, and every verdict it prints
-(roofs, bf16, the held-out fit, the A/B answer) follows from those numbers."""
+"""Lesson 01 runs end to end (tests/notebook_runner.py: lesson_run); its recorded numbers tell the story, and
+every verdict it prints (roofs, bf16, the held-out fit, the A/B answer) follows from those numbers."""
 import math
-import time
 
 import pytest
 
 from course.paths import LESSONS
-from learner_text import assert_learner_output_clean, check_run_time, executed, flat, notebook_text
+from learner_text import assert_learner_output_clean, check_run_time, flat, notebook_text
 from test_bytes_line import check_printed
 
 pytestmark = pytest.mark.slow
@@ -15,12 +14,9 @@ NOTEBOOK = LESSONS / "01_prefill_decode.ipynb"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from notebook_runner import execute_notebook
+    from notebook_runner import lesson_run
 
-    tmp = tmp_path_factory.mktemp("lesson01")
-    start = time.perf_counter()
-    results = execute_notebook(NOTEBOOK, tmp, timeout=1500)
-    return results, executed(tmp, NOTEBOOK.stem), time.perf_counter() - start
+    return lesson_run(NOTEBOOK, tmp_path_factory, timeout=1500)
 
 
 def test_lesson_measures_prefill_and_decode(run):

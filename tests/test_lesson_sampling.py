@@ -1,4 +1,4 @@
-"""Lesson 03 runs headless from top to bottom, and the numbers it records say what its prose says."""
+"""Lesson 03 runs from top to bottom (lesson_run), and the numbers it records say what its prose says."""
 import math
 
 import pytest
@@ -21,17 +21,11 @@ def test_notebook_is_committed_without_outputs():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    import time
-
-    from learner_text import executed
-    from notebook_runner import execute_notebook
+    from notebook_runner import lesson_run
 
     # One torch thread: on a shared CPU, two threads per process spin-wait on each other and the run
     # takes many times longer; the lesson's numbers do not depend on it (across_threads sets its own).
-    tmp = tmp_path_factory.mktemp("lesson03")
-    start = time.perf_counter()
-    results = execute_notebook(NOTEBOOK, tmp, timeout=900, env={"OMP_NUM_THREADS": "1"})
-    return results, executed(tmp, NOTEBOOK.stem), time.perf_counter() - start
+    return lesson_run(NOTEBOOK, tmp_path_factory, timeout=900, env={"OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

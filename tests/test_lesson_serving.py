@@ -1,4 +1,4 @@
-"""Lesson 05 runs headless end to end, the numbers it records tell the story it prints, and its helpers behave."""
+"""Lesson 05 runs end to end (lesson_run), the numbers it records tell the story it prints, and its helpers behave."""
 from __future__ import annotations
 
 import math
@@ -13,16 +13,11 @@ NOTEBOOK = LESSONS / "05_serving.ipynb"
 
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
-    import time
+    from notebook_runner import lesson_run
 
-    from notebook_runner import execute_notebook
-
-    tmp = tmp_path_factory.mktemp("nb05")
-    started = time.perf_counter()
     # One torch thread: on a shared, busy 2-core machine threads waiting on a descheduled partner distort
     # every step. The test checks behaviour, and the run time against the lesson's stated bound.
-    results = execute_notebook(NOTEBOOK, tmp, timeout=1200, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    return results, nbformat.read(tmp / "05_serving-executed.ipynb", as_version=4), time.perf_counter() - started
+    return lesson_run(NOTEBOOK, tmp_path_factory, timeout=1200, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

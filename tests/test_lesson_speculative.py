@@ -1,28 +1,23 @@
-"""Lesson 04 runs headless end to end, and the numbers it records tell the story it claims."""
+"""Lesson 04 runs end to end (lesson_run), and the numbers it records tell the story it claims."""
 from __future__ import annotations
 
 import math
-import time
 
-import nbformat
 import pytest
 
 from course.paths import LESSONS
-from learner_text import assert_learner_output_clean, executed, flat, notebook_text, check_run_time
+from learner_text import assert_learner_output_clean, flat, notebook_text, check_run_time
 
 NOTEBOOK = LESSONS / "04_speculative_prefix.ipynb"
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    from notebook_runner import execute_notebook
+    from notebook_runner import lesson_run
 
     # One torch thread: on a shared, busy 2-core machine two threads waiting on each other's
     # descheduled partner make each step ~10x slower. The test checks behaviour, not speed.
-    tmp = tmp_path_factory.mktemp("nb04")
-    start = time.perf_counter()
-    results = execute_notebook(NOTEBOOK, tmp, timeout=1200, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
-    return results, executed(tmp, NOTEBOOK.stem), time.perf_counter() - start
+    return lesson_run(NOTEBOOK, tmp_path_factory, timeout=1200, env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,9 @@ LAB_SETTINGS = {
     # No autosave: a Run All in the browser must never write outputs into the committed notebooks.
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
     # Every cell stays in the DOM (no virtual scrolling), so outputs far down can be found and checked.
-    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    # Each cell's run times in its metadata, as nbclient records them: the lesson tests that check a browser
+    # run report its slowest cells.
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none", "recordTiming": True},
     # No "would you like news?" toast over the notebook, no update check (the machine is offline).
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
 }

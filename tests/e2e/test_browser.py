@@ -5,8 +5,12 @@ screenshots of its steps under test-artifacts/e2e/. Run:  .venv/bin/python -m py
 """
 from __future__ import annotations
 
+import ast
+import datetime as dt
+import json
 import re
 import shutil
+import time
 
 import pytest
 
@@ -125,31 +129,65 @@ def started_lessons(jupyter_server):
             jupyter_server.shutdown_sessions(path)
 
 
-def _click_run_all(page) -> None:
+RUN_ALL_AT: dict[str, float] = {}  # lesson path -> when its Run All was clicked (time.time())
+
+
+def _click_run_all(page, path: str | None = None) -> None:
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    if path:
+        RUN_ALL_AT[path] = time.time()
+
+
+# What the run record()ed (course.measure.results), read from the kernel without running a cell, and the
+# notebook with its outputs as JupyterLab holds it: the lesson tests check these instead of running it again.
+JS_RUN_RECORD = """async () => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const future = w.sessionContext.session.kernel.requestExecute({code: '', silent: true, store_history: false,
+      user_expressions: {r: "__import__('json').dumps(__import__('course.measure.results', "
+                            + "fromlist=['recorded']).recorded())"}});
+  const reply = await future.done;
+  const r = reply.content.user_expressions && reply.content.user_expressions.r;
+  return {recorded: r && r.status === 'ok' ? r.data['text/plain'] : null, notebook: w.context.model.toJSON()};
+}"""
+
+
+def keep_run_for_lesson_tests(page, path: str, base) -> None:
+    from notebook_runner import keep_browser_run
+
+    kept = page.evaluate(JS_RUN_RECORD)
+    assert kept["recorded"] is not None, f"{path}: the kernel did not hand over what the run recorded"
+    results = json.loads(ast.literal_eval(kept["recorded"]))
+    # until its last cell replied (recordTiming), not until this test looked: a lesson started ahead may have
+    # finished while the one before it still ran
+    replies = [dt.datetime.fromisoformat(c["metadata"]["execution"]["shell.execute_reply"].replace("Z", "+00:00"))
+               for c in kept["notebook"]["cells"] if "shell.execute_reply" in c["metadata"].get("execution", {})]
+    seconds = (max(replies).timestamp() if replies else time.time()) - RUN_ALL_AT[path]
+    keep_browser_run(base, path, results, kept["notebook"], seconds,
+                     "JupyterLab, one torch thread, two lessons running at a time")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LESSON_PATHS or [pytest.param(None, marks=pytest.mark.skip("no lessons yet"))])
-def test_every_lesson_runs_clean(lab, kept_pages, started_lessons, path):
+def test_every_lesson_runs_clean(lab, kept_pages, started_lessons, tmp_path_factory, path):
     page = started_lessons.pop(path, None)
     if page is None:
         page = lab.open(path)
         lab.shot(page, "opened")
-        _click_run_all(page)
+        _click_run_all(page, path)
     else:
         lab.adopt(page)
     following = LESSON_PATHS[LESSON_PATHS.index(path) + 1:]
     if following and following[0] not in started_lessons:  # the next lesson runs beside this one
         ahead = lab.open(following[0])
-        _click_run_all(ahead)
+        _click_run_all(ahead, following[0])
         started_lessons[following[0]] = lab.keep(ahead)
     state = lab.wait_run_finished(page, timeout_s=1500)
     lab.shot(page, "finished")
     page.locator(".jp-Notebook .jp-Cell").last.scroll_into_view_if_needed()
     lab.shot(page, "end")
     assert_clean(lab, page, state, path)
+    keep_run_for_lesson_tests(page, path, tmp_path_factory.getbasetemp())
     source = (PROJECT_ROOT / path).read_text(encoding="utf-8")
     if any(n in source for n in SAMPLING_NEEDLES + KV_NEEDLES):
         kept_pages[path] = lab.keep(page)  # the slider test uses its live widgets
