@@ -99,6 +99,22 @@ def load_factor() -> float:
         return 1.0
 
 
+def cell_times(cells) -> list[tuple]:
+    """(started, replied, source) of every cell whose run times the notebook holds (nbclient records them, and
+    JupyterLab with recordTiming on), as aware datetimes; `cells` as nbformat nodes or plain JSON dicts."""
+    import datetime as dt
+
+    times = []
+    for cell in cells:
+        ex = cell["metadata"].get("execution", {})
+        if "iopub.execute_input" in ex and "shell.execute_reply" in ex:
+            t0, t1 = (dt.datetime.fromisoformat(ex[k].replace("Z", "+00:00"))
+                      for k in ("iopub.execute_input", "shell.execute_reply"))
+            source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            times.append((t0, t1, source))
+    return times
+
+
 def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
     """Report the lesson's run time against its stated bound (scaled by the load), with the slowest cells.
 
@@ -107,20 +123,12 @@ def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
     on a run of the lesson alone (tests/notebook_runner.py: lesson_run)."""
     import os
 
-    import datetime as dt
-
     import nbformat
 
     minutes = stated_run_minutes(nbformat.read(nb_path, as_version=4))
     factor = load_factor()
-    slow = []
-    for cell in (executed_nb.cells if executed_nb else []):
-        ex = cell.metadata.get("execution", {})
-        if "iopub.execute_input" in ex and "shell.execute_reply" in ex:
-            t0, t1 = (dt.datetime.fromisoformat(ex[k].replace("Z", "+00:00"))
-                      for k in ("iopub.execute_input", "shell.execute_reply"))
-            slow.append(((t1 - t0).total_seconds(), cell.source.splitlines()[0][:40]))
-    slow.sort(reverse=True)
+    slow = sorted((((t1 - t0).total_seconds(), (source.splitlines() or [""])[0][:40])
+                   for t0, t1, source in cell_times(executed_nb.cells if executed_nb else [])), reverse=True)
     report = (f"{nb_path.name}: Run All took {elapsed:.0f} s, bound {minutes:g} min × load factor {factor:.1f}; "
               f"slowest cells: " + "; ".join(f"{s:.0f} s {name!r}" for s, name in slow[:4]))
     print(report)

@@ -6,7 +6,6 @@ screenshots of its steps under test-artifacts/e2e/. Run:  .venv/bin/python -m py
 from __future__ import annotations
 
 import ast
-import datetime as dt
 import json
 import re
 import shutil
@@ -152,7 +151,8 @@ JS_RUN_RECORD = """async () => {
 }"""
 
 
-def keep_run_for_lesson_tests(page, path: str, base) -> None:
+def keep_run_for_lesson_tests(page, path: str, base, beside: list[str]) -> None:
+    from learner_text import cell_times
     from notebook_runner import keep_browser_run
 
     kept = page.evaluate(JS_RUN_RECORD)
@@ -160,17 +160,17 @@ def keep_run_for_lesson_tests(page, path: str, base) -> None:
     results = json.loads(ast.literal_eval(kept["recorded"]))
     # until its last cell replied (recordTiming), not until this test looked: a lesson started ahead may have
     # finished while the one before it still ran
-    replies = [dt.datetime.fromisoformat(c["metadata"]["execution"]["shell.execute_reply"].replace("Z", "+00:00"))
-               for c in kept["notebook"]["cells"] if "shell.execute_reply" in c["metadata"].get("execution", {})]
+    replies = [replied for _, replied, _ in cell_times(kept["notebook"]["cells"])]
     seconds = (max(replies).timestamp() if replies else time.time()) - RUN_ALL_AT[path]
-    keep_browser_run(base, path, results, kept["notebook"], seconds,
-                     "JupyterLab, one torch thread, two lessons running at a time")
+    where = "JupyterLab, one torch thread" + (f", beside {' and '.join(beside)}" if beside else "")
+    keep_browser_run(base, path, results, kept["notebook"], seconds, where)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LESSON_PATHS or [pytest.param(None, marks=pytest.mark.skip("no lessons yet"))])
 def test_every_lesson_runs_clean(lab, kept_pages, started_lessons, tmp_path_factory, path):
     page = started_lessons.pop(path, None)
+    beside = [] if page is None else [LESSON_PATHS[LESSON_PATHS.index(path) - 1]]  # started during the one before
     if page is None:
         page = lab.open(path)
         lab.shot(page, "opened")
@@ -182,12 +182,13 @@ def test_every_lesson_runs_clean(lab, kept_pages, started_lessons, tmp_path_fact
         ahead = lab.open(following[0])
         _click_run_all(ahead, following[0])
         started_lessons[following[0]] = lab.keep(ahead)
+        beside.append(following[0])
     state = lab.wait_run_finished(page, timeout_s=1500)
     lab.shot(page, "finished")
     page.locator(".jp-Notebook .jp-Cell").last.scroll_into_view_if_needed()
     lab.shot(page, "end")
     assert_clean(lab, page, state, path)
-    keep_run_for_lesson_tests(page, path, tmp_path_factory.getbasetemp())
+    keep_run_for_lesson_tests(page, path, tmp_path_factory.getbasetemp(), beside)
     source = (PROJECT_ROOT / path).read_text(encoding="utf-8")
     if any(n in source for n in SAMPLING_NEEDLES + KV_NEEDLES):
         kept_pages[path] = lab.keep(page)  # the slider test uses its live widgets
