@@ -117,3 +117,16 @@ def test_paging_wastes_less_than_preallocation(results):
     for n, blocks in zip(results["paging_lengths"], results["paging_blocks"]):
         assert 0 <= blocks * block - n < block
 
+
+
+def test_recap_crossover_carries_the_context_window_caveat():
+    from course.lessons.recap import _kv_cache
+
+    rows = [dict(model="llama-2-7b", crossover_b1=25_706, max_context=4_096),
+            dict(model="llama-2-70b", crossover_b1=421_001, max_context=4_096)]
+    v = dict(crossover_7b=25_706, crossover_70b=421_001, crossover_rows=rows)
+    line = next(b for b in _kv_cache(v) if b and "outweighs" in b)
+    assert "beyond the 4,096-token context window" in line and "both lie" in line
+    rows_within = [dict(r, max_context=1_000_000) for r in rows]
+    line = next(b for b in _kv_cache(dict(v, crossover_rows=rows_within)) if b and "outweighs" in b)
+    assert "window" not in line and line.endswith("421,001.")

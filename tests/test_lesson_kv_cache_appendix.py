@@ -70,3 +70,23 @@ def test_beam_cache_is_width_times_single(results):
     assert results["beam_cache_ratio"] == w
 
 
+
+
+def test_int8_error_grade_follows_the_values():
+    from course.lessons.kv_lesson import grade_int8_error
+
+    assert grade_int8_error(0.05, 1.2, 1, 64) == "small"  # 4% of the median gap, 1 step of 64 at risk
+    assert grade_int8_error(0.3, 1.2, 5, 64) == "moderate"  # 25%, 8% of the steps
+    assert grade_int8_error(1.097, 1.2, 26, 64) == "large"  # the reviewed run: 91%, 26 of 64
+    assert grade_int8_error(0.1, 1.2, 20, 64) == "large"  # a small max error, but a third of the steps at risk
+
+
+def test_int8_grade_and_key_channels_are_printed_from_their_values(run):
+    results, nb, _ = run
+    text = flat(notebook_text(nb))
+    assert f"a {results['int8_error_grade']} error" in text
+    # post-RoPE keys have outlier channels; per-channel scales shrink their round-trip error (KIVI's choice)
+    assert results["key_outlier_ratio"] > results["value_outlier_ratio"] > 1
+    assert 0 < results["key_err_per_channel"] < results["key_err_per_token"] < 0.05
+    assert f"{results['key_outlier_ratio']:.1f}× the median channel's in the keys" in text
+    assert "2402.02750" in text

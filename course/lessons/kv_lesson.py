@@ -198,7 +198,15 @@ class Int8Report:
                 "int8_greedy_agreement": self.greedy_agreement, "int8_free_run_same_prefix":
                 self.free_run_same_prefix, "int8_n_tokens": self.n_tokens, "int8_min_top2_gap":
                 min(self.top2_gaps), "int8_median_top2_gap": sorted(self.top2_gaps)[len(self.top2_gaps) // 2],
-                "int8_at_risk_steps": self.at_risk_steps}
+                "int8_at_risk_steps": self.at_risk_steps, "int8_error_grade": self.error_grade}
+
+    @property
+    def error_grade(self) -> str:
+        """How large the error is against the margin greedy decoding needs: "small" when the largest error is
+        under a tenth of the median top-two gap and under 5% of the steps are at risk; "large" when it is half
+        the median gap or more, or a quarter of the steps are at risk; "moderate" in between."""
+        return grade_int8_error(self.max_abs_logit_diff, sorted(self.top2_gaps)[len(self.top2_gaps) // 2],
+                                len(self.at_risk_steps), self.n_tokens)
 
     def __str__(self) -> str:
         v = self.values()
@@ -210,13 +218,26 @@ class Int8Report:
                  "median gap",
                  f"steps where the error could reorder the top two (2·|Δ| ≥ gap): "
                  f"{len(self.at_risk_steps)} of {self.n_tokens}; greedy choice agreed at "
-                 f"{self.greedy_agreement:.0%} of steps"]
+                 f"{self.greedy_agreement:.0%} of steps",
+                 {"small": "a small error: only near-ties are at risk",
+                  "moderate": "a moderate error: near-ties and some closer calls are at risk",
+                  "large": "a large error: not only near-ties are at risk, but ordinary steps too"}[self.error_grade]]
         if self.free_run_same_prefix >= self.n_tokens:
             lines.append(f"free-running, the INT8 generation matched all {self.n_tokens} tokens")
         else:
             lines.append(f"free-running, the INT8 generation first differed at token {self.free_run_same_prefix + 1}"
                          f" of {self.n_tokens}, and followed its own path from there")
         return "\n".join(wrap(line) for line in lines)
+
+
+def grade_int8_error(max_err: float, median_gap: float, at_risk: int, n_steps: int) -> str:
+    """"small", "moderate" or "large": the INT8 logit error against the top-two gap (Int8Report.error_grade)."""
+    share, risky = max_err / median_gap, at_risk / max(n_steps, 1)
+    if share >= 0.5 or risky >= 0.25:
+        return "large"
+    if share < 0.1 and risky < 0.05:
+        return "small"
+    return "moderate"
 
 
 def int8_report(model, prompt_ids, n_tokens: int = 64) -> Int8Report:
@@ -231,3 +252,76 @@ def int8_report(model, prompt_ids, n_tokens: int = 64) -> Int8Report:
     gaps = (top2[:, 0] - top2[:, 1]).tolist()
     return Int8Report(q.n_tokens, q.max_abs_logit_diff, q.mean_abs_logit_diff, q.greedy_agreement,
                       q.free_run_same_prefix, gaps, list(q.per_step_max_diff))
+
+
+# ---------------------------------------------------- appendix: why per-token key scales suffer (KIVI)
+KIVI_PAPER = ("Liu et al., “KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache” (ICML 2024)",
+              "https://arxiv.org/abs/2402.02750")
+
+
+@dataclass
+class ChannelReport:
+    """The prompt's post-RoPE keys and values, per layer and KV head: how far the largest channel stands out, and
+    the INT8 round-trip error with one scale per token (this course's cache) or one scale per channel."""
+    tokens: int
+    key_outlier: float  # median over layers and heads of (largest channel's max |k|) ÷ (median channel's)
+    value_outlier: float
+    key_err_per_token: float  # relative error ||x − x̂|| ÷ ||x||, mean over layers
+    key_err_per_channel: float
+    value_err_per_token: float
+    value_err_per_channel: float
+
+    def values(self) -> dict:
+        return {"channel_tokens": self.tokens, "key_outlier_ratio": self.key_outlier,
+                "value_outlier_ratio": self.value_outlier, "key_err_per_token": self.key_err_per_token,
+                "key_err_per_channel": self.key_err_per_channel, "value_err_per_token": self.value_err_per_token,
+                "value_err_per_channel": self.value_err_per_channel}
+
+    def __str__(self) -> str:
+        k_ratio = self.key_err_per_token / self.key_err_per_channel
+        lines = [f"over the prompt's {self.tokens} tokens, per layer and KV head: the largest channel's max |x| is "
+                 f"{self.key_outlier:.1f}× the median channel's in the keys, {self.value_outlier:.1f}× in the values "
+                 "(medians over layers and heads)",
+                 f"INT8 round-trip error, one scale per token (this cache): keys {self.key_err_per_token:.2%}, values "
+                 f"{self.value_err_per_token:.2%}; one scale per channel: keys {self.key_err_per_channel:.2%}, values "
+                 f"{self.value_err_per_channel:.2%}",
+                 (f"per-channel scales cut the keys' error {k_ratio:.1f}×" if k_ratio > 1 else
+                  f"per-channel scales did not cut the keys' error here ({k_ratio:.2f}×)")
+                 + (f", the values' {self.value_err_per_token / self.value_err_per_channel:.1f}×"
+                    if self.value_err_per_channel > 0 else "")]
+        return "\n".join(wrap(line) for line in lines)
+
+
+def channel_report(model, prompt_ids) -> ChannelReport:
+    """Prefill the prompt into a float cache and quantize its keys and values both ways (a round trip only: the
+    cache that decodes stays course.engine.kv_quant's per-token one)."""
+    import statistics
+
+    from course.engine.generate import prefill
+    from course.engine.kv_cache import KVCache
+    from course.engine.kv_quant import dequantize_int8, quantize_int8
+
+    T = len(prompt_ids)
+    cache = KVCache(model.config, max_seq_len=T, dtype=model.dtype, device=model.device)
+    with torch.inference_mode():
+        prefill(model, torch.tensor([list(prompt_ids)], device=model.device), cache)
+
+    def outlier(x):  # [B, H_kv, T, D_h] → one ratio per head
+        channel = x.abs().amax(dim=2)  # [B, H_kv, D_h]
+        return (channel.amax(-1) / channel.median(-1).values).flatten().tolist()
+
+    def err(x, per_channel: bool):  # quantize_int8 scales the last axis: channels there for per-token scales
+        y = x.transpose(-1, -2) if per_channel else x  # per channel: [B, H_kv, D_h, T], one scale per channel
+        back = dequantize_int8(*quantize_int8(y))
+        back = back.transpose(-1, -2) if per_channel else back
+        return ((x - back).norm() / x.norm()).item()
+
+    out = {name: [] for name in ("ko", "vo", "kt", "kc", "vt", "vc")}
+    for layer in cache:
+        k, v = layer.k[:, :, :T].float(), layer.v[:, :, :T].float()  # [B, H_kv, T, D_h]; keys after RoPE
+        out["ko"] += outlier(k)
+        out["vo"] += outlier(v)
+        out["kt"].append(err(k, False)), out["kc"].append(err(k, True))
+        out["vt"].append(err(v, False)), out["vc"].append(err(v, True))
+    return ChannelReport(T, statistics.median(out["ko"]), statistics.median(out["vo"]),
+                         *(statistics.mean(out[n]) for n in ("kt", "kc", "vt", "vc")))
