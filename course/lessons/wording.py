@@ -4,6 +4,8 @@
     lower_by(-0.05, "time to first token")  'time to first token 5% higher, no saving in this run'
     times_faster(2.31, "the cache")         'the cache is 2.31× faster'
     speedup_trend([1.2, 2.5, 4.0])          'kept growing with length'
+    counted(1, "token")                     '1 token'
+    counted(3, "miss", "misses")            '3 misses'
 """
 from __future__ import annotations
 
@@ -43,3 +45,9 @@ def duration(seconds: float) -> str:
         return f"{seconds:.2f} s"
     ms = seconds * 1e3
     return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.1f} ms" if ms >= 1 else f"{ms:.2f} ms"
+
+
+def counted(n: int, singular: str, plural: str | None = None) -> str:
+    """`n` and the noun in the number it takes: '1 token', '0 tokens', '1,024 tokens', '2 misses' (pass the
+    plural when it is not the singular + 's')."""
+    return f"{n:,} {singular if n == 1 else plural or singular + 's'}"
