@@ -42,6 +42,9 @@ def test_runs_within_its_stated_time_with_a_recap_and_no_source_lesson_talk(run)
     results, nb, elapsed = run
     assert_learner_output_clean(nb, results, "03_sampling")
     assert results["recap"]["next"] == "04_speculative_prefix.ipynb"
+    assert any("04_checkpoint_quiz" in e for e in results["recap"]["exercises"])  # the quiz covers lessons 1-3
+    outputs = " ".join(str(o.get("text", "")) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "(s) " not in outputs and "(es) " not in outputs, "counts take the noun in their own number"
     check_run_time(NOTEBOOK, elapsed, nb)
 
 
@@ -108,3 +111,31 @@ def test_determinism_numbers(recorded):
     assert recorded["determinism_near_tie_margin"] < noise
     assert recorded["determinism_min_gap"] > 0
     assert 0 < recorded["determinism_flip_rate_estimate"] < 1
+
+
+def test_counted_puts_the_noun_in_the_number_it_takes():
+    from course.lessons.wording import counted
+
+    assert counted(1, "token") == "1 token" and counted(0, "token") == "0 tokens"
+    assert counted(1_024, "token") == "1,024 tokens"
+    assert counted(1, "miss", "misses") == "1 miss" and counted(2, "miss", "misses") == "2 misses"
+
+
+def test_the_lesson_text_defines_top_p_as_at_least_p_and_cites_it():
+    import nbformat
+
+    intro = nbformat.read(NOTEBOOK, as_version=4).cells[0].source
+    assert "at least p" in intro and "Holtzman et al." in intro and "arxiv.org/abs/1904.09751" in intro
+
+
+def test_the_closing_text_sends_the_learner_to_the_graded_quiz_before_lesson_4():
+    import re
+
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    closing = " ".join(c.source for c in nb.cells[-3:] if c.cell_type == "markdown")
+    links = re.findall(r"\]\(([^)#]+\.ipynb)\)", closing)
+    quiz = "../exercises/04_checkpoint_quiz/checkpoint_quiz.ipynb"
+    assert quiz in links and links.index(quiz) < links.index("04_speculative_prefix.ipynb")
+    assert all((LESSONS / link).exists() for link in links)

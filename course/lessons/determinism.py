@@ -243,11 +243,15 @@ def near_tie(model, tokenizer, prompt_ids: list[int], alone: torch.Tensor, batch
         gen = generate(model, prompt_ids + [token], n_continue, temperature=0.0, eos_id=tokenizer.eos_id)
         return tokenizer.decode([token] + gen.tokens, skip_special=True)
 
+    from course.measure.display import working
+
+    with working(f"Decoding {n_continue} greedy tokens on from each run's pick at the near-tie",
+                 "a few seconds on a 2-core CPU"):
+        continuation_alone, continuation_batched = continue_from(pick_alone), continue_from(pick_batched)
     return NearTie(token_a=a, token_b=b, text_a=tokenizer.token_text(a), text_b=tokenizer.token_text(b),
                    nudge=nudge, margin_alone=margin_alone, margin_batched=margin_batched,
                    pick_alone=pick_alone, pick_batched=pick_batched,
-                   continuation_alone=continue_from(pick_alone),
-                   continuation_batched=continue_from(pick_batched))
+                   continuation_alone=continuation_alone, continuation_batched=continuation_batched)
 
 
 def flip_rate_estimate(gaps: list[float], noise: float, window: float = 0.1) -> float:

@@ -52,8 +52,10 @@ def composition_figure(logits: torch.Tensor, temperatures: list[float], top_ps: 
     """Left: nucleus size vs temperature in both orders. Right: entropy over the (temperature, top-p) plane."""
     from matplotlib.figure import Figure
 
-    sizes = nucleus_by_order(logits, temperatures, top_p)
-    grid = entropy_grid(logits, temperatures, top_ps)
+    with working(f"Filtering the {logits.shape[-1]:,} logits at {len(temperatures)} temperatures × "
+                 f"{len(top_ps)} top-p values and taking each result's entropy", "a few seconds on a 2-core CPU"):
+        sizes = nucleus_by_order(logits, temperatures, top_p)
+        grid = entropy_grid(logits, temperatures, top_ps)
     fig = Figure(figsize=(11, 3.8))
     ax1, ax2 = fig.subplots(1, 2)
     for label, ys in sizes.items():
