@@ -105,3 +105,62 @@ def test_runs_within_its_stated_time_with_a_recap_and_no_source_lesson_talk(run)
     assert_learner_output_clean(nb, r, "01_prefill_decode")
     assert r["recap"]["next"] == "02_kv_cache.ipynb"
     check_run_time(NOTEBOOK, elapsed, nb)
+
+
+def test_itl_slope_cause_branches():
+    """Each branch of the slope sentence follows the constructed values (µs per cached token, ms of scatter)."""
+    from course.lessons.prefill_decode import itl_slope_cause
+
+    us, ms = 1e-6, 1e-3
+    # unresolved: the rise (theory × span) is under twice the scatter, so nothing is added
+    assert itl_slope_cause(10 * us, 1.7 * us, 1.0 * ms, 0.6 * ms, 16, 1024) == ""
+    # close to theory
+    close = itl_slope_cause(2.0 * us, 1.7 * us, 1.7 * ms, 0.1 * ms, 16, 1024)
+    assert close.startswith("Close to theory") and "1.18×" in close
+    # far above, attention explains most of it
+    most = itl_slope_cause(10 * us, 1.7 * us, 1.7 * ms, 0.1 * ms, 16, 1024, attention_s=9 * us)
+    assert most.startswith("Far above theory (5.9×)") and "90% of the fitted slope" in most
+    assert "is the cause" in most
+    # far above, attention explains 74%; the rest (2.5 µs × 1,008 = 2.52 ms) is within twice a 1.5 ms scatter
+    noisy = itl_slope_cause(9.5 * us, 3 * us, 3.024 * ms, 1.5 * ms, 16, 1024, attention_s=7 * us)
+    assert "74% of the fitted slope" in noisy and "timing noise can account for it" in noisy
+    assert "is the cause" not in noisy
+    # ... and beyond the scatter: the lesson says it does not know
+    unknown = itl_slope_cause(10 * us, 1.7 * us, 1.7 * ms, 0.1 * ms, 16, 1024, attention_s=5 * us)
+    assert "does not measure where it goes" in unknown and "timing noise" not in unknown
+    # far above without an attention timing: no cause claimed
+    assert "not measured" in itl_slope_cause(10 * us, 1.7 * us, 1.7 * ms, 0.1 * ms, 16, 1024)
+    # far below: whether the cache could sit in the CPU's caches, from its size
+    small = itl_slope_cause(0.5 * us, 1.7 * us, 1.7 * ms, 0.1 * ms, 16, 1024, cache_mb_at_hi=12.0)
+    big = itl_slope_cause(0.5 * us, 1.7 * us, 1.7 * ms, 0.1 * ms, 16, 1024, cache_mb_at_hi=400.0)
+    assert small.startswith("Far below theory") and "can hold" in small and "not the reason" in big
+
+
+def test_probe_spread_sentence_judges_against_both_probes():
+    from course.lessons.prefill_decode import probe_spread_sentence
+
+    # the reviewed run: 27.2 (section 4) vs 32.8 (the line); slope 25.8 GB/s → 95% and 79%
+    both = probe_spread_sentence(27.2, 32.8, [31.0, 32.8, 34.1], 25.8, 0.25)
+    assert "27.2 GB/s" in both and "32.8 GB/s" in both and "21% apart" in both
+    assert "95% of section 4's probe and 79% of the line's" in both and "whichever probe" in both
+    assert "31.0 to 34.1" in both and "3 rounds" in both
+    one = probe_spread_sentence(27.2, 40.0, [40.0], 26.0, 0.25)  # 96% and 65%
+    assert "of section 4's probe only" in one and "depends on which probe" in one and "rounds" not in one
+    neither = probe_spread_sentence(27.2, 32.8, [32.8], 15.0, 0.25)
+    assert "off both probes" in neither and "whichever" not in neither
+
+
+def test_interview_answer_quotes_one_context():
+    """The bytes and FLOPs of the decode answer are all at the shortest context (the reviewed run mixed C = 16's
+    GFLOP with C = 1,024's cache)."""
+    from course.lessons.prefill_decode import interview_answers
+
+    v = dict(decode_ms_per_token=[57.2, 66.9], prefill_tokens_per_s_max=304.0, call_prompt_tokens=40,
+             call_ttft_ms=210.0, call_itl_ms=76.0, decode_tokens_per_s=[17.5, 15.0], ridge_flop_per_byte=3.4,
+             decode_intensity=0.50, weight_mb=538.1, decode_bytes_mb=538.88, kv_mb_at_max_context=47.23,
+             decode_contexts=[16, 1024], decode_gflop=0.27, matmul_gflop_s=92.0, decode_floor_ms=19.8,
+             bandwidth_gb_s=27.2, dtype="float32")
+    text = interview_answers(v)
+    assert "At 16 tokens of context one decode step" in text and "(0.78 MB)" in text
+    assert "47.2 MB of K and V at 1,024 tokens" in text
+    assert "47.2 MB at 1,024 tokens) to do only" not in text

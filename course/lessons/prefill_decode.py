@@ -88,21 +88,25 @@ def interview_answers(v: dict) -> str:
         " The first token is slow only because it pays for the whole "
         f"prompt at once; a longer prompt lengthens the wait (TTFT), more output lengthens the stream.")
     ridge = v["ridge_flop_per_byte"]
+    c_short, c_long = v["decode_contexts"][0], v["decode_contexts"][-1]
+    kv_short = v["decode_bytes_mb"] - v["weight_mb"]  # decode_bytes_mb: weights + K and V at c_short
     decode_memory = v.get("decode_bound", "memory" if v["decode_intensity"] < ridge else "compute") == "memory"
     second = (
         "Q: Why is decode memory-bandwidth-bound?\n"
-        f"A: One decode step reads every weight ({v['weight_mb']:.0f} MB here in {v.get('dtype', 'this dtype')}) "
-        f"plus the K and V of every cached token ({v['kv_mb_at_max_context']:.1f} MB at "
-        f"{v['decode_contexts'][-1]:,} tokens) to do only {v['decode_gflop']:.2f} GFLOP: "
-        f"{v['decode_intensity']:.2f} FLOPs per byte, {'below' if v['decode_intensity'] < ridge else 'above'} this "
-        f"machine's ridge of {ridge:.1f} FLOPs per byte. The arithmetic would take "
-        f"{v['decode_gflop'] / v['matmul_gflop_s'] * 1e3:.1f} ms at {v['matmul_gflop_s']:.0f} GFLOP/s, moving the bytes "
-        f"{v['decode_floor_ms']:.1f} ms at {v['bandwidth_gb_s']:.1f} GB/s, so "
+        # every figure of the step is at the shortest context, the one decode_gflop and decode_intensity are at
+        f"A: At {c_short:,} tokens of context one decode step reads every weight ({v['weight_mb']:.0f} MB here in "
+        f"{v.get('dtype', 'this dtype')}) plus the K and V of every cached token ({kv_short:.2f} MB) to do only "
+        f"{v['decode_gflop']:.2f} GFLOP: {v['decode_intensity']:.2f} FLOPs per byte, "
+        f"{'below' if v['decode_intensity'] < ridge else 'above'} this machine's ridge of {ridge:.1f} FLOPs per "
+        f"byte. The arithmetic would take {v['decode_gflop'] / v['matmul_gflop_s'] * 1e3:.1f} ms at "
+        f"{v['matmul_gflop_s']:.0f} GFLOP/s, moving the bytes {v['decode_floor_ms']:.1f} ms at "
+        f"{v['bandwidth_gb_s']:.1f} GB/s, so "
         + (("memory is the wall the step hits first, "
-            + (f"and the cache raises it as the context grows ({decode_ms[0]:.1f} → {decode_ms[-1]:.1f} ms per token "
-               f"from {v['decode_contexts'][0]:,} to {v['decode_contexts'][-1]:,} tokens). "
+            + (f"and the cache raises it as the context grows ({v['kv_mb_at_max_context']:.1f} MB of K and V at "
+               f"{c_long:,} tokens: {decode_ms[0]:.1f} → {decode_ms[-1]:.1f} ms per token "
+               f"from {c_short:,} to {c_long:,} tokens). "
                if decode_ms[-1] > decode_ms[0] else
-               f"and the cache raises it as the context grows - though here the cache at {v['decode_contexts'][-1]:,} "
+               f"and the cache raises it as the context grows - though here the cache at {c_long:,} "
                f"tokens is small next to the weights, and timing noise hid its cost ({decode_ms[0]:.1f} → "
                f"{decode_ms[-1]:.1f} ms per token). "))
            if decode_memory else
@@ -120,3 +124,123 @@ def interview_answers(v: dict) -> str:
             f"{v['breakdown_other_us_per_op']:.1f} µs each. Serving stacks fuse those into few kernels, which is "
             f"how they get close to the floor.")
     return first + "\n\n" + second
+
+
+# ------------------------------------------------------------------ section 7: the ITL slope against theory
+FAR_OFF = 2.0  # a fitted slope more than this many times theory's (or less than 1/this) is "far" from it
+
+
+def attention_seconds_per_token(model, lo: int, hi: int) -> float:
+    """Seconds the model's attention call alone adds per cached token, over all L layers: the same
+    scaled_dot_product_attention a decode step runs (one query, every layer's cached K and V, GQA as the model has
+    it), timed at contexts lo and hi on a cache of the model's shape filled with random numbers."""
+    import torch
+    import torch.nn.functional as F
+
+    from course.engine.kv_cache import KVCache
+    from course.measure.timing import measure
+
+    c = model.config
+    cache = KVCache(c, max_seq_len=hi + 1, dtype=model.dtype, device=model.device)
+    for layer in cache:
+        layer.k.normal_(), layer.v.normal_()  # real numbers, never denormals from uninitialised memory
+    q = torch.randn(1, c.n_heads, 1, c.head_dim, dtype=model.dtype, device=model.device)  # [B, H, 1, D_h]
+    gqa = c.n_kv_heads != c.n_heads
+
+    def attend(C):  # as Attention.forward does for one new token with C cached: keys 0..C
+        return lambda: [F.scaled_dot_product_attention(q, layer.k[:, :, :C + 1], layer.v[:, :, :C + 1],
+                                                       enable_gqa=gqa) for layer in cache]
+
+    with torch.inference_mode():
+        t_lo, t_hi = (measure(attend(C), model.device, warmup=2, repeats=15).median for C in (lo, hi))
+    return max(t_hi - t_lo, 0.0) / (hi - lo)
+
+
+def itl_slope_cause(fitted_s: float, theory_s: float, rise_s: float, scatter_s: float, lo: int, hi: int,
+                    attention_s: float | None = None, cache_mb_at_hi: float | None = None) -> str:
+    """Why the fitted ITL slope (seconds per cached token) sits where it does against theory's, phrased from the
+    values: "" where the sweep cannot resolve the slope (rise under twice the scatter: the fit's own sentence says
+    so). Far above theory, `attention_s` (attention_seconds_per_token) says how much the attention call alone
+    explains; far below, the cache's size at `hi` says whether it could have stayed in the CPU's caches."""
+    if rise_s < 2 * scatter_s or theory_s <= 0:
+        return ""
+    ratio = fitted_s / theory_s
+    if ratio > FAR_OFF:
+        head = (f"Far above theory ({ratio:.1f}×): each cached token costs the eager step more than one read of its "
+                "K and V at the probe's bandwidth.")
+        if attention_s is None:
+            return head + " This run did not time the attention call alone, so the cause is not measured here."
+        share, theirs = attention_s / fitted_s, attention_s / theory_s
+        span_ms = (fitted_s - attention_s) * (hi - lo) * 1e3
+        out = (head + f" Timed alone, the model's attention call (scaled_dot_product_attention over every layer's "
+               f"cached K and V) added {attention_s * 1e6:.2f} µs per cached token, {theirs:.1f}× theory: "
+               f"{share:.0%} of the fitted slope.")
+        if share >= 0.8:
+            return out + " So the attention kernel, reading the cache far slower than the probe, is the cause."
+        if span_ms <= 2 * scatter_s * 1e3:
+            return out + (f" The rest ({span_ms:.2f} ms from C = {lo:,} to {hi:,}) is within twice the points' "
+                          f"scatter ({scatter_s * 1e3:.2f} ms): timing noise can account for it.")
+        return out + (f" The rest ({span_ms:.2f} ms from C = {lo:,} to {hi:,}) is more than the points' scatter "
+                      "explains; this lesson does not measure where it goes.")
+    if ratio < 1 / FAR_OFF:
+        where = (f" At C = {hi:,} the whole cache is {cache_mb_at_hi:.1f} MB, which "
+                 + ("a CPU's last-level cache can hold, so its reads need not reach memory."
+                    if cache_mb_at_hi <= 32 else "is larger than most CPUs' caches, so this is not the reason.")
+                 if cache_mb_at_hi is not None else "")
+        return (f"Far below theory ({ratio:.2f}×): a cached token cost less than a read of its K and V at the "
+                "probe's bandwidth." + where)
+    return (f"Close to theory ({ratio:.2f}×, within {FAR_OFF:g}× either way): each cached token costs about one "
+            "read of its K and V at the probe's bandwidth, as the lesson's byte count says.")
+
+
+def itl_slope_explained(model, latency_model, decode_sweep, machine) -> str:
+    """itl_slope_cause for the lesson's fit and sweep, timing the attention call where the slope is far above
+    theory (a fraction of a second)."""
+    import math
+
+    from course.measure.costs import dtype_bytes, kv_bytes_per_token
+
+    per_token = kv_bytes_per_token(model.config, dtype_bytes(model.dtype))
+    theory = per_token / machine.bytes_per_s
+    lo, hi = min(decode_sweep.lengths), max(decode_sweep.lengths)
+    scatter = math.sqrt(sum((latency_model.itl(c) - s) ** 2 for c, s in zip(decode_sweep.lengths,
+                                                                             decode_sweep.seconds))
+                        / len(decode_sweep.lengths))  # as latency.itl_slope_sentence measures it
+    fitted = latency_model.itl_coef[1]
+    attention = attention_seconds_per_token(model, lo, hi) if fitted > FAR_OFF * theory else None
+    from course.measure.results import record
+
+    record("itl_attention_us_per_token", None if attention is None else attention * 1e6)
+    return itl_slope_cause(fitted, theory, theory * (hi - lo), scatter, lo, hi, attention, per_token * hi / 1e6)
+
+
+# ----------------------------------------------------------------------- section 10: two probes, one memory
+def probe_spread_sentence(section4_read_gb_s: float, line_probe_gb_s: float, line_probes_gb_s: list[float],
+                          fitted_gb_s: float, tolerance: float) -> str:
+    """The bytes line re-probes the memory between its models (its verdict uses the median, `line_probe_gb_s`);
+    say so, print both probes and their spread, and judge the line's slope against each (within `tolerance`, as
+    the line's own verdict counts "at the probe's bandwidth")."""
+    spread = abs(line_probe_gb_s - section4_read_gb_s) / min(line_probe_gb_s, section4_read_gb_s)
+    mine, theirs = fitted_gb_s / section4_read_gb_s, fitted_gb_s / line_probe_gb_s
+    near = [name for name, r in (("section 4's probe", mine), ("the line's probe", theirs))
+            if abs(r - 1) <= tolerance]
+    verdict = (f"within ±{tolerance:.0%} of both, so the slope streams at the probe's bandwidth whichever probe is "
+               "taken." if len(near) == 2 else
+               f"within ±{tolerance:.0%} of {near[0]} only, so whether the slope streams at the probe's bandwidth "
+               "depends on which probe is taken: read the line's verdict with that spread in mind." if near else
+               f"more than ±{tolerance:.0%} off both probes.")
+    probes = sorted(line_probes_gb_s)
+    rng = f" (median of {len(probes)} rounds, {probes[0]:.1f} to {probes[-1]:.1f})" if len(probes) > 1 else ""
+    return (f"Two probes of the same memory: section 4's streaming read gave {section4_read_gb_s:.1f} GB/s; the "
+            f"bytes line read it again between its models, minutes later, at {line_probe_gb_s:.1f} GB/s{rng}: "
+            f"{spread:.0%} apart. The slope's {fitted_gb_s:.1f} GB/s is {mine:.0%} of "
+            f"section 4's probe and {theirs:.0%} of the line's: " + verdict)
+
+
+def probes_of(machine, line) -> str:
+    """probe_spread_sentence for the lesson's machine (section 4) and bytes line (section 10)."""
+    from course.measure.bytes_line import BANDWIDTH_TOLERANCE
+
+    read = machine.read_bytes_per_s or machine.bytes_per_s
+    return probe_spread_sentence(read / 1e9, line.probe_bytes_per_s / 1e9, [p / 1e9 for p in line.probes],
+                                 line.fit.bandwidth_bytes_per_s / 1e9, BANDWIDTH_TOLERANCE)
