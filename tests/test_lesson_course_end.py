@@ -38,3 +38,36 @@ def test_runs_headless_and_shows_progress(run_notebook, tmp_path):
     out = nbformat.read(tmp_path / "99_course_end-executed.ipynb", as_version=4)
     text = notebook_text(out)
     assert "Nothing saved yet" in text and "quiz: 0/" in text
+
+
+def _recap_cell(nb):
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and 'recap("99_course_end"' in c.source]
+    return cell.source
+
+
+def test_has_a_diagram_and_a_recap_that_quotes_what_the_lessons_saved(tmp_path, monkeypatch):
+    from course.measure.results import recorded
+    from course.teach.progress import ProgressStore
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert any("course.lessons.diagrams import" in c.source for c in nb.cells if c.cell_type == "code")
+    monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "p.sqlite"))
+    exec(_recap_cell(nb), {})
+    (empty,) = recorded()["recap"]["bullets"]  # nothing saved: one line that says so, with no number in it
+    assert "yet" in empty and not re.search(r"\d", empty)
+
+    store = ProgressStore(tmp_path / "p.sqlite")
+    store.record_measurements("01_prefill_decode", {"recap": {"bullets": ["Prefill ran at 1,234 tokens/s.", "B"]}})
+    store.record_measurements("03_sampling", {"recap": {"bullets": ["Nothing was measured in this kernel yet."]}})
+    store.record_measurements("05_serving", {"recap": {"bullets": ["B = 8 ran 5.0× the tokens/s of B = 1."]}})
+    exec(_recap_cell(nb), {})
+    said = recorded()["recap"]["bullets"]
+    assert len(said) == 2  # lesson 3 saved no measured line, the others saved nothing
+    assert said[0].startswith("Lesson 1") and "1,234 tokens/s" in said[0] and "5.0×" in said[1]
+
+
+def test_cites_the_sources_by_their_real_names_and_figures():
+    text = notebook_text(nbformat.read(NOTEBOOK, as_version=4), outputs=False)
+    assert "How to Scale Your Model" in text and "Austin et al." in text and "scaling book's" not in text
+    assert "A100 40GB" in text and "1.5 TB/s" in text and "~2 TB/s" not in text  # FlashAttention's Figure 1

@@ -1,3 +1,4 @@
+import re
 import time
 
 import nbformat
@@ -6,10 +7,24 @@ import pytest
 from course.paths import LESSONS
 from learner_text import assert_learner_output_clean, executed, check_run_time
 
-pytestmark = pytest.mark.slow
 NOTEBOOK = LESSONS / "00_start_here.ipynb"
 
 
+def test_the_course_map_says_after_which_lesson_each_exercise_comes_as_the_recaps_link_it():
+    from course.lessons.recap import COURSE
+
+    text = " ".join(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "markdown")
+    text = re.sub(r"\s+", " ", text)
+    pairs = re.findall(r"(\d(?:, \d)*(?: and \d)?) after lesson (\d)", text)  # '3 and 4 after lesson 3'
+    stated = {int(n): int(lesson) for numbers, lesson in pairs for n in re.findall(r"\d", numbers)}
+    linked = {int(path[:2]): int(lesson[:2]) for lesson, _, paths in COURSE for path in paths}
+    assert stated == linked
+    assert not re.search(r"exercises/<\w+>", text), "a path a learner can paste, not a placeholder"
+    pasted = re.findall(r"`kvcourse check (\S+\.ipynb)`", text)
+    assert pasted and all((LESSONS.parent / p).exists() for p in pasted)
+
+
+@pytest.mark.slow
 def test_start_here_streams_an_answer_with_timings(run_notebook, tmp_path):
     start = time.perf_counter()
     results = run_notebook(NOTEBOOK, timeout=600)
