@@ -198,3 +198,28 @@ def test_another_exercise_saved_under_an_exercises_name_is_checked_as_what_it_ho
                      f"as kv_cache (save it as kv_cache.ipynb)"]
     shutil.copy(EXERCISES / "01_memory_formula" / "memory_formula.ipynb", path)
     assert exercise_of(path) == "memory_formula" and restored(path)[1] == []
+
+
+@pytest.mark.parametrize("release, code, shown", [  # routes an adversarial review took past the scan (2026-12-04)
+    ("03_sampler", "import importlib\n_e = importlib.__import__('course.engine.' + 'sampling', fromlist=['x'])",
+     ".__import__()"),
+    ("01_memory_formula", "import course.config\nb = course.memory.kv_cache_bytes(1, 1, 1, 1, 1, 2)",
+     "course.memory.kv_cache_bytes"),  # the release's `from course.memory import GiB` allows GiB, not this
+    ("03_sampler", "import course.config\ne = course.engine\nf = e.sampling.sample", "course.engine.sampling.sample"),
+    ("01_memory_formula", "import traceback\nframes = list(traceback.walk_stack(None))", "traceback.walk_stack"),
+    ("01_memory_formula", "import operator\nloc = operator.attrgetter('f_' + 'locals')", "attrgetter(…)"),
+    ("01_memory_formula", "from operator import attrgetter\nloc = attrgetter('f_locals')", "attrgetter(…)"),
+    ("01_memory_formula", "import operator\nc = operator.attrgetter('__clo' 'sure__')", "attrgetter(…)"),
+])
+def test_more_evasions_of_the_scan_are_named(release, code, shown):
+    notes = integrity.flags(_with(_release(release), code), _release(release))
+    assert any(shown in n for n in notes), notes
+
+
+@pytest.mark.parametrize("code", [
+    "from operator import attrgetter\nrows = sorted([], key=attrgetter('n_layers'))",
+    "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()",
+    "import course.config\nprint(course.memory.GiB, course.memory.human_bytes(3))",  # what the release imports
+])
+def test_honest_uses_of_the_same_tools_get_no_note(code):
+    assert integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula")) == []

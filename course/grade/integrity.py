@@ -26,8 +26,10 @@ REACHING_MODULES = {"ctypes", "_thread", "signal", "atexit", "builtins", "faulth
 SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "get_stats", "freeze"},
              "inspect": {"signature", "getsource", "getdoc", "isclass", "isfunction", "ismethod", "getfullargspec",
                          "cleandoc", "Parameter", "Signature"},
-             "pickle": {"dump", "dumps", "HIGHEST_PROTOCOL"}}  # anything else of these is noted (pickle.loads
-# of a constant imports any module: the scan would not see it)
+             "pickle": {"dump", "dumps", "HIGHEST_PROTOCOL"},
+             "traceback": {"format_exc", "print_exc", "format_exception", "print_exception", "format_exception_only",
+                           "TracebackException"}}  # anything else of these is noted (pickle.loads of a constant
+# imports any module: the scan would not see it; traceback.walk_stack hands out the frames the checks run in)
 REACHING_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "gi_frame",
                   "cr_frame", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__"}
 PROCESS_ATTRS = {"settrace", "setprofile", "modules", "dup", "dup2", "fdopen", "fork", "forkpty", "kill", "killpg",
@@ -37,7 +39,9 @@ HARMLESS_NAMES = {"course.memory:human_bytes", "course.memory:GiB", "course.memo
                   "course.measure.costs:human_bytes", "course.measure.costs:GiB"}  # printing helpers
 REACHING_CALLS = {"__import__", "exec", "eval", "compile", "get_ipython", "import_item"}
 REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "exec_module", "locate",
-                       "currentframe", "import_item"}
+                       "currentframe", "import_item", "__import__", "walk_stack", "walk_tb", "extract_stack",
+                       "reload"}  # importlib.__import__("course." + "x"): the module named in code the scan cannot read
+GETTERS = {"attrgetter", "methodcaller"}  # operator.attrgetter("f_locals")(frame) is frame.f_locals
 CODE_MAGICS = {"run", "writefile", "load", "loadpy"}  # they run or write code the scan cannot see
 PROCESS_TEXT = re.compile(r"/proc/(?:self|thread-self|\d+)/|/dev/fd\b")  # not /proc/meminfo, /proc/cpuinfo
 MAGICS_WITH_CODE = {"time", "timeit", "prun", "capture"}  # %time CODE runs CODE: scanned like any other line
@@ -149,6 +153,12 @@ def _reaching(tree: ast.AST, modules: set[str]) -> set[str]:
                 used.add(f"{f.id}()")
             if isinstance(f, ast.Attribute) and f.attr in REACHING_ATTR_CALLS:
                 used.add(f".{f.attr}()")
+            getter = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if getter in GETTERS and node.args and not all(  # attrgetter("x.y") of plain names is getattr
+                    isinstance(a, ast.Constant) and isinstance(a.value, str) and not any(
+                        part in REACHING_ATTRS or part.startswith("__") for part in a.value.split("."))
+                    for a in node.args[:1 if getter == "methodcaller" else None]):
+                used.add(f"{getter}(…)")
             if isinstance(f, ast.Name) and f.id == "open" and node.args and isinstance(node.args[0], ast.Constant) \
                     and str(node.args[0].value).endswith(".py") and any(
                     isinstance(a, ast.Constant) and isinstance(a.value, str) and set(a.value) & set("wax")
@@ -216,14 +226,21 @@ def _trees(tree: ast.AST, depth: int = 0):
 
 
 def _course_chains(tree: ast.AST) -> set[str]:
-    """Modules reached through a name an `import course…` bound (course.engine.kv_cache.LayerKVCache gives
-    course.engine.kv_cache)."""
+    """What is reached through a name an `import course…` bound, or a name assigned from such a chain
+    (`import course.config` binds `course`: course.memory.kv_cache_bytes gives that name; `e = course.engine`
+    then e.sampling.sample gives course.engine.sampling.sample). Chains of three names and more, as written."""
     bound = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name == "course" or a.name.startswith("course."):
                     bound[a.asname or "course"] = a.name if a.asname else "course"
+    for _ in range(3):  # aliases of aliases
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                chain = _chain(node.value)
+                if chain and chain[0] in bound:
+                    bound[node.targets[0].id] = ".".join([bound[chain[0]], *chain[1:]])
     used = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -231,7 +248,7 @@ def _course_chains(tree: ast.AST) -> set[str]:
             if chain and chain[0] in bound:
                 full = ".".join([bound[chain[0]], *chain[1:]]).split(".")
                 if len(full) >= 3:
-                    used.add(".".join(full[:3]))  # the module reached: course.engine.kv_cache
+                    used.add(".".join(full[:4]))  # course.engine.kv_cache.LayerKVCache
     return used
 
 
@@ -241,6 +258,10 @@ def flags(nb, release_nb) -> list[str]:
                for a in _course_imports(t)}
     allowed_modules = ({a.split(":")[0] for a in allowed} | {a.replace(":", ".") for a in allowed} | HARMLESS) - \
         {"course"}  # the release's own `import course` does not make every course.engine.… chain its code
+    # a chain may reach only what the release imports by name (`from course.memory import GiB` allows
+    # course.memory.GiB, not course.memory.kv_cache_bytes), or anything of a module it imports whole
+    reachable = ({a.replace(":", ".") for a in allowed if not a.endswith(":")} | {a[:-1] for a in allowed
+                 if a.endswith(":")} | {n.replace(":", ".") for n in HARMLESS_NAMES} | HARMLESS) - {"course"}
     cells = _parsed(nb)
     modules = {n for _, _, tree in cells if tree is not None for t in _trees(tree) for n in _imported_names(t)}
     extra, reaching = set(), set()
@@ -255,7 +276,7 @@ def flags(nb, release_nb) -> list[str]:
             extra |= {e for e in _course_imports(t) - allowed - HARMLESS_NAMES if e.split(":")[0] not in HARMLESS}
             reaching |= _reaching(t, modules)  # the cell's code and what its %time magics run
             extra |= {c for c in _course_chains(t) if not any(c == m or c.startswith(m + ".") or m.startswith(c + ".")
-                                                                for m in allowed_modules)}
+                                                                for m in reachable)}
     notes = []
     if extra:
         shown = sorted(f"import {e[:-1]}" if e.endswith(":") else e.replace(":", ".") for e in extra)
