@@ -164,3 +164,14 @@ def test_interview_answer_quotes_one_context():
     assert "At 16 tokens of context one decode step" in text and "(0.78 MB)" in text
     assert "47.2 MB of K and V at 1,024 tokens" in text
     assert "47.2 MB at 1,024 tokens) to do only" not in text
+
+
+def test_the_sram_figure_is_set_beside_the_hbm_its_source_gives():
+    """FlashAttention's Figure 1 gives SRAM 19 TB/s beside an A100 40GB's HBM at 1.5 TB/s: the ratio is theirs
+    (about 13x), not 19 TB/s over the 80GB card's 2.04 TB/s (9x) that the lesson's other A100 figures use."""
+    from course.measure.published import A100, datacenter_example
+
+    assert A100.sram_over_hbm == pytest.approx(A100.sram_bytes_per_s / A100.sram_beside_hbm)
+    assert A100.sram_beside_hbm != A100.hbm_bytes_per_s
+    text = str(datacenter_example())
+    assert f"{A100.sram_over_hbm:.0f}× the HBM beside it" in text and "1.5 TB/s on the A100 40GB" in text

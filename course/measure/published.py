@@ -19,6 +19,13 @@ class Accelerator:
     source: str
     sram_bytes_per_s: float | None = None  # on-chip SRAM bandwidth, where a source states one
     sram_source: str = ""
+    sram_beside_hbm: float | None = None  # the HBM bandwidth that source gives beside its SRAM figure
+    sram_beside_name: str = ""  # the card that source describes (it may be another model of this GPU)
+
+    @property
+    def sram_over_hbm(self) -> float:
+        """SRAM ÷ HBM as the source states them, side by side (one card's figures, not a mix of two)."""
+        return (self.sram_bytes_per_s or 0) / (self.sram_beside_hbm or self.hbm_bytes_per_s)
 
     @property
     def ridge(self) -> float:
@@ -27,7 +34,7 @@ class Accelerator:
 
 
 A100 = Accelerator("NVIDIA A100 80GB SXM", 2.039e12, 312e12, "NVIDIA A100 Tensor Core GPU datasheet",
-                   19e12, "Dao et al., FlashAttention (NeurIPS 2022), Figure 1")
+                   19e12, "Dao et al., FlashAttention (NeurIPS 2022), Figure 1", 1.5e12, "A100 40GB")
 H100 = Accelerator("NVIDIA H100 SXM", 3.35e12, 989e12, "NVIDIA H100 Tensor Core GPU datasheet")
 ACCELERATORS = {"a100": A100, "h100": H100}
 
@@ -53,7 +60,7 @@ class DatacenterExample:
     def values(self) -> dict:
         return {"dc_model": self.model, "dc_gpu": self.gpu.name, "dc_weight_gb": self.weight_bytes / 1e9,
                 "dc_floor_ms": self.floor_s * 1e3, "dc_ridge": self.gpu.ridge,
-                "dc_sram_over_hbm": (self.gpu.sram_bytes_per_s or 0) / self.gpu.hbm_bytes_per_s}
+                "dc_sram_over_hbm": self.gpu.sram_over_hbm}
 
     def __str__(self) -> str:
         g = self.gpu
@@ -67,9 +74,10 @@ class DatacenterExample:
             f"{g.ridge / self.decode_intensity:.0f}× below it: the tensor cores mostly wait for memory"]
         if g.sram_bytes_per_s:
             lines.append(
-                f"  on-chip SRAM: {g.sram_bytes_per_s / 1e12:.0f} TB/s, {g.sram_bytes_per_s / g.hbm_bytes_per_s:.0f}× "
-                f"HBM ({g.sram_source}). FlashAttention computes attention in SRAM-sized tiles so the T×T "
-                "scores never travel to HBM and back.")
+                f"  on-chip SRAM: {g.sram_bytes_per_s / 1e12:.0f} TB/s, {g.sram_over_hbm:.0f}× the HBM beside it "
+                f"({(g.sram_beside_hbm or g.hbm_bytes_per_s) / 1e12:.1f} TB/s"
+                + (f" on the {g.sram_beside_name}" if g.sram_beside_name else "") + f"; {g.sram_source}). "
+                "FlashAttention computes attention in SRAM-sized tiles so the T×T scores never travel to HBM and back.")
         return "\n".join(textwrap.fill(line, 108, subsequent_indent="    ", break_on_hyphens=False) for line in lines)
 
 
