@@ -225,3 +225,18 @@ def test_every_test_cell_has_checks_for_the_sealed_grader(assignment):
     assert sorted(checks) == sorted(test_cells), "the checks' grade ids must be the notebook's test cells"
     for gid, items in checks.items():
         assert all(c.hint.startswith("hint:") for c in items), f"{gid}: feedback shows the hint; start it with 'hint:'"
+
+
+def test_each_exercise_is_linked_after_the_last_lesson_it_covers():
+    """Every exercise is linked from exactly one lesson's recap; the graded quiz from the last lesson its
+    questions come from (a quiz on lessons 1-3 linked from lesson 4 would be scheduled a lesson late)."""
+    from course.lessons.recap import COURSE
+
+    sys.path.insert(0, str(AUTOGRADE))
+    import make_quiz
+
+    order = [lesson for lesson, _, _ in COURSE]
+    linked = [(path.split("/")[0], lesson) for lesson, _, paths in COURSE for path in paths]
+    assert sorted(a for a, _ in linked) == sorted(ASSIGNMENTS), "each exercise is linked from one lesson"
+    covered = {q.lesson for q in make_quiz.graded_questions()}
+    assert dict(linked)["04_checkpoint_quiz"] == max(covered, key=order.index)

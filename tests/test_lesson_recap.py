@@ -133,3 +133,23 @@ def test_a_recap_run_before_the_lesson_says_to_run_the_lesson_first():
     assert r.bullets[0].startswith("Nothing was measured in this kernel yet: run the lesson from the top")
     measured = recap("00_start_here", values={"ttft_ms": 123.0})
     assert not measured.bullets[0].startswith("Nothing was measured")
+
+
+def test_each_recap_links_the_exercises_that_follow_its_lesson():
+    """The graded quiz covers lessons 1-3, so lesson 3's recap links it after the sampler and lesson 4's links none."""
+    def exercises(lesson):
+        return [p.removeprefix("../exercises/") for p in recap_mod.recap(lesson, {}, bullets=[]).exercises]
+
+    assert exercises("03_sampling") == ["03_sampler/sampler.ipynb", "04_checkpoint_quiz/checkpoint_quiz.ipynb"]
+    assert exercises("04_speculative_prefix") == []
+    assert exercises("02_kv_cache") == ["01_memory_formula/memory_formula.ipynb", "02_kv_cache/kv_cache.ipynb"]
+
+
+def test_the_nucleus_bullet_puts_the_noun_in_the_number_it_takes():
+    def bullet(factual, open_ended):
+        (line,) = [b for b in recap_mod._sampling({"sampling_nucleus_p09": {"factual": factual,
+                                                                          "open-ended": open_ended}}) if b]
+        return line
+
+    assert "kept 1 token after" in bullet(1, 1200) and "1,200 after the open one" in bullet(1, 1200)
+    assert "kept 3 tokens after" in bullet(3, 40) and "(s)" not in bullet(3, 40) + bullet(1, 40)
