@@ -5,6 +5,9 @@ cells stay one or two lines and the tests can call the same code.
 """
 from __future__ import annotations
 
+import functools
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -15,6 +18,7 @@ from course.engine.paged_prefix import PagedPrefixCache
 from course.engine.sampling import probabilities
 from course.engine.speculative import (Draft, empirical_distribution, expected_tokens_per_pass, shallow_copy,
                           speculative_first_token, speculative_generate, total_variation)
+from course.lessons.kv_lesson import wrap
 
 # A text the answer must copy: the case prompt lookup is built for (edits, extraction, RAG, code).
 COPY_TEXT = ("The old lighthouse on the northern cape was built in 1871. Its keeper wrote in a logbook "
@@ -105,6 +109,36 @@ def greedy_check(model, prompt_ids, drafts: list[tuple[Draft, int]], max_new_tok
     return GreedyCheck(base, tokens, stats)
 
 
+def binomial_mean_abs_deviation(n: int, p: torch.Tensor) -> torch.Tensor:
+    """E|X − np| for X ~ Binomial(n, p), elementwise over p, exactly (de Moivre's closed form):
+
+        E|X − np| = 2 m C(n, m) p^m (1 − p)^(n−m+1),  m = ⌊np⌋ + 1   (0 when m > n)
+
+    computed in logs, so it holds for n = 20,000 and p = 1e-7 alike. The normal approximation
+    sqrt(2 n p (1 − p) / π) overstates it for the many tokens with np ≪ 1, where it is about 2np.
+    """
+    p = p.double().clamp(0, 1)
+    m = torch.floor(n * p) + 1
+    ok = (m <= n) & (p > 0) & (p < 1)
+    m_, p_ = torch.where(ok, m, torch.ones_like(m)), torch.where(ok, p, torch.full_like(p, 0.5))
+    log = (torch.log(2 * m_) + torch.lgamma(torch.tensor(n + 1.0, dtype=torch.float64)) - torch.lgamma(m_ + 1)
+           - torch.lgamma(n - m_ + 1) + m_ * torch.log(p_) + (n - m_ + 1) * torch.log1p(-p_))
+    return torch.where(ok, log.exp(), torch.zeros_like(p))
+
+
+def exact_draw_tvs(p: torch.Tensor, n: int, batches: int, seed: int = 1) -> torch.Tensor:
+    """TV(histogram of n exact draws from p, p) for `batches` independent batches: the noise's spread. [batches]"""
+    g = torch.Generator(device=p.device).manual_seed(seed)
+    V = p.numel()
+    return torch.tensor([total_variation(empirical_distribution(torch.multinomial(p, n, replacement=True,
+                                                                                  generator=g), V), p)
+                         for _ in range(batches)], dtype=torch.float64)
+
+
+NOISE_SDS = 4  # the verdict passes up to the exact draws' mean TV + 4 SDs of it: a false alarm ~1 in 30,000
+NOISE_BATCHES = 30  # simulated batches of exact draws that give the noise's SD
+
+
 @dataclass
 class SamplingCheck:
     """Next-token samples at one fixed context: speculative vs the target's own sampler."""
@@ -127,14 +161,31 @@ class SamplingCheck:
 
     @property
     def tv_direct(self) -> float:
-        """TV(empirical histogram of n direct draws from p, p): the noise floor for n samples."""
+        """TV(empirical histogram of n direct draws from p, p): one draw of the noise floor for n samples."""
         return total_variation(empirical_distribution(self.direct, self.p.numel()), self.p)
 
     @property
     def expected_noise_tv(self) -> float:
-        """E[TV] of n exact draws from p: ½ Σ sqrt(2 p (1 − p) / (π n)) (normal approximation)."""
-        p = self.p.double()
-        return float(0.5 * torch.sqrt(2 * p * (1 - p) / (torch.pi * self.n)).sum())
+        """E[TV] of n exact draws from p, exactly: ½ Σ_x E|count(x) − n p(x)| / n, each count binomial."""
+        return float(0.5 * binomial_mean_abs_deviation(self.n, self.p).sum() / self.n)
+
+    @functools.cached_property
+    def noise_tvs(self) -> torch.Tensor:
+        """TVs of NOISE_BATCHES simulated batches of n exact draws from p (a fixed seed: the same every run)."""
+        return exact_draw_tvs(self.p, self.n, NOISE_BATCHES)
+
+    @property
+    def noise_sd(self) -> float:
+        return float(self.noise_tvs.std())
+
+    @property
+    def noise_limit(self) -> float:
+        """The largest TV exact sampling plausibly leaves: mean + NOISE_SDS standard deviations."""
+        return self.expected_noise_tv + NOISE_SDS * self.noise_sd
+
+    @property
+    def within_noise(self) -> bool:
+        return self.tv_speculative <= self.noise_limit
 
     @property
     def tv_draft(self) -> float:
@@ -145,6 +196,36 @@ class SamplingCheck:
     def predicted_acceptance(self) -> float:
         """P(first draft token kept) = Σ_x min(p(x), q(x)) = 1 − TV(p, q)."""
         return float(torch.minimum(self.p, self.q).sum())
+
+    @property
+    def accepted_sd(self) -> float:
+        """Binomial SD of the kept share over n draws, if the keep rate is Σ min(p, q)."""
+        a = self.predicted_acceptance
+        return math.sqrt(a * (1 - a) / self.n)
+
+    @property
+    def accepted_within(self) -> bool:
+        return abs(self.accepted_share - self.predicted_acceptance) <= NOISE_SDS * max(self.accepted_sd, 1e-12)
+
+    def sentences(self) -> list[str]:
+        """The check's numbers and its verdict, every word chosen by the values."""
+        tv, mean, sd, limit = self.tv_speculative, self.expected_noise_tv, self.noise_sd, self.noise_limit
+        near = ("as close to p as exact sampling's" if self.within_noise else
+                f"FARTHER from p than exact sampling leaves ({tv:.4f} > {limit:.4f})")
+        gap = abs(self.accepted_share - self.predicted_acceptance)
+        return [wrap(line) for line in [
+            f"TV(speculative samples, p) = {tv:.4f}   TV({self.n:,} direct draws from p, p) = {self.tv_direct:.4f}",
+            f"exact sampling's noise for n = {self.n:,}: mean {mean:.4f} (exact, from the binomial per token), "
+            f"SD {sd:.4f} (over {self.noise_tvs.numel()} simulated batches of exact draws)",
+            f"The draft alone is {self.tv_draft:.2f} away from p; the speculative histogram is {near}.",
+            f"Draft token kept in {self.accepted_share:.1%} of the draws; predicted Σ min(p, q) = 1 − TV(p, q) = "
+            f"{self.predicted_acceptance:.1%} (one SD over {self.n:,} draws: {self.accepted_sd:.1%})",
+            "verdict: speculative samples are " + ("within" if self.within_noise else "OUTSIDE") +
+            f" the noise of exact sampling (TV {tv:.4f} {'≤' if self.within_noise else '>'} mean + {NOISE_SDS} SD "
+            f"= {limit:.4f}); the kept share is off its prediction by {gap * 100:.2f} percentage points, "
+            + ("within" if self.accepted_within else "OUTSIDE")
+            + f" {NOISE_SDS} SD ({NOISE_SDS * self.accepted_sd:.1%})",
+        ]]
 
 
 @torch.inference_mode()
@@ -244,8 +325,50 @@ class Costs:
     def verify_ratio(self, k: int) -> float:
         return self.verify[k] / self.target_step
 
+    def monotone(self) -> bool:
+        """Whether the measured v_k never fall as k grows (a longer pass does no less work)."""
+        v = [self.verify_ratio(k) for k in sorted(self.verify)]
+        return all(b >= a for a, b in zip(v, v[1:]))
+
+    def verify_fit(self, m: int) -> float:
+        """v_m from a monotone fit of the measured v_k (pool adjacent violators, at least 1), interpolated
+        linearly between measured k and flat past the largest: the cost of a pass that checks m drafted
+        tokens. m = 0 is a pass over the last token alone, one plain step: 1 by definition."""
+        if m <= 0:
+            return 1.0
+        ks = sorted(self.verify)
+        fit = _isotonic([max(1.0, self.verify_ratio(k)) for k in ks])
+        if m <= ks[0]:  # between the plain step (m = 0, v = 1) and the first measured k
+            return 1.0 + (fit[0] - 1.0) * m / ks[0]
+        for (k0, v0), (k1, v1) in zip(zip(ks, fit), zip(ks[1:], fit[1:])):
+            if m <= k1:
+                return v0 + (v1 - v0) * (m - k0) / (k1 - k0)
+        return fit[-1]
+
+    def noise_note(self) -> str:
+        """A sentence when the measured v_k are not monotone in k (timing noise), else ''."""
+        if self.monotone():
+            return ""
+        ks = sorted(self.verify)
+        drops = [(a, b) for a, b in zip(ks, ks[1:]) if self.verify_ratio(b) < self.verify_ratio(a)]
+        a, b = drops[0]
+        return (f"Timing noise: a longer pass cannot cost less, yet v_{b} = {self.verify_ratio(b):.2f} < "
+                f"v_{a} = {self.verify_ratio(a):.2f}. The predictions below use a monotone fit instead: " +
+                ", ".join(f"k={k}: {self.verify_fit(k):.2f}" for k in ks) + ".")
+
     def draft_ratio(self, n_layers: int) -> float:
         return self.draft_step[n_layers] / self.target_step
+
+
+def _isotonic(values: list[float]) -> list[float]:
+    """The non-decreasing sequence closest to values in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def draft_weight_share(model, n_layers: int) -> float:
@@ -327,6 +450,8 @@ class SweepRow:
     identical: bool  # output equal to plain greedy decoding
     proposal_share: float = float("nan")  # share of target passes that had at least one draft token to check
     predicted_speedup: float = float("nan")
+    passes_by_drafted: dict[int, int] = field(default_factory=dict)  # m drafted tokens -> target passes with m
+    emitted: int = 0  # tokens the target passes produced (accepted drafts + one of the target's own per pass)
 
     @property
     def speedup(self) -> float:
@@ -371,7 +496,8 @@ def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_
         row = SweepRow(draft=s.draft_name, k=k, acceptance_rate=s.acceptance_rate, agreement=s.agreement,
                        tokens_per_pass=s.tokens_per_target_pass, decode_seconds=min(times),
                        baseline_decode_seconds=sweep.baseline_decode_seconds, identical=out.tokens == base_tokens,
-                       proposal_share=sum(n > 0 for n in s.proposed_per_pass) / max(1, s.target_passes))
+                       proposal_share=sum(n > 0 for n in s.proposed_per_pass) / max(1, s.target_passes),
+                       passes_by_drafted=dict(Counter(s.proposed_per_pass)), emitted=s.emitted)
         if costs is not None:
             row.predicted_speedup = predicted_from_costs(row, costs, draft)
         sweep.rows.append(row)
@@ -379,11 +505,15 @@ def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_
 
 
 def predicted_from_costs(row: SweepRow, costs: Costs, draft: Draft) -> float:
-    """Measured tokens per pass ÷ (k draft steps + one verify pass), in target-step units."""
-    n_layers = getattr(getattr(draft, "model", None), "config", None)
-    draft_cost = costs.draft_ratio(n_layers.n_layers) if n_layers is not None and n_layers.n_layers in costs.draft_step else 0.0
-    k_cost = row.k if row.k in costs.verify else min(costs.verify, key=lambda k: abs(k - row.k))
-    return row.tokens_per_pass / (row.k * draft_cost + costs.verify_ratio(k_cost))
+    """Tokens the target passes yielded ÷ what those passes cost, in target-step units, pass by pass:
+    a pass that checks m drafted tokens costs m draft steps + v_m (from Costs.verify_fit, a monotone fit of
+    the measured v_k); a pass with nothing drafted (prompt lookup found no match) is one plain step."""
+    cfg = getattr(getattr(draft, "model", None), "config", None)
+    c = costs.draft_ratio(cfg.n_layers) if cfg is not None and cfg.n_layers in costs.draft_step else 0.0
+    cost = sum(n * (m * c + costs.verify_fit(m)) for m, n in row.passes_by_drafted.items())
+    if not cost:
+        return float("nan")
+    return row.emitted / cost
 
 
 def plot_sweep(sweeps: list[DraftSweep]):
@@ -428,7 +558,8 @@ def best_predicted_speedup(alpha: float, draft_cost: float, verify_ratio: dict[i
     """(k, predicted speedup) for the k ≥ 1 that maximises E[tokens per pass] / (k · draft_cost + v_k).
     A result below 1 means no k pays: plain decoding is faster."""
     alpha = min(max(alpha, 0.0), 1.0)
-    options = [(k, expected_tokens_per_pass(alpha, k) / (k * draft_cost + v)) for k, v in verify_ratio.items() if k >= 1]
+    options = [(k, expected_tokens_per_pass(alpha, k) / (k * draft_cost + v))
+               for k, v in verify_ratio.items() if k >= 1]
     return max(options, key=lambda kv: kv[1])
 
 

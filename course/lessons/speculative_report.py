@@ -17,6 +17,11 @@ from course.lessons.kv_lesson import wrap
 from course.lessons.wording import SAME, lower_by
 from course.measure.costs import weights_bytes
 
+def _count(n: int, word: str, plural: str | None = None) -> str:
+    """'1 token', '3 tokens', '1 miss', '2 misses'."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
 PAPER_SPEEDUPS = ("Leviathan et al. (2023)", "Chen et al. (2023)", 2.0, 3.0)
 CACHED_INPUT_DISCOUNT = ("Anthropic's prompt-caching docs", 0.90)
 
@@ -47,8 +52,9 @@ class PaperExample:
     def __str__(self) -> str:
         lo, hi = PAPER_SPEEDUPS[2:]
         where = "inside" if lo <= self.speedup <= hi else "outside"
-        return wrap(f"{self.draft} drafting for {self.target}: a draft step reads {self.draft_cost:.3f} of the target's "
-                f"weight bytes ({1 / self.draft_cost:.0f}× cheaper). With α = {self.alpha:.0%}, k = {self.k} and "
+        return wrap(f"{self.draft} drafting for {self.target}: a draft step reads {self.draft_cost:.3f} of the "
+                f"target's weight bytes ({1 / self.draft_cost:.0f}× cheaper). With α = {self.alpha:.0%}, "
+                f"k = {self.k} and "
                 f"v_k ≈ {self.verify_ratio:g}: {expected_yield(self.alpha, self.k):.2f} tokens per pass ÷ "
                 f"({self.k}·{self.draft_cost:.3f} + {self.verify_ratio:g}) = {self.speedup:.2f}×, {where} the "
                 f"{lo:g}–{hi:g}× reported by {PAPER_SPEEDUPS[0]} and {PAPER_SPEEDUPS[1]}.")
@@ -133,28 +139,40 @@ class PrefixSummary:
         block_bytes = getattr(getattr(e.store, "pool", None), "block_bytes", None)
         hits = [r for r in e.rows if r.reused_tokens > 0]
         lines.append("")
+        n_blocks = s.bytes // block_bytes if bs and block_bytes else None
         if bs and hits:
             reused = max(r.reused_tokens for r in hits)
             beyond = reused - e.prefix_tokens
-            what = (f"the {e.prefix_tokens}-token system prompt and the {beyond} token(s) after it that open the "
-                    "user's turn, the same in every request (the first request left those blocks cached)"
+            what = (f"the {e.prefix_tokens}-token system prompt and the {_count(beyond, 'token')} after it that "
+                    "open the user's turn, the same in every request (the first request left those blocks cached)"
                     if beyond > 0 else f"exactly the {e.prefix_tokens}-token system prompt" if beyond == 0 else
-                    f"the {e.prefix_tokens}-token system prompt up to its last full block; its last {-beyond} "
-                    "token(s) were prefilled again")
+                    f"the {e.prefix_tokens}-token system prompt up to its last full block; its last "
+                    f"{_count(-beyond, 'token')} {'was' if beyond == -1 else 'were'} prefilled again")
             lines.append(wrap(f"Reuse comes in whole {bs}-token blocks: the hits reused up to {reused} tokens = "
-                              f"{reused // bs} blocks, {what}."))
+                              f"{_count(reused // bs, 'block')}, {what}."))
+            unpinned = reused // bs - n_blocks if n_blocks is not None else 0
+            if unpinned > 0:
+                lines.append(wrap(
+                    f"The store pins only the system prompt's {_count(n_blocks, 'full block')}; the reused "
+                    f"{'block' if unpinned == 1 else _count(unpinned, 'block')} past them (positions "
+                    f"{n_blocks * bs}–{reused - 1}) "
+                    f"{'is' if unpinned == 1 else 'are'} the first request's own, left cached in the pool after "
+                    "it finished and findable until the pool hands "
+                    f"{'it' if unpinned == 1 else 'them'} out again, so the bytes held below leave "
+                    f"{'it' if unpinned == 1 else 'them'} out."))
         held = s.bytes
-        if bs and block_bytes:
-            n_blocks = held // block_bytes
-            pinned = (f" ({n_blocks} full {bs}-token blocks = {n_blocks * bs} tokens of the system prompt"
-                      + (f"; its last {e.prefix_tokens - n_blocks * bs} token(s) fill no whole block)"
-                         if e.prefix_tokens > n_blocks * bs else ")"))
+        if n_blocks is not None:
+            tail = e.prefix_tokens - n_blocks * bs
+            pinned = (f" ({_count(n_blocks, f'full {bs}-token block')} = {n_blocks * bs} tokens of the system prompt"
+                      + (f"; its last {_count(tail, 'token')} fill{'s' if tail == 1 else ''} no whole block)"
+                         if tail > 0 else ")"))
             per_token = block_bytes / bs
         else:
             pinned, per_token = "", e.entry_bytes / e.prefix_tokens
         copied = (f"copying stored rows took {s.seconds_copying * 1e3:.0f} ms in total" if s.seconds_copying else
                   "nothing was copied: each hit's block table points at the stored blocks")
-        lines += [wrap(f"store: {s.hits} hits, {s.misses} miss(es), {held / 2**20:.1f} MiB held{pinned}; {copied}"),
+        lines += [wrap(f"store: {_count(s.hits, 'hit')}, {_count(s.misses, 'miss', 'misses')}, "
+                       f"{held / 2**20:.1f} MiB held{pinned}; {copied}"),
                   wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and " + (
                   f"time to first token fell by {saved:.0%}: the time saved "
                   f"{'trails' if saved < share else 'matches or beats'} the token share. " if saved >= SAME else
