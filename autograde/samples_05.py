@@ -388,6 +388,29 @@ SAMPLES = {
         about="free() releases the blocks and drops the table but keeps lengths[seq_id]: a reused id starts with a "
               "stale length", expect="loses", patches={"paged_cache": [
             ("        self.lengths.pop(seq_id, None)", "        pass  # the length stays")]}),
+    "paged-alt-transactional": dict(
+        about="update() takes all the blocks it needs or none (a MemoryError gives back what it took and leaves no "
+              "table), and free() of a sequence it does not hold raises KeyError", expect="full",
+        patches={"paged_cache": [
+            ("""        table = self.tables.setdefault(seq_id, [])
+        while len(table) * self.block_size < end:  # a token past the last block: take a new one
+            table.append(self.pool.allocate())""",
+             """        table, taken = list(self.tables.get(seq_id, [])), []
+        try:
+            while (len(table) + len(taken)) * self.block_size < end:
+                taken.append(self.pool.allocate())
+        except MemoryError:
+            for block in taken:
+                self.pool.release(block)
+            raise
+        table += taken
+        self.tables[seq_id] = table"""),
+            ("""        for block in self.tables.pop(seq_id, []):
+            self.pool.release(block)
+        self.lengths.pop(seq_id, None)""",
+             """        for block in self.tables[seq_id]:
+            self.pool.release(block)
+        del self.tables[seq_id], self.lengths[seq_id]""")]}),
     "paged-alt-heap-index": dict(about="lowest-id-first heap, divmod slots, index-tensor writes and reads",
                                  expect="full", answers=ALT_HEAP),
     "paged-alt-fifo-loops": dict(about="first-in-first-out free list, token loops, gather by concatenating slices",
