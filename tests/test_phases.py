@@ -80,7 +80,7 @@ def test_steady_threads_keeps_one_thread_per_free_core(monkeypatch, thread_calls
     monkeypatch.setattr(threads.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(threads, "sample_others", lambda: 0.7)  # a browser playing a video, say
     note = threads.steady_threads("cpu")
-    assert thread_calls == [7] and "7 CPU thread(s), one per free core" in note
+    assert thread_calls == [7] and "7 CPU threads, one per free core" in note
     monkeypatch.setattr(threads, "sample_others", lambda: 0.3)  # less than half a core: all 8 stay
     assert "8 CPU threads" in threads.steady_threads("cpu") and thread_calls == [7]
 
@@ -504,3 +504,12 @@ def test_a_flat_prefill_fit_prices_no_prompt_token_and_does_not_crash():
     assert values["output_token_in_prompt_tokens"] is None
     assert "a prompt token has no price to compare" in latency.explain_ab(ab, lm)
     assert "could not price a prompt token" in prefill_decode.interview_answers(_recorded_like(**values))
+
+
+def test_one_thread_is_counted_in_the_singular(monkeypatch):
+    from course.measure import threads
+
+    monkeypatch.setattr(threads.torch, "set_num_threads", lambda n: None)
+    assert threads.steady_threads("cpu", threads=1).startswith("1 CPU thread, as asked")
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 4)
+    assert threads.steady_threads("cpu", threads=2).startswith("2 CPU threads, as asked")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from course.lessons.wording import counted
+
 PREFILL, DECODE, CACHE, NEW, GREY = "tab:orange", "tab:blue", "#c6dbef", "tab:red", "#d9d9d9"
 
 
@@ -173,7 +175,7 @@ def speculative_round(k: int = 4, accepted: int = 2):
     emitted = accepted + 1
     ax.text(-0.3, 0.3, "emitted", ha="right", va="center", fontsize=8)
     ax.set_xlim(-2.6, (k + 1) * 1.2 + 0.2); ax.set_ylim(-0.3, 2.9); ax.axis("off")
-    ax.set_title(f"One speculative round (k = {k}): {emitted} token(s) for one read of the target's weights",
+    ax.set_title(f"One speculative round (k = {k}): {counted(emitted, 'token')} for one read of the target's weights",
                  fontsize=10)
     fig.tight_layout()
     return fig

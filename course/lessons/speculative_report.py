@@ -14,12 +14,8 @@ from dataclasses import dataclass
 
 from course.engine.config import ModelConfig
 from course.lessons.kv_lesson import wrap
-from course.lessons.wording import SAME, lower_by
+from course.lessons.wording import SAME, counted, lower_by
 from course.measure.costs import weights_bytes
-
-def _count(n: int, word: str, plural: str | None = None) -> str:
-    """'1 token', '3 tokens', '1 miss', '2 misses'."""
-    return f"{n:,} {word if n == 1 else plural or word + 's'}"
 
 
 PAPER_SPEEDUPS = ("Leviathan et al. (2023)", "Chen et al. (2023)", 2.0, 3.0)
@@ -143,18 +139,18 @@ class PrefixSummary:
         if bs and hits:
             reused = max(r.reused_tokens for r in hits)
             beyond = reused - e.prefix_tokens
-            what = (f"the {e.prefix_tokens}-token system prompt and the {_count(beyond, 'token')} after it that "
+            what = (f"the {e.prefix_tokens}-token system prompt and the {counted(beyond, 'token')} after it that "
                     "open the user's turn, the same in every request (the first request left those blocks cached)"
                     if beyond > 0 else f"exactly the {e.prefix_tokens}-token system prompt" if beyond == 0 else
                     f"the {e.prefix_tokens}-token system prompt up to its last full block; its last "
-                    f"{_count(-beyond, 'token')} {'was' if beyond == -1 else 'were'} prefilled again")
+                    f"{counted(-beyond, 'token')} {'was' if beyond == -1 else 'were'} prefilled again")
             lines.append(wrap(f"Reuse comes in whole {bs}-token blocks: the hits reused up to {reused} tokens = "
-                              f"{_count(reused // bs, 'block')}, {what}."))
+                              f"{counted(reused // bs, 'block')}, {what}."))
             unpinned = reused // bs - n_blocks if n_blocks is not None else 0
             if unpinned > 0:
                 lines.append(wrap(
-                    f"The store pins only the system prompt's {_count(n_blocks, 'full block')}; the reused "
-                    f"{'block' if unpinned == 1 else _count(unpinned, 'block')} past them (positions "
+                    f"The store pins only the system prompt's {counted(n_blocks, 'full block')}; the reused "
+                    f"{'block' if unpinned == 1 else counted(unpinned, 'block')} past them (positions "
                     f"{n_blocks * bs}–{reused - 1}) "
                     f"{'is' if unpinned == 1 else 'are'} the first request's own, left cached in the pool after "
                     "it finished and findable until the pool hands "
@@ -163,15 +159,15 @@ class PrefixSummary:
         held = s.bytes
         if n_blocks is not None:
             tail = e.prefix_tokens - n_blocks * bs
-            pinned = (f" ({_count(n_blocks, f'full {bs}-token block')} = {n_blocks * bs} tokens of the system prompt"
-                      + (f"; its last {_count(tail, 'token')} fill{'s' if tail == 1 else ''} no whole block)"
+            pinned = (f" ({counted(n_blocks, f'full {bs}-token block')} = {n_blocks * bs} tokens of the system prompt"
+                      + (f"; its last {counted(tail, 'token')} fill{'s' if tail == 1 else ''} no whole block)"
                          if tail > 0 else ")"))
             per_token = block_bytes / bs
         else:
             pinned, per_token = "", e.entry_bytes / e.prefix_tokens
         copied = (f"copying stored rows took {s.seconds_copying * 1e3:.0f} ms in total" if s.seconds_copying else
                   "nothing was copied: each hit's block table points at the stored blocks")
-        lines += [wrap(f"store: {_count(s.hits, 'hit')}, {_count(s.misses, 'miss', 'misses')}, "
+        lines += [wrap(f"store: {counted(s.hits, 'hit')}, {counted(s.misses, 'miss', 'misses')}, "
                        f"{held / 2**20:.1f} MiB held{pinned}; {copied}"),
                   wrap(f"On the hits, {share:.1%} of each prompt's tokens came from the store and " + (
                   f"time to first token fell by {saved:.0%}: the time saved "

@@ -77,7 +77,8 @@ class DatacenterExample:
                 f"  on-chip SRAM: {g.sram_bytes_per_s / 1e12:.0f} TB/s, {g.sram_over_hbm:.0f}× the HBM beside it "
                 f"({(g.sram_beside_hbm or g.hbm_bytes_per_s) / 1e12:.1f} TB/s"
                 + (f" on the {g.sram_beside_name}" if g.sram_beside_name else "") + f"; {g.sram_source}). "
-                "FlashAttention computes attention in SRAM-sized tiles so the T×T scores never travel to HBM and back.")
+                "FlashAttention computes attention in SRAM-sized tiles so the T×T scores never travel to HBM "
+                "and back.")
         return "\n".join(textwrap.fill(line, 108, subsequent_indent="    ", break_on_hyphens=False) for line in lines)
 
 

@@ -96,6 +96,10 @@ def asked_threads(cores: int | None = None) -> tuple[int | None, str]:
     return threads, ""
 
 
+def _threads(n: int) -> str:
+    return f"{n} CPU thread" + ("" if n == 1 else "s")
+
+
 def steady_threads(device="cpu", threads: int | None = None) -> str:
     """Choose PyTorch's CPU thread count for timing, and say why.
 
@@ -119,7 +123,7 @@ def steady_threads(device="cpu", threads: int | None = None) -> str:
         threads, note = cores, f"{threads} threads is more than this machine's {cores} CPUs: capped to {cores}"
     if threads is not None:
         torch.set_num_threads(threads)
-        return f"{threads} CPU thread(s), as asked" + (f" ({note})" if note else "")
+        return f"{_threads(threads)}, as asked" + (f" ({note})" if note else "")
     current = torch.get_num_threads()
     others = sample_others()
     if others is not None:
@@ -131,6 +135,6 @@ def steady_threads(device="cpu", threads: int | None = None) -> str:
         fits = 1 if load >= cores else current
     if fits < current:
         torch.set_num_threads(fits)
-        return (f"this machine is busy ({how}): timing with {fits} CPU thread(s), one per free core, since "
+        return (f"this machine is busy ({how}): timing with {_threads(fits)}, one per free core, since "
                 f"threads waiting on each other would distort every number; expect slower but steadier timings")
-    return f"{current} CPU threads ({how})"
+    return f"{_threads(current)} ({how})"
