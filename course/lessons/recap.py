@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from course.lessons.wording import SAME, duration, lower_by, speedup_trend
+from course.lessons.wording import SAME, counted, duration, lower_by, speedup_trend
 from course.measure.results import record, recorded
 from course.paths import LESSONS
 
@@ -25,9 +25,9 @@ COURSE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("02_kv_cache", "Lesson 2 · The KV cache and its byte math",
      ("01_memory_formula/memory_formula.ipynb", "02_kv_cache/kv_cache.ipynb")),
     ("02b_kv_cache_appendix", "Lesson 2, appendix · MHA/GQA/MQA, an INT8 cache, beam search", ()),
-    ("03_sampling", "Lesson 3 · Sampling: temperature, top-k, top-p", ("03_sampler/sampler.ipynb",)),
-    ("04_speculative_prefix", "Lesson 4 · Speculative decoding and prefix caching",
-     ("04_checkpoint_quiz/checkpoint_quiz.ipynb",)),
+    ("03_sampling", "Lesson 3 · Sampling: temperature, top-k, top-p",
+     ("03_sampler/sampler.ipynb", "04_checkpoint_quiz/checkpoint_quiz.ipynb")),  # the quiz covers lessons 1-3
+    ("04_speculative_prefix", "Lesson 4 · Speculative decoding and prefix caching", ()),
     ("05_serving", "Lesson 5 · Serving many requests at once", ("05_paged_cache/paged_cache.ipynb",)),
     ("99_course_end", "The end of the course: what you can do now", ()),
 )
@@ -133,8 +133,8 @@ def _prefill_decode(v):
                 f"Prefill ran at {pre:,.0f} tokens/s on a 256-token prompt; decode produced {dec:.1f} tokens/s, "
                 + (f"{pre / dec:.0f}× fewer." if pre > dec else "no fewer: this run did not show the gap.")),
         _bullet(v, "decode_ms_per_token.0 decode_contexts.0 decode_ms_per_token.-1 decode_contexts.-1",
-                lambda a, ca, b, cb: f"A decode step took {a:.1f} ms at {ca} tokens of context and {b:.1f} ms "
-                f"at {cb}: the weights dominate, " + ("the cache adds a little per token." if b > a else
+                lambda a, ca, b, cb: f"A decode step took {a:.1f} ms at {ca:,} tokens of context and {b:.1f} ms "
+                f"at {cb:,}: the weights dominate, " + ("the cache adds a little per token." if b > a else
                                                       "and timing noise hid the cache's small cost here.")),
         _bullet(v, "bandwidth_gb_s decode_floor_ms decode_ms_per_token.0", lambda bw, floor, ms:
                 f"Your memory streamed {bw:.1f} GB/s, so reading the weights bounds a step at {floor:.1f} ms; "
@@ -163,20 +163,31 @@ def _kv_cache(v):
         _bullet(v, "smollm2_cache_formula_bytes smollm2_cache_measured_bytes", lambda f, m:
                 f"The formula gave {f:,} bytes for the live cache and its tensors held "
                 + ("exactly that." if f == m else f"{m:,}.")),
-        _bullet(v, "crossover_7b crossover_70b", lambda a, b:
+        _bullet(v, "crossover_7b crossover_70b crossover_rows", lambda a, b, rows:
                 f"Llama-2-7B's FP16 cache outweighs its weights past {a:,.0f} tokens at batch 1; "
-                f"Llama-2-70B's past {b:,.0f}."),
+                f"Llama-2-70B's past {b:,.0f}" + _window_caveat(rows, ("llama-2-7b", "llama-2-70b"))),
         _bullet(v, "paging_preallocated_waste paging_paged_waste", lambda pre, paged:
                 f"Preallocating for the longest request left {pre:.0%} of the cache empty; 16-token pages "
                 f"left {paged:.1%}."),
     ]
 
 
+def _window_caveat(rows, models) -> str:
+    """'.' or the caveat lesson 02's crossover cell prints: a crossover past the model's context window never
+    happens at batch 1."""
+    past = [r for r in rows if r["model"] in models and r["crossover_b1"] > r["max_context"]]
+    if not past:
+        return "."
+    windows = sorted({r["max_context"] for r in past})
+    return (f": {'both lie' if len(past) > 1 else 'that lies'} beyond the {' and '.join(f'{w:,}' for w in windows)}"
+            "-token context window, so at batch 1 the weights always dominate.")
+
+
 def _kv_appendix(v):
     return [
         _bullet(v, "int8_bytes_ratio", lambda r: f"An INT8 cache took {r:.2f}× the bytes of FP16."),
         _bullet(v, "int8_max_logit_diff int8_min_top2_gap", lambda d, gap:
-                f"It moved the logits by at most {d:.3f}, against a smallest top-two gap of {gap:.3f} "
+                f"It moved the logits by at most {d:.3f}, against a smallest top-two gap of {gap:.3f}, "
                 + ("so no greedy choice could flip at those steps." if d < gap / 2 else
                    "so a near-tied greedy choice can flip.")),
         _bullet(v, "int8_free_run_same_prefix int8_n_tokens", lambda same, n:
@@ -194,8 +205,8 @@ def _sampling(v):
                 f"After the factual prompt the top token {tok!r} held {p:.0%} ({h1:.2f} bits); the open-ended "
                 f"prompt spread to {h2:.1f} bits."),
         _bullet(v, "sampling_nucleus_p09", lambda kept:
-                f"Top-p 0.9 kept {kept['factual']} token(s) after the factual prompt and {kept['open-ended']} "
-                "after the open one: it adapts, top-k does not."),
+                f"Top-p 0.9 kept {counted(kept['factual'], 'token')} after the factual prompt and "
+                f"{kept['open-ended']:,} after the open one: it adapts, top-k does not."),
         _bullet(v, "sampling_redraw_ms_median sampling_redraw_ms_max", lambda med, mx:
                 f"A slider redraw took {med:.1f} ms (median), {mx:.1f} ms at worst, against a 200 ms budget."),
         _bullet(v, "determinism_batch_max_abs_diff determinism_min_gap", lambda noise, gap:
@@ -218,9 +229,10 @@ def _speculative(v):
         _bullet(v, "greedy_identical_all", lambda same:
                 "Greedy speculative decoding reproduced plain greedy token for token with both drafts." if same
                 else "Greedy speculative decoding did NOT reproduce plain greedy for every draft (a near-tie)."),
-        _bullet(v, "spec_tv_distance spec_tv_expected_noise spec_tv_draft", lambda tv, noise, draft:
-                f"Speculative sampling landed {tv:.4f} from the target (noise {noise:.4f}); the draft alone was "
-                f"{draft:.4f} away."),
+        _bullet(v, "spec_tv_distance spec_tv_expected_noise spec_tv_noise_sd spec_within_noise spec_tv_draft",
+                lambda tv, noise, sd, within, draft:
+                f"Speculative sampling landed {tv:.4f} from the target, {'within' if within else 'OUTSIDE'} the "
+                f"noise of exact draws ({noise:.4f} ± {sd:.4f}); the draft alone was {draft:.4f} away."),
         _bullet(v, "acceptance_rate spec_speedup", lambda a, s:
                 f"Prompt lookup on the copy task kept {a:.0%} of its guesses: {s:.2f}× plain decoding."),
         _bullet(v, "shallow_acceptance_rate shallow_speedup", lambda a, s:
