@@ -18,6 +18,10 @@ How one run goes (one grader per course folder: work/grade.lock):
      gradebook without executing anything (and its scores are checked against the verdicts); feedback is
      generated from it and swapped into feedback/ whole;
   6. grades.csv and report.csv are written atomically.
+The submission time (nbgrader's late penalties) is the timestamp.txt found beside the notebook, as it is in the
+folder: nothing in DIR says whether a student wrote it. nbgrader's `submit` writes it on the student's side and
+`kvcourse classroom collect` copies it unchanged. One that is not a small plain file holding a timestamp nbgrader
+accepts (submitted_timestamp) is ignored, with a note on the student's row.
 The ledger (work/ledger.json) holds, per submission, the hash of what was graded: a run killed halfway
 resumes where it stopped, a second run regrades only what changed (everything with --force), and a run
 that failed for the grader's own reasons (a sandbox killed from outside) is regraded next time.
@@ -30,6 +34,7 @@ import csv
 import io
 import os
 import shutil
+import stat
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -49,6 +54,7 @@ OUTPUT_LIMIT = 1_000_000  # characters of one output kept in feedback
 NOTEBOOK_OUTPUT_LIMIT = 2_000_000  # characters of all outputs of one notebook kept in feedback
 OUTPUTS_PER_CELL = 16  # outputs of one cell kept (the harness writes at most three: stdout, stderr, an error)
 HARNESS_FILES = ("harness.py", "plain.py", "verdicts.py", "sandbox.py")
+TIMESTAMP_LIMIT = 1024  # bytes of a submission's timestamp.txt read at most (nbgrader writes about 30)
 
 
 @dataclass
@@ -236,6 +242,61 @@ def _earlier_grade(ledger, sub) -> list[str]:
     return [f"grades.csv still has the earlier grade of this notebook ({row.get('score', 0):g}/"
             f"{row.get('max_score', 0):g}) from a file that could be graded; grade a readable notebook to "
             "replace it"]
+
+
+def submitted_timestamp(folder: Path) -> tuple[str | None, str]:
+    """(the timestamp in folder/timestamp.txt, why it is ignored): (None, "") when there is none.
+
+    The file is the student's and the grader reads it outside any sandbox, so it is used only when it is a plain
+    file (not a link: it could point at /dev/zero or any file the grader can read), at most TIMESTAMP_LIMIT bytes
+    (read through a descriptor opened without following links, never more than that), UTF-8 text, and a timestamp
+    nbgrader.utils.parse_utc accepts (no path in it: dateutil would open a time zone named by a path)."""
+    from nbgrader.utils import parse_utc
+
+    path = Path(folder) / "timestamp.txt"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, ""
+    except OSError as exc:
+        return None, f"it cannot be read ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return None, "it is a symbolic link, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "it is not a plain file (a folder, pipe or device)"
+    if st.st_size > TIMESTAMP_LIMIT:
+        return None, f"it is {st.st_size:,} bytes, over the {TIMESTAMP_LIMIT:,} a timestamp can take"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # swapped for a link after lstat: ELOOP
+        return None, f"it cannot be read ({exc.strerror})"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "it is not a plain file (a folder, pipe or device)"
+        data = b""
+        while len(data) <= TIMESTAMP_LIMIT and (chunk := os.read(fd, TIMESTAMP_LIMIT + 1 - len(data))):
+            data += chunk
+    except OSError as exc:
+        return None, f"it cannot be read ({exc.strerror})"
+    finally:
+        os.close(fd)
+    if len(data) > TIMESTAMP_LIMIT:
+        return None, f"it is over the {TIMESTAMP_LIMIT:,} bytes a timestamp can take"
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None, "it is not UTF-8 text"
+    if not text:
+        return None, "it is empty"
+    shown = text if len(text) <= 60 else text[:60] + "..."
+    why = f"{shown!r} is not a timestamp such as 2026-01-31 23:59:00.000000 UTC"
+    if not text.isprintable() or "/" in text or "\\" in text:
+        return None, why
+    try:
+        parse_utc(text)
+    except Exception:  # dateutil raises ValueError, OverflowError, and more on odd text
+        return None, why
+    return text, ""
 
 
 # ----------------------------------------------------------------------------- the grade command
@@ -479,8 +540,12 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
     dest = run_dir / "executed" / sub.student / sub.assignment
     dest.mkdir(parents=True, exist_ok=True)
     nbformat.write(executed, str(dest / f"{sub.notebook}.ipynb"))
-    if sub.path and (sub.path.parent / "timestamp.txt").exists():
-        shutil.copyfile(sub.path.parent / "timestamp.txt", dest / "timestamp.txt")
+    stamp, why = submitted_timestamp(sub.path.parent) if sub.path else (None, "")
+    if stamp is not None:
+        (dest / "timestamp.txt").write_text(stamp, encoding="utf-8")
+    elif why:
+        problems.append(f"timestamp.txt ignored: {why}; graded with no submission time from it (check its date by "
+                        "hand if a due date applies)")
     result = merge_api.autograde(sub.assignment, sub.student, force=True, create=True)
     if not result.get("success"):
         error = result.get("error") or result.get("log") or ""
@@ -522,7 +587,10 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
 
 def add_arguments_grade(p: argparse.ArgumentParser) -> None:
     p.add_argument("folder", type=Path, help="submissions: FOLDER/<student>/<assignment>/<notebook>.ipynb "
-                                             "or FOLDER/<student>/<notebook>.ipynb")
+                                             "or FOLDER/<student>/<notebook>.ipynb. The submission time (for late "
+                                             "penalties) is the timestamp.txt beside the notebook, as found in "
+                                             "FOLDER: nbgrader's submit writes it on the student's side, and "
+                                             "`kvcourse classroom collect` copies it unchanged")
     p.add_argument("--course", type=Path, default=AUTOGRADE,
                    help="course folder for the gradebook, feedback and CSVs (default: autograde/)")
     p.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")

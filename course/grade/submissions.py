@@ -5,14 +5,23 @@ Layouts: DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's) or DIR/<studen
 both exist: see `discover`). A student folder (or a
 student's assignment folder) without a notebook gives a "missing" submission, so no student drops out of
 the report or the CSV.
+
+Refused with a reason on their row (the others are graded): a notebook over NOTEBOOK_SIZE_LIMIT bytes, and a
+student or assignment folder whose name holds a glob character (* ? [ ]), which nbgrader would read as a pattern.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 RENAMED = re.compile(r"^(?P<stem>.+?)(?: ?\(\d+\)| - Copy| copy)$")
+# The largest notebook graded (bytes, checked before it is read). The released exercises are under 40 KB and a
+# student's run with a few plots a few MB; reading, repairing and sanitising the feedback of a 120 MB one took the
+# grader's own process (no sandbox limits there) 4.5 minutes and 3 GB of memory.
+NOTEBOOK_SIZE_LIMIT = 20 * 2**20
+GLOB_CHARS = "*?[]"  # nbgrader globs student and assignment ids: `[A-Z]*` would match other students' folders
 
 
 @dataclass
@@ -72,6 +81,13 @@ def _not_utf8(parts) -> str:
             "grade again") if bad else ""
 
 
+def _glob_name(parts) -> str:
+    bad = [p for p in parts if any(c in p for c in GLOB_CHARS)]
+    return (f"the folder name {_readable(bad[0])!r} holds * ? [ or ], which nbgrader reads as a file pattern (it "
+            "can match other students' notebooks): not graded; rename the folder without them and grade again"
+            ) if bad else ""
+
+
 def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     """Every notebook under folder, with its student and assignment (problems noted, not raised).
 
@@ -109,6 +125,8 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
         links = [p for p in [path, *path.parents] if p != folder and folder in p.parents and p.is_symlink()]
         if _not_utf8(parts):
             sub.problem = _not_utf8(parts)
+        elif _glob_name(parts[:-1]):
+            sub.problem = _glob_name(parts[:-1])
         elif links:
             sub.problem = (f"{_readable(str(links[-1].relative_to(folder)))} is a symbolic link, not a file the "
                            "student handed in: not graded (ask for the notebook itself)")
@@ -121,7 +139,7 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
             sub.problem = (f"misplaced: {path.name} belongs to {assignment}, but it is in {folder_assignment}/; "
                            f"not graded (hand it in as {assignment}/{stem}.ipynb)")
         else:
-            sub.problem = invalid_reason(path)
+            sub.problem = too_large(path) or invalid_reason(path)
             rank = (bool(sub.problem), folder_assignment != assignment, bool(note), path.name)
             candidates.setdefault((student, assignment, stem), []).append((rank, sub))
             continue
@@ -143,6 +161,10 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
             if not any(s.path and folder / student in s.path.parents for s in found):
                 found.append(Submission(_readable(student), "", "", None, problem=_not_utf8([student])))
             continue
+        if _glob_name([student]):
+            if not any(s.path and folder / student in s.path.parents for s in found):
+                found.append(Submission(student, "", "", None, problem=_glob_name([student])))
+            continue
         if student_dir.is_symlink():
             found.append(Submission(_readable(student), "", "", None, problem=f"{_readable(student)}/ is a symbolic "
                                     "link, not a folder the student handed in: not graded"))
@@ -161,6 +183,20 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
                     found.append(Submission(student, assignment, nb, None, missing=True,
                                             problem=f"missing: no {nb}.ipynb in {student_dir.name}/"))
     return found
+
+
+def too_large(path: Path) -> str:
+    """Why the notebook is too large to grade ("" when it is not): its size, read without following a link and
+    before anything reads the file, over NOTEBOOK_SIZE_LIMIT."""
+    try:
+        size = os.lstat(path).st_size
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror}): not graded"
+    if size <= NOTEBOOK_SIZE_LIMIT:
+        return ""
+    return (f"too large to grade: {size / 2**20:,.1f} MB, over the grader's limit of "
+            f"{NOTEBOOK_SIZE_LIMIT / 2**20:g} MB (NOTEBOOK_SIZE_LIMIT in course/grade/submissions.py); not graded. "
+            "Ask the student to clear the outputs (Edit > Clear Outputs of All Cells), save and hand it in again")
 
 
 def invalid_reason(path: Path) -> str:
