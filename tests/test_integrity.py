@@ -218,7 +218,8 @@ def test_more_evasions_of_the_scan_are_named(release, code, shown):
 
 @pytest.mark.parametrize("code", [
     "from operator import attrgetter\nrows = sorted([], key=attrgetter('n_layers'))",
-    "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc()",
+    "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n    traceback.print_exc()\n"
+    "    last = traceback.extract_tb(e.__traceback__)[-1]\ntraceback.print_stack(limit=2)",
     "import course.config\nprint(course.memory.GiB, course.memory.human_bytes(3))",  # what the release imports
 ])
 def test_honest_uses_of_the_same_tools_get_no_note(code):

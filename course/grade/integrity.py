@@ -28,8 +28,10 @@ SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "g
                          "cleandoc", "Parameter", "Signature"},
              "pickle": {"dump", "dumps", "HIGHEST_PROTOCOL"},
              "traceback": {"format_exc", "print_exc", "format_exception", "print_exception", "format_exception_only",
-                           "TracebackException"}}  # anything else of these is noted (pickle.loads of a constant
-# imports any module: the scan would not see it; traceback.walk_stack hands out the frames the checks run in)
+                           "TracebackException", "print_stack", "format_stack", "extract_stack", "extract_tb",
+                           "format_tb", "print_tb", "format_list", "print_list", "StackSummary", "FrameSummary"}}
+# anything else of these is noted (pickle.loads of a constant imports any module: the scan would not see it;
+# traceback.walk_stack hands out the frame objects the checks run in, where extract_stack gives only their text)
 REACHING_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "gi_frame",
                   "cr_frame", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__"}
 PROCESS_ATTRS = {"settrace", "setprofile", "modules", "dup", "dup2", "fdopen", "fork", "forkpty", "kill", "killpg",
@@ -39,8 +41,7 @@ HARMLESS_NAMES = {"course.memory:human_bytes", "course.memory:GiB", "course.memo
                   "course.measure.costs:human_bytes", "course.measure.costs:GiB"}  # printing helpers
 REACHING_CALLS = {"__import__", "exec", "eval", "compile", "get_ipython", "import_item"}
 REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "exec_module", "locate",
-                       "currentframe", "import_item", "__import__", "walk_stack", "walk_tb", "extract_stack",
-                       "reload"}  # importlib.__import__("course." + "x"): the module named in code the scan cannot read
+                       "currentframe", "import_item", "__import__", "walk_stack", "walk_tb", "reload"}  # importlib.__import__("course." + "x"): the module named in code the scan cannot read
 GETTERS = {"attrgetter", "methodcaller"}  # operator.attrgetter("f_locals")(frame) is frame.f_locals
 CODE_MAGICS = {"run", "writefile", "load", "loadpy"}  # they run or write code the scan cannot see
 PROCESS_TEXT = re.compile(r"/proc/(?:self|thread-self|\d+)/|/dev/fd\b")  # not /proc/meminfo, /proc/cpuinfo
