@@ -122,12 +122,14 @@ def test_batch_sweep(results):
         # batching pays: the best batch makes several times the tokens/s of one sequence
         assert row["speedup"] > 3, row
         assert row["speedup"] == pytest.approx(max(row["tokens_per_s"]) / row["tokens_per_s"][0])
-        # the knee is the first measured batch whose step took twice B = 1's; knee_found says whether one did
-        knee = row["knee"]
+        # the knee is the first measured B > 1 whose step took twice the baseline, the faster of B = 1 and B = 2
+        knee, base = row["knee"], min(row["ms"][:2])
+        assert row["knee_baseline_ms"] == pytest.approx(base)
         i = row["batch"].index(knee)
-        assert row["knee_found"] == any(ms >= 2 * row["ms"][0] for ms in row["ms"])
-        assert row["ms"][i] >= 2 * row["ms"][0] if row["knee_found"] else knee == row["batch"][-1]
-        assert all(ms < 2 * row["ms"][0] for ms in row["ms"][:i])
+        assert row["knee_found"] == any(ms >= 2 * base for ms in row["ms"][1:])
+        assert row["ms"][i] >= 2 * base if row["knee_found"] else knee == row["batch"][-1]
+        assert all(ms < 2 * base for ms in row["ms"][1:i])
+        assert row["knee_ratio"] == pytest.approx(row["ms"][i] / base)
     first = sweep[min(sweep, key=int)]
     assert results["batch_speedup"] == first["speedup"] and results["batch_knee"] == first["knee"]
 
@@ -138,10 +140,21 @@ def test_prose_follows_the_values(executed):
     out = _shown(nb)
     first = results["batch_sweep"][min(results["batch_sweep"], key=int)]
     assert f"{first['speedup']:.1f}× B = 1" in out
-    assert (f"B = {first['knee']} (this machine's knee)" in out) == first["knee_found"]
-    assert (f"No step cost twice B = 1's up to B = {first['batch'][-1]}" in out) == (not first["knee_found"])
+    c0 = min(results["batch_sweep"], key=int)
+    assert (f"C = {c0}: the knee, the first B whose step cost" in out) == first["knee_found"]
+    if first["knee_found"]:
+        from course.lessons.serving import ratio_text
+        assert f"came at B = {first['knee']}: {ratio_text(first['knee_ratio'])}" in out
+    assert (f"C = {c0}: no step cost twice the one-sequence baseline" in out) == (not first["knee_found"])
+    assert "(this machine's knee) (" not in out
     run = results["batching"]
     assert f"{run['throughput_ratio']:.2f}× the throughput" in out
+    assert "because its slots were busy" not in out  # the cause is the time split, printed from the run
+    share = run["continuous"]["prefill_s"] / (run["continuous"]["prefill_s"] + run["continuous"]["decode_s"])
+    assert f"({share:.0%} of its iterations' time against" in out
+    trace = [n for _, n in run["trace"]]
+    n_long = sum(24 <= n <= 32 for n in trace)
+    assert (f"{n_long} answers are long" if n_long > 1 else "1 answer is long" if n_long else "None of the") in out
     verdict = "no worse" if run["continuous"]["latency_p95"] <= run["static"]["latency_p95"] else "worse"
     assert f"({verdict} for the slowest requests)" in out
     mix = results["mix_bytes"]
@@ -193,21 +206,197 @@ def test_prefix_sharing(results):
 
 # ---------------------------------------------------------------------------------------------- helpers, fast
 
-@pytest.mark.parametrize("ratio", [1.6, 0.9])
-def test_the_throughput_sentence_claims_a_gain_only_when_one_was_measured(ratio):
+def _served(occupancy: float, prefill_s: list[float], decode_s: list[float], throughput: float):
+    """A stand-in ServeResult: its timeline has one prompt-carrying iteration per prefill_s, one decode-only
+    iteration per decode_s (2 slots each)."""
     from types import SimpleNamespace
 
-    from course.lessons.serving_runs import batching_sentences
+    steps = ([SimpleNamespace(seconds=t, slots=[(0, "prefill"), (1, "decode")]) for t in prefill_s]
+             + [SimpleNamespace(seconds=t, slots=[(0, "decode"), (1, "idle")]) for t in decode_s])
+    return SimpleNamespace(throughput=throughput, slot_occupancy=occupancy, ttft_p50=1.0, latency_p95=2.0,
+                           timeline=steps)
 
-    def result(throughput):
-        return SimpleNamespace(throughput=throughput, slot_occupancy=0.5, ttft_p50=1.0, latency_p95=2.0)
 
-    run = SimpleNamespace(static=result(10.0), continuous=result(10.0 * ratio), throughput_ratio=ratio,
-                          identical={"static": True, "continuous": True}, differing=lambda: [])
-    run.continuous.slot_occupancy = 0.9
-    first = batching_sentences(run)[0]
-    assert f"{ratio:.2f}× the throughput" in first and "busy 90% of the time against 50%" in first
-    assert ("because" in first) == (ratio > 1) and ("no gain in this run" in first) == (ratio <= 1)
+def _batching(static, continuous):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(static=static, continuous=continuous,
+                           throughput_ratio=continuous.throughput / static.throughput,
+                           identical={"static": True, "continuous": True}, differing=lambda: [])
+
+
+def test_time_split_counts_prompt_carrying_iterations():
+    from course.lessons.serving_runs import time_split
+
+    split = time_split(_served(0.5, [0.3, 0.2], [0.1, 0.1, 0.3], 10.0))
+    assert (split.prefill_iterations, split.decode_iterations) == (2, 3)
+    assert split.prefill_s == pytest.approx(0.5) and split.decode_s == pytest.approx(0.5)
+    assert split.prefill_share == pytest.approx(0.5)
+
+
+def test_the_gain_sentence_names_the_cause_the_time_split_shows():
+    from course.lessons.serving_runs import batching_sentences, gain_sentence
+
+    static = _served(0.37, [0.4], [0.1] * 20, 10.0)  # 0.4 s of prefill, 2.0 s of decode
+    # fewer decode iterations (1.0 s saved), more prefill (0.3 s added): a gain, smaller than the busier slots
+    run = _batching(static, _served(0.73, [0.35, 0.35], [0.1] * 10, 11.3))
+    text = gain_sentence(run)
+    assert "busy in 73% of slot-iterations against 37%" in text and "10 decode-only iterations against 20" in text
+    assert "The gain is the decode time saved (1.00 s)" in text and "took 300 ms more" in text
+    assert "smaller than the 2.0× rise in busy slots" in text and "No gain" not in text
+    lines = batching_sentences(run)
+    assert "1.13× the throughput" in lines[0] and "because" not in lines[0] and lines[1] == text
+    # the same split, but a gain above the rise in busy slots: no "smaller than" claim
+    above = gain_sentence(_batching(static, _served(0.73, [0.35, 0.35], [0.1] * 10, 30.0)))
+    assert "smaller than" not in above and "took back part of it" in above
+    # decode and prefill both shorter
+    both = gain_sentence(_batching(static, _served(0.73, [0.3], [0.1] * 10, 15.0)))
+    assert "Both kinds took less time" in both and "took back" not in both
+    # a gain with no decode time saved: it came from the prompt-carrying iterations
+    pre = gain_sentence(_batching(static, _served(0.73, [0.1], [0.1] * 20, 11.0)))
+    assert "came from shorter prompt-carrying iterations" in pre
+    # no gain: the prefill time added ate the decode time saved
+    ate = gain_sentence(_batching(static, _served(0.73, [0.7, 0.8], [0.1] * 10, 9.5)))
+    assert ate.count("No gain in this run") == 1 and "went to the extra time" in ate and "The gain is" not in ate
+    # no gain, and no decode time saved either: say the clock hid it, claim no cause
+    hid = gain_sentence(_batching(static, _served(0.73, [0.4], [0.25] * 10, 9.5)))
+    assert "No gain in this run" in hid and "run the cell again" in hid and "went to" not in hid
+    # no timeline recorded: no cause claimed
+    untimed = gain_sentence(_batching(_served(0.37, [], [], 10.0), _served(0.73, [], [], 12.0)))
+    assert "cannot say where the time went" in untimed and "The gain" not in untimed and "No gain" not in untimed
+    # within 1 % of static counts as no gain
+    assert "No gain in this run" in gain_sentence(_batching(static, _served(0.73, [0.7, 0.8], [0.1] * 10, 10.05)))
+
+
+def test_trace_sentence_counts_the_long_answers_of_the_trace():
+    from types import SimpleNamespace
+
+    from course.lessons.serving_runs import lesson_trace, trace_sentence
+
+    def trace(answers):
+        return [SimpleNamespace(max_new_tokens=n) for n in answers]
+
+    assert "2 answers are long (24–32 tokens) and 8 short (2–6), of 10" in trace_sentence(
+        trace([5, 32, 4, 4, 3, 4, 25, 4, 6, 6]))
+    assert trace_sentence(trace([3, 30, 4])).startswith("1 answer is long")
+    assert trace_sentence(trace([3, 4])).startswith("None of the 2 answers is long")
+    real = lesson_trace(256, n_requests=12, seed=4)
+    n_long = sum(r.max_new_tokens >= 24 for r in real)
+    assert f"{n_long} answers are long" in trace_sentence(real) or n_long < 2
+
+
+def test_the_markdown_describes_the_trace_generator():
+    """Cell 26 states lesson_trace's ranges and long-answer probability: they must be its defaults."""
+    import inspect
+
+    from course.lessons.serving_runs import lesson_trace
+
+    p = inspect.signature(lesson_trace).parameters
+    text = " ".join(c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "markdown")
+    (s0, s1), (l0, l1) = p["short"].default, p["long"].default
+    assert f"short ({s0}–{s1} tokens" in text and f"long ({l0}–{l1})" in text
+    assert f"long with probability {p['long_share'].default}" in text
+    assert "about a third" not in text
+
+
+def test_the_what_next_snippet_runs_as_pasted():
+    """The fenced code in "What to do next" runs with only the lesson's own names (engine, model, trace, run)."""
+    import re
+    from types import SimpleNamespace
+
+    from course.engine.model import tiny_model
+    from course.engine.serving import Request, solo_outputs
+    from course.lessons.serving_runs import lesson_trace
+
+    text = nbformat.read(NOTEBOOK, as_version=4).cells[-3].source
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    code = "\n".join(line[2:] if line.startswith("  ") else line for line in code.splitlines())
+    model = tiny_model()
+    real = lesson_trace(49152, n_requests=10, seed=0)  # the lesson's lengths, token ids folded into the tiny vocab
+    trace = [Request(r.id, tuple(t % 200 + 10 for t in r.prompt_ids), r.max_new_tokens) for r in real]
+    run = SimpleNamespace(solo=solo_outputs(model, trace, progress=False))
+    ns = dict(engine=model, model=model, trace=trace, run=run)
+    exec(code, ns)
+    assert ns["res"].preemptions > 0 and ns["res"].outputs() == run.solo
+
+
+def test_knee_uses_the_faster_of_b1_and_b2_as_its_baseline():
+    from course.lessons.serving import find_knee, ratio_text
+
+    batches = [1, 2, 4, 8, 16, 32, 64]
+    clean = find_knee(batches, [33.5, 35.4, 38.6, 40.8, 66.9, 133.3, 260.0])
+    assert clean.batch == 32 and clean.baseline_s == 33.5 and clean.below[0] == 16
+    assert ratio_text(clean.below[1]) == "1.99×"  # 66.9 / 33.5 = 1.997: just short, and it must read so
+    # a noisy, slow B = 1 (42.7 against B = 2's 34.8) would put the knee at 16 only if B = 16 doubles B = 2
+    noisy = find_knee(batches, [42.7, 34.8, 42.7, 53.2, 105.0, 183.8, 373.5])
+    assert noisy.baseline_s == 34.8 and noisy.batch == 16 and noisy.ratio == pytest.approx(105.0 / 34.8)
+    # with B = 1 as the baseline, 80 ms would not double 42.7; against B = 2's 34.8 it does
+    assert find_knee(batches, [42.7, 34.8, 40.0, 45.0, 80.0, 170.0, 340.0]).batch == 16
+    # a B = 1 twice as slow as B = 2 is noise, never the knee
+    assert find_knee([1, 2, 4], [90.0, 40.0, 50.0]).batch is None
+    flat = find_knee([1, 2, 4, 8], [10.0, 10.5, 12.0, 19.0])
+    assert not flat.found and flat.last_batch == 8 and flat.ratio == pytest.approx(1.9)
+    with pytest.raises(ValueError, match="B = 1"):
+        find_knee([2, 4], [1.0, 2.0])
+
+
+def test_predicted_knee_and_critical_batch_agree_on_paper():
+    from course.engine.config import ModelConfig
+    from course.lessons.serving import (batch_cost, critical_batch_sentence, predicted_critical_batch,
+                                        predicted_doubling_batch, predicted_step)
+    from course.measure.roofline import Machine
+
+    config, m = ModelConfig.from_name("smollm2-135m"), Machine("cpu", "float32", 20e9, 54e9)
+    for C in (64, 512):
+        b_star, knee = predicted_critical_batch(m, config, C, 4), predicted_doubling_batch(m, config, C, 4)
+        assert 1 < b_star < knee <= 2 * b_star  # memory-bound at B = 1: the knee lies at or below 2·B*
+        one = predicted_step(m, batch_cost(config, 1, C, 4))
+        at = predicted_step(m, batch_cost(config, math.ceil(knee), C, 4))
+        below = predicted_step(m, batch_cost(config, math.floor(knee), C, 4))
+        assert at >= 2 * one > below
+        text = critical_batch_sentence(m, config, C, 4)
+        assert f"B* ≈ {b_star:.1f}" in text and f"(the knee) at B ≈ {knee:.1f}" in text
+        # each context prints its own FLOPs
+        assert f"F = {batch_cost(config, 1, C, 4).flops / 1e9:.3f} GFLOP" in text
+    from course.lessons.serving import GPUS
+
+    assert "no critical batch" in critical_batch_sentence(GPUS["A100"].machine(), ModelConfig.from_name("llama-2-7b"),
+                                                          4096, 2)
+
+
+def test_knee_sentence_reports_measured_and_predicted_by_one_rule():
+    sweep = _two_context_sweep({1: [42.7], 2: [34.8], 4: [42.7], 8: [53.2], 16: [105.0]},
+                               {1: [50.0], 2: [51.0], 4: [55.0], 8: [60.0], 16: [70.0]})
+    for p, pred in zip(sweep.at(64), (21.0, 21.5, 22.0, 32.0, 64.0)):
+        p.predicted_s = pred / 1e3
+    text = sweep.knee_sentence(64)
+    assert "C = 64: the knee" in text and "35 ms (the faster of B = 1 and B = 2)" in text
+    assert "came at B = 16: 3.01×; B = 8 had reached 1.52×" in text
+    assert "The prediction, by the same rule: B = 16" in text and "critical batch B* ≈" in text
+    assert ") (" not in text
+    none = sweep.knee_sentence(512)
+    assert "no step cost twice the one-sequence baseline" in none and "up to B = 16" in none
+    assert "puts it beyond B = 16 too" in none  # predicted 1 ms at every B in the stand-in sweep
+
+
+def test_recap_names_the_knee_once_per_context():
+    from types import SimpleNamespace
+
+    from course.lessons.serving_runs import recap_bullets
+
+    values = {"64": dict(best_batch=64, speedup=8.3, knee=32, knee_found=True, batch=[1, 64]),
+              "512": dict(best_batch=32, speedup=7.4, knee=64, knee_found=False, batch=[1, 64])}
+    served = SimpleNamespace(latency_p95=1.0)
+    run = SimpleNamespace(continuous=served, static=served, throughput_ratio=1.1, identical={"s": True})
+    prefix = SimpleNamespace(ttft_saved=0.5, shared=SimpleNamespace(peak_bytes_shared=0))
+    fit = SimpleNamespace(budget_bytes=1 << 28, paged_requests=7, preallocated_requests=2, max_seq_len=2048)
+    mix = SimpleNamespace(paged_bytes=101, used_bytes=100, paged_waste=0.01, preallocated_bytes=300,
+                          preallocated_waste=0.66)
+    first = recap_bullets(values, fit, mix, run, prefix)[0]
+    assert "at C = 64, B = 64 gave 8.3× the total tokens/s of B = 1 and the knee" in first
+    assert "came at B = 32; at C = 512, B = 32 gave 7.4×" in first
+    assert "no step reached the knee up to B = 64." in first and first.count("one-sequence baseline") == 1
+    assert "), C = 512" not in first
 
 
 def test_published_gpu_numbers():
@@ -248,7 +437,8 @@ def test_batch_sweep_on_the_tiny_model():
     assert sweep.contexts == [8, 32] and [p.batch for p in sweep.at(8)] == [1, 2, 4]
     assert all(p.predicted_s > 0 and p.seconds > 0 for p in sweep.points)
     text = sweep_sentences(sweep)
-    assert len(text) == 5 and "predicted ÷ measured (pred/meas above) ran from" in text[1]
+    assert len(text) == 7 and "predicted ÷ measured (pred/meas above) ran from" in text[2]
+    assert text[1].startswith(("C = 8: the knee", "C = 8: no step cost twice"))
     assert text[-1].startswith(("The longer context", "Batching gained"))
     with pytest.raises(ValueError, match="starting at 1"):
         batch_sweep(model, machine, batches=(2, 4))
@@ -285,7 +475,7 @@ def test_serving_helpers_on_the_tiny_model():
     assert len({r.max_new_tokens for r in trace}) > 1
     run = batching_run(model, trace, max_batch=3, progress=False)
     assert run.identical == {"static": True, "continuous": True}
-    assert len(batching_sentences(run)) == 3
+    assert len(batching_sentences(run)) == 4
     with pytest.raises(ValueError, match="long_share"):
         lesson_trace(256, long_share=1.5)
 

@@ -2,7 +2,10 @@
 
     batch_sweep          ms per decode step and total tokens/s for B = 1, 2, 4, … at each context, measured
                          on the real model, next to the prediction max((W + B·KV(C)) / bandwidth, B·F / FLOP/s)
-    BatchSweep.knee      this machine's critical batch, from the data: the first B whose step costs twice B = 1's
+    critical_batch       B*, where the FLOPs catch up with the bytes on paper; doubling_batch: where the
+                         predicted step costs twice B = 1's (at most 2·B* when one sequence is memory-bound)
+    find_knee            the knee: the first B whose step costs at least twice the one-sequence baseline (the
+                         faster of B = 1 and B = 2), the same rule for the measured and the predicted steps
     plot_batch_sweep     step time and tokens/s against B; plot_batch_roofline: the decode points move right
     published_gpu_table  Llama-2-7B decode on an A100 / H100 on paper, from the vendors' published specs
     requests_that_fit    how many requests fit a memory budget, from the formula (Llama-2-7B, Llama-3.1-8B/70B
@@ -78,15 +81,81 @@ def predicted_step(machine: Machine, cost: Cost) -> float:
     return max(cost.bytes / machine.bytes_per_s, cost.flops / machine.flops_per_s)
 
 
-def predicted_critical_batch(machine: Machine, config: ModelConfig, context: int, dtype_bytes: float = 4) -> float:
-    """The B at which B·F / FLOP/s catches up with (W + B·KV) / bandwidth; inf when it never does.
+def critical_batch(machine: Machine, one: Cost) -> float:
+    """B* from one sequence's step cost: the B at which B·F / FLOP/s catches up with (W + B·KV) / bandwidth.
 
     Solve B·F/P = (W + B·K)/BW: B* = (W/BW) / (F/P − K/BW). When one sequence's cache takes longer to read
-    than its FLOPs take to do (K/BW ≥ F/P), adding sequences adds bytes as fast as FLOPs: never compute-bound.
+    than its FLOPs take to do (K/BW ≥ F/P), adding sequences adds bytes as fast as FLOPs: never compute-bound (inf).
     """
-    one = _decode_cost(config, context, dtype_bytes)
     per_seq = one.flops / machine.flops_per_s - one.kv_bytes / machine.bytes_per_s
     return math.inf if per_seq <= 0 else (one.weight_bytes / machine.bytes_per_s) / per_seq
+
+
+def doubling_batch(machine: Machine, one: Cost, factor: float = 2.0) -> float:
+    """The (fractional) B at which the predicted step reaches `factor` × B = 1's: the knee on paper.
+
+    The step is max((W + B·K)/BW, B·F/P); each term reaches factor × step(1) at its own B, the smaller wins.
+    Past B* the step grows in proportion to B, so when B = 1 is memory-bound this lies at or below 2·B*."""
+    target = factor * predicted_step(machine, one)
+    by_flops = target * machine.flops_per_s / one.flops
+    by_bytes = (target * machine.bytes_per_s - one.weight_bytes) / one.kv_bytes if one.kv_bytes else math.inf
+    return min(by_flops, by_bytes)
+
+
+def predicted_critical_batch(machine: Machine, config: ModelConfig, context: int, dtype_bytes: float = 4) -> float:
+    """critical_batch for a model at context C; inf when compute never catches up."""
+    return critical_batch(machine, _decode_cost(config, context, dtype_bytes))
+
+
+def predicted_doubling_batch(machine: Machine, config: ModelConfig, context: int, dtype_bytes: float = 4) -> float:
+    """doubling_batch for a model at context C."""
+    return doubling_batch(machine, _decode_cost(config, context, dtype_bytes))
+
+
+def critical_batch_sentence(machine: Machine, config: ModelConfig, context: int, dtype_bytes: float = 4) -> str:
+    """One context on paper: W, KV(C) and F at this C, the critical batch B* and the knee (the step doubles)."""
+    one = _decode_cost(config, context, dtype_bytes)
+    b_star, doubles = critical_batch(machine, one), doubling_batch(machine, one)
+    when = (f"critical batch B* ≈ {b_star:.1f} (compute catches up with memory)" if math.isfinite(b_star) else
+            "no critical batch (one sequence's cache takes longer to read than its FLOPs take)")
+    return (f"C = {context:,}: W = {one.weight_bytes / 1e6:,.0f} MB, KV(C) = {one.kv_bytes / 1e6:,.1f} MB and "
+            f"F = {one.flops / 1e9:.3f} GFLOP per sequence -> {when}; the step costs twice B = 1's (the knee) "
+            f"at B ≈ {doubles:.1f}.")
+
+
+@dataclass(frozen=True)
+class Knee:
+    """Where a sweep's step first cost find_knee's factor × the one-sequence baseline (batch None: no step did)."""
+    batch: int | None
+    ratio: float  # the knee's step ÷ baseline; with no knee, the largest B's
+    baseline_s: float  # the faster of B = 1 and B = 2: a step for two sequences cannot truly cost less than one
+    last_batch: int  # the largest B measured
+    below: tuple[int, float] | None = None  # the B just before the knee and its ratio: how close it came
+
+    @property
+    def found(self) -> bool:
+        return self.batch is not None
+
+
+def find_knee(batches: Sequence[int], seconds: Sequence[float], factor: float = 2.0) -> Knee:
+    """The knee of a sweep: the first B > 1 whose step takes at least `factor` × the baseline.
+
+    The baseline is the faster of B = 1 and B = 2: two sequences do at least one sequence's work, so when B = 2
+    ran faster, B = 1 caught noise, and against it the 2× line would sit too high (the knee too late, or hidden)."""
+    pairs = sorted(zip(batches, seconds))
+    if not pairs or pairs[0][0] != 1:
+        raise ValueError(f"a sweep for a knee must start at B = 1, got batches {sorted(batches)}")
+    baseline = min(s for b, s in pairs if b <= 2)
+    ratios = [(b, s / baseline) for b, s in pairs]
+    for i, (b, r) in enumerate(ratios):
+        if b > 1 and r >= factor:
+            return Knee(b, r, baseline, pairs[-1][0], ratios[i - 1])
+    return Knee(None, ratios[-1][1], baseline, pairs[-1][0])
+
+
+def ratio_text(ratio: float) -> str:
+    """A ratio to 2 decimals, truncated so it never rounds across the 2× line (1.997 prints 1.99×, not 2.00×)."""
+    return f"{math.floor(ratio * 100 + 1e-9) / 100:.2f}×"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,33 +206,57 @@ class BatchSweep(Printed):
         rows = self.at(context)
         return self.best(context).tokens_per_s / rows[0].tokens_per_s
 
-    def knee(self, context: int) -> int:
-        """The first measured B whose step takes at least twice B = 1's: below it a bigger batch is nearly free."""
+    def knee_detail(self, context: int, predicted: bool = False) -> Knee:
+        """find_knee on the measured steps at `context` (predicted=True: on the predicted steps, same rule)."""
         rows = self.at(context)
-        return next((p.batch for p in rows if p.seconds >= 2 * rows[0].seconds), rows[-1].batch)
+        return find_knee([p.batch for p in rows], [p.predicted_s if predicted else p.seconds for p in rows])
+
+    def knee(self, context: int) -> int:
+        """The first measured B whose step took at least twice the baseline (the faster of B = 1 and B = 2);
+        the largest B measured when none did (see knee_found)."""
+        k = self.knee_detail(context)
+        return k.batch if k.found else k.last_batch
 
     def predicted_knee(self, context: int) -> int:
-        rows = self.at(context)
-        return next((p.batch for p in rows if p.predicted_s >= 2 * rows[0].predicted_s), rows[-1].batch)
+        k = self.knee_detail(context, predicted=True)
+        return k.batch if k.found else k.last_batch
 
     def knee_found(self, context: int) -> bool:
-        """Did some measured step cost twice B = 1's? If not, knee() is only the largest B measured."""
-        rows = self.at(context)
-        return any(p.seconds >= 2 * rows[0].seconds for p in rows)
+        """Did some measured step cost twice the baseline? If not, knee() is only the largest B measured."""
+        return self.knee_detail(context).found
 
     def predicted_knee_found(self, context: int) -> bool:
-        rows = self.at(context)
-        return any(p.predicted_s >= 2 * rows[0].predicted_s for p in rows)
+        return self.knee_detail(context, predicted=True).found
 
     def knee_sentence(self, context: int) -> str:
-        """Where the step first cost twice B = 1's, measured and predicted, or that it never did up to the largest B."""
-        top = self.at(context)[-1].batch
-        measured = (f"The step first cost twice B = 1's at B = {self.knee(context)} (this machine's knee)"
-                    if self.knee_found(context) else
-                    f"No step cost twice B = 1's up to B = {top}, the largest measured: the knee lies beyond it")
-        predicted = (f"the prediction says B = {self.predicted_knee(context)}" if self.predicted_knee_found(context)
-                     else f"the prediction puts it beyond B = {top} too")
-        return f"{measured} ({predicted})."
+        """The knee measured and predicted by the same rule, with the ratios that decided it, and how the
+        predicted one relates to the critical batch B*."""
+        k, pk = self.knee_detail(context), self.knee_detail(context, predicted=True)
+        batches = [p.batch for p in self.at(context)]
+        base = (f"{duration(k.baseline_s)} (the faster of B = 1 and B = 2)" if 2 in batches else
+                f"{duration(k.baseline_s)} (B = 1)")
+        if k.found:
+            close = (f"; B = {k.below[0]} had reached {ratio_text(k.below[1])}" if k.below and k.below[0] > 1 else "")
+            measured = (f"C = {context}: the knee, the first B whose step cost at least twice the one-sequence "
+                        f"baseline, {base}, came at B = {k.batch}: {ratio_text(k.ratio)}{close}.")
+        else:
+            measured = (f"C = {context}: no step cost twice the one-sequence baseline, {base}, up to "
+                        f"B = {k.last_batch}, the largest measured ({ratio_text(k.ratio)} there): the knee lies "
+                        "beyond it.")
+        one = self.at(context)[0].cost
+        b_star, doubles = critical_batch(self.machine, one), doubling_batch(self.machine, one)
+        why = (f"{doubles / b_star:.1f}× the critical batch B* ≈ {b_star:.1f} of section 1" if math.isfinite(b_star)
+               else "from the cache alone: compute never catches up, there is no critical batch")
+        if pk.found:
+            earlier = [b for b in batches if b < pk.batch]
+            first_past = pk.batch >= doubles and (not earlier or earlier[-1] < doubles)
+            where = (f", the first measured B at or past B ≈ {doubles:.1f}, where its step doubles" if first_past
+                     else f"; on paper its step doubles at B ≈ {doubles:.1f}")
+            predicted = f"The prediction, by the same rule: B = {pk.batch}{where} ({why})."
+        else:
+            predicted = (f"The prediction, by the same rule, puts it beyond B = {pk.last_batch}"
+                         f"{'' if k.found else ' too'}: its step doubles at B ≈ {doubles:.1f} ({why}).")
+        return f"{measured} {predicted}"
 
     def values(self) -> dict:
         out = {}
@@ -176,6 +269,8 @@ class BatchSweep(Printed):
                                intensity=[p.cost.intensity for p in rows],
                                knee=self.knee(c), predicted_knee=self.predicted_knee(c),
                                knee_found=self.knee_found(c), predicted_knee_found=self.predicted_knee_found(c),
+                               knee_baseline_ms=self.knee_detail(c).baseline_s * 1e3,
+                               knee_ratio=self.knee_detail(c).ratio,
                                best_batch=self.best(c).batch, speedup=self.speedup(c))
         return out
 
@@ -244,7 +339,8 @@ def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
 
 
 def sweep_sentences(sweep: BatchSweep) -> list[str]:
-    """What the sweep showed, one sentence per context, from its numbers."""
+    """What the sweep showed, from its numbers: per context its best batch, its knee and the prediction's error;
+    then the two contexts compared."""
     out = []
     for c in sweep.contexts:
         rows, best = sweep.at(c), sweep.best(c)
@@ -253,8 +349,8 @@ def sweep_sentences(sweep: BatchSweep) -> list[str]:
                    else f"falling again beyond B = {best.batch}")
         out.append(f"C = {c}: one step for B = 1 took {duration(one.seconds)} ({one.tokens_per_s:.1f} tokens/s); "
                    f"the best batch, B = {best.batch}, took {duration(best.seconds)} per step for "
-                   f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}. "
-                   + sweep.knee_sentence(c))
+                   f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}.")
+        out.append(sweep.knee_sentence(c))
         ratios = [(p.predicted_s / p.seconds, p.batch) for p in rows]  # the table's pred/meas column
         (lo, b_lo), (hi, b_hi) = min(ratios), max(ratios)
         out.append(f"C = {c}: predicted ÷ measured (pred/meas above) ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} "
@@ -321,7 +417,7 @@ def plot_batch_sweep(sweep: BatchSweep):
         right.plot(bs, [p.tokens_per_s for p in rows], "o-", color=color, label=f"C = {c}")
         right.plot(bs, [p.batch / p.predicted_s for p in rows], "--", color=color, alpha=0.7)
     left.set(xscale="log", yscale="log", xlabel="batch B (sequences per step)", ylabel="ms per decode step",
-             title="one step (dotted: the knee, where it costs 2× B = 1)")
+             title="one step (dotted: the knee, where it first costs 2× the B = 1 baseline)")
     right.set(xscale="log", yscale="log", xlabel="batch B", ylabel="total decode tokens/s",
               title="throughput (dashed: predicted)")
     for ax in (left, right):

@@ -254,11 +254,13 @@ class BatchingRun(Printed):
 
     def values(self) -> dict:
         out = {"identical": self.identical, "throughput_ratio": self.throughput_ratio,
-               "requests": len(self.requests), "generated_tokens": self.continuous.generated_tokens}
+               "requests": len(self.requests), "generated_tokens": self.continuous.generated_tokens,
+               "trace": [(len(r.prompt_ids), r.max_new_tokens) for r in self.requests]}
         for name, r in (("static", self.static), ("continuous", self.continuous)):
             out[name] = dict(throughput=r.throughput, ttft_p50=r.ttft_p50, ttft_p95=r.ttft_p95,
                              latency_p50=r.latency_p50, latency_p95=r.latency_p95, makespan=r.makespan,
-                             occupancy=r.slot_occupancy, iterations=len(r.timeline), preemptions=r.preemptions)
+                             occupancy=r.slot_occupancy, iterations=len(r.timeline), preemptions=r.preemptions,
+                             prefill_s=time_split(r).prefill_s, decode_s=time_split(r).decode_s)
         return out
 
     def __str__(self) -> str:
@@ -288,6 +290,20 @@ def lesson_trace(vocab_size: int, n_requests: int = 10, seed: int = 0, long_shar
             for r in base]
 
 
+def trace_sentence(requests: Sequence[Request], short: tuple[int, int] = (2, 6),
+                   long: tuple[int, int] = (24, 32)) -> str:
+    """How many of the trace's answers are long, counted from the trace (lesson_trace draws each one long with
+    probability long_share, so a small trace need not hold that share)."""
+    n_long = sum(long[0] <= r.max_new_tokens <= long[1] for r in requests)
+    n = len(requests)
+    if n_long == 0:
+        return (f"None of the {n} answers is long ({long[0]}–{long[1]} tokens) in this trace: a static batch has "
+                "no long member to wait for here.")
+    longs = "1 answer is" if n_long == 1 else f"{n_long} answers are"
+    return (f"{longs} long ({long[0]}–{long[1]} tokens) and {n - n_long} short ({short[0]}–{short[1]}), of {n}: "
+            "a batch that holds a long one waits for it.")
+
+
 def warm_up(model, requests: Sequence[Request], max_batch: int = 4, progress: bool = True) -> None:
     """Serve a few steps of the first requests, untimed, so that a compiled engine (course.engine.fast.FastModel)
     compiles its steps here and not inside the first timed run; for the eager model it costs a few steps."""
@@ -309,19 +325,83 @@ def batching_run(model, requests: Sequence[Request], max_batch: int = 4, progres
     return BatchingRun(requests, static, continuous, solo)
 
 
+@dataclass(frozen=True)
+class TimeSplit:
+    """A served run's iterations in two kinds: those that carried a prompt (every slot waits while it is
+    prefilled) and decode-only ones, with their wall time in seconds."""
+    prefill_s: float
+    decode_s: float
+    prefill_iterations: int
+    decode_iterations: int
+
+    @property
+    def prefill_share(self) -> float:
+        """Share of the iterations' time spent in those that carried a prompt."""
+        total = self.prefill_s + self.decode_s
+        return self.prefill_s / total if total else math.nan
+
+
+def time_split(result: ServeResult) -> TimeSplit:
+    """Split a run's timeline into prompt-carrying and decode-only iterations."""
+    pre = [s for s in result.timeline if any(what == "prefill" for _, what in s.slots)]
+    dec = [s for s in result.timeline if not any(what == "prefill" for _, what in s.slots)]
+    return TimeSplit(sum(s.seconds for s in pre), sum(s.seconds for s in dec), len(pre), len(dec))
+
+
+def gain_sentence(run: BatchingRun) -> str:
+    """Why continuous batching did (or did not) beat static batching in this run, from the two time splits:
+    busier slots mean fewer decode-only iterations (decode time saved); more, smaller admissions mean more
+    iterations that carry a prompt, and each of those stalls every slot (prefill time added)."""
+    s, c = run.static, run.continuous
+    ts, tc = time_split(s), time_split(c)
+    saved, extra = ts.decode_s - tc.decode_s, tc.prefill_s - ts.prefill_s
+    if not s.timeline or not c.timeline:
+        return (f"Its slots were busy in {c.slot_occupancy:.0%} of slot-iterations against {s.slot_occupancy:.0%}; "
+                "no iterations were timed, so this run cannot say where the time went.")
+    parts = (f"Its slots were busy in {c.slot_occupancy:.0%} of slot-iterations against {s.slot_occupancy:.0%}: "
+             f"{tc.decode_iterations} decode-only iterations against {ts.decode_iterations}, "
+             f"{duration(tc.decode_s)} against {duration(ts.decode_s)}. Iterations that carried a prompt, which "
+             f"hold up every slot while it is prefilled, took {duration(tc.prefill_s)} against "
+             f"{duration(ts.prefill_s)} ({tc.prefill_share:.0%} of its iterations' time against "
+             f"{ts.prefill_share:.0%}).")
+    busier = c.slot_occupancy / s.slot_occupancy if s.slot_occupancy else math.inf
+    if run.throughput_ratio >= 1 + SAME:
+        if saved > 0 and extra > 0 and run.throughput_ratio < busier:
+            verdict = (f"The gain is the decode time saved ({duration(saved)}). Prompt-carrying iterations gain "
+                       f"nothing from busier slots, and here took {duration(extra)} more: that is why the gain is "
+                       f"smaller than the {busier:.1f}× rise in busy slots.")
+        elif saved > 0 and extra > 0:
+            verdict = (f"The gain is the decode time saved ({duration(saved)}); prompt-carrying iterations took "
+                       f"{duration(extra)} more, which took back part of it.")
+        elif saved > 0:
+            verdict = (f"Both kinds took less time: {duration(saved)} less decoding and {duration(-extra)} less in "
+                       "prompt-carrying iterations.")
+        elif extra < 0:
+            verdict = (f"The gain came from shorter prompt-carrying iterations ({duration(-extra)} less), not from "
+                       "the decode-only ones, which took no less time.")
+        else:
+            verdict = ("Neither kind of iteration took less time, so the gain lies outside them; a busy machine "
+                       "moves differences this small, so run the cell again.")
+    elif saved > 0 and extra >= saved:
+        verdict = (f"No gain in this run: the decode time saved ({duration(saved)}) went to the extra time in "
+                   f"prompt-carrying iterations ({duration(extra)}).")
+    elif saved <= 0:
+        verdict = ("No gain in this run: its decode-only iterations took no less time in total, although fewer "
+                   "slots sat idle; a busy machine can hide the gain, so run the cell again.")
+    else:
+        verdict = (f"No gain in this run, although its iterations took {duration(saved - extra)} less in total: "
+                   "the time between them, or a busy machine, ate it; run the cell again.")
+    return f"{parts} {verdict}"
+
+
 def batching_sentences(run: BatchingRun) -> list[str]:
     s, c = run.static, run.continuous
     same = all(run.identical.values())
     p95 = "no worse" if c.latency_p95 <= s.latency_p95 else "worse"
-    busy = f"its slots were busy {c.slot_occupancy:.0%} of the time against {s.slot_occupancy:.0%}"
-    if run.throughput_ratio > 1:
-        gain = f"{run.throughput_ratio:.2f}× the throughput, because {busy}."
-    else:  # the mechanism is there (busier slots) but this run's clock did not show it: say so, never claim it
-        gain = (f"{run.throughput_ratio:.2f}× the throughput: no gain in this run, although {busy}; a busy machine "
-                f"can hide it, so run the cell again.")
     return [
         f"Continuous batching produced {c.throughput:.1f} tokens/s against static batching's {s.throughput:.1f}: "
-        + gain,
+        f"{run.throughput_ratio:.2f}× the throughput.",
+        gain_sentence(run),
         f"Time to first token, median: {duration(c.ttft_p50)} against {duration(s.ttft_p50)}; latency p95: "
         f"{duration(c.latency_p95)} against {duration(s.latency_p95)} ({p95} for the slowest requests).",
         ("Every request's tokens equal its solo greedy run, under both policies." if same else
@@ -445,15 +525,17 @@ def prefix_run(model, tokenizer, system: str = SYSTEM_PROMPT, questions: Sequenc
 def recap_bullets(sweep_values: dict, fit: BudgetFit, mix: MixBytes, run: BatchingRun, prefix: PrefixRun) -> list[str]:
     """The lesson's recap bullets (for course.lessons.recap.recap), one per section, from the learner's own numbers."""
     contexts = sorted(sweep_values, key=int)
-    c0 = sweep_values[contexts[0]]
     c = run.continuous
+
+    def batching(k: str, first: bool) -> str:
+        v = sweep_values[k]
+        rule = " (the first step at twice the one-sequence baseline)" if first else ""
+        knee = (f"and the knee{rule} came at B = {v['knee']}" if v.get("knee_found", True) else
+                f"and no step reached the knee{rule} up to B = {v['batch'][-1]}")
+        return f"at C = {k}, B = {v['best_batch']} gave {v['speedup']:.1f}× the total tokens/s of B = 1 {knee}"
+
     return [
-        f"Batching decode: at C = {contexts[0]}, B = {c0['best_batch']} gave {c0['speedup']:.1f}× the total tokens/s "
-        f"of B = 1; " + (f"a step first cost twice B = 1's at B = {c0['knee']} (this machine's knee), "
-                         if c0.get("knee_found", True) else
-                         f"no step cost twice B = 1's up to B = {c0['batch'][-1]} (the knee lies beyond), ")
-        + ", ".join(f"C = {k}: {sweep_values[k]['speedup']:.1f}× at B = {sweep_values[k]['best_batch']}"
-                    for k in contexts[1:]) + ".",
+        "Batching decode: " + "; ".join(batching(k, i == 0) for i, k in enumerate(contexts)) + ".",
         f"The cache is the limit: a {fit.budget_bytes / MiB:.0f} MiB budget held {fit.paged_requests} requests of the "
         f"mix paged, {fit.preallocated_requests} as {fit.max_seq_len:,}-token preallocated slots.",
         f"Paging reserved {mix.paged_bytes / mix.used_bytes:.3f}× the bytes the mix used ({mix.paged_waste:.1%} wasted); "
