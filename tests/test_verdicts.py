@@ -270,12 +270,12 @@ def test_batch_sweep_says_when_no_step_doubled():
 
     flat = _sweep({1: 10.0, 4: 12.0, 16: 15.0, 64: 19.0}, [10, 10.5, 11, 14])
     text = " ".join(sweep_sentences(flat))
-    assert not flat.knee_found(64) and "(this machine's knee)" not in text
-    assert "No step cost twice B = 1's up to B = 64" in text and "the prediction puts it beyond B = 64" in text
+    assert not flat.knee_found(64) and "the knee, the first B" not in text
+    assert "no step cost twice the one-sequence baseline" in text and "up to B = 64" in text
+    assert "puts it beyond B = 64" in text
     assert flat.values()["64"]["knee_found"] is False
-    bent = _sweep({1: 10.0, 4: 12.0, 16: 25.0, 64: 90.0}, [10, 11, 21, 80])
-    assert "first cost twice B = 1's at B = 16 (this machine's knee) (the prediction says B = 16)" in \
-        " ".join(sweep_sentences(bent))
+    bent = " ".join(sweep_sentences(_sweep({1: 10.0, 4: 12.0, 16: 25.0, 64: 90.0}, [10, 11, 21, 80])))
+    assert "came at B = 16: 2.50×" in bent and "The prediction, by the same rule: B = 16" in bent
 
 
 def test_crossover_example_reaches_the_crossover():
@@ -292,7 +292,8 @@ def test_batching_sentences_show_fast_latencies_in_ms():
     from course.lessons.serving_runs import batching_sentences
 
     def served(ttft, p95, tps, busy):
-        return types.SimpleNamespace(ttft_p50=ttft, latency_p95=p95, throughput=tps, slot_occupancy=busy)
+        return types.SimpleNamespace(ttft_p50=ttft, latency_p95=p95, throughput=tps, slot_occupancy=busy,
+                                     timeline=[])
 
     run = types.SimpleNamespace(static=served(0.021, 0.09, 900.0, 0.6), continuous=served(0.004, 0.08, 1100.0, 0.9),
                                 throughput_ratio=1100 / 900, identical={0: True}, differing=lambda: [])

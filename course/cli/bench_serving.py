@@ -63,7 +63,8 @@ def _batching_text(it: dict) -> str:
         parts.append(f"{name}: at context {e['context']}, the best batch (B = {e['best_batch']}) gave "
                      f"{e['speedup']:.1f}× the total tokens/s of B = 1; the prediction was "
                      f"{e['best_predicted_over_measured']:.2f}× the measured step there. The step first cost twice "
-                     f"B = 1's at B = {e['knee']} (predicted B = {e['predicted_knee']}).")
+                     f"the one-sequence step (the faster of B = 1 and B = 2) at B = {e['knee']} (predicted B = "
+                     f"{e['predicted_knee']}).")
     if len(it["engines"]) > 1:
         parts.append(f"The targets read the {it['primary']} rows (the serving lesson's engine).")
     return " ".join(parts)
