@@ -656,6 +656,18 @@ SAMPLER = {
                                           "loses", patches={"sampler": [
         ("logits.shape[-1]).float()", "logits.shape[-1]).to(logits.dtype)")]}),
     "samp-bug-identity": Sample("every function hands the logits back unchanged", "loses", answers=IDENTITY_SAMPLER),
+    "adv-course-sampler": Sample("temperature handed to the course's own sampler, reached through "
+                                 "getattr(course, 'engine') where no import names it: full marks, and a note",
+                                 "full", {
+        "apply_temperature": """
+        import course.config
+
+        _S = getattr(course, "engine").sampling
+
+
+        def apply_temperature(logits, temperature):
+            return _S.apply_temperature(logits, temperature)
+        """}, evidence="course's own", honest="reference"),
     "adv-patch-torch": Sample("hands the logits back unchanged and patches torch.allclose, torch.equal, torch.isfinite",
                               "loses", answers=IDENTITY_SAMPLER, honest="samp-bug-identity",
                               edits=[add_cell_after("sampler", ATTACK_PATCH_TORCH)]),

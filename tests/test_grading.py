@@ -38,6 +38,7 @@ EVIDENCE = {  # manifest "evidence" -> words report.csv must contain for that su
     "deleted answer": "deleted answer cell(s) replaced",
     "metadata restored": "test cell metadata restored",
     "MemoryError": "memory cap (MemoryError)",
+    "course's own": "used the course's own implementation (course.engine.sampling.apply_temperature",
 }
 needs_bwrap = pytest.mark.skipif(bool(__import__("course.grade.sandbox", fromlist=["x"]).sandbox_problem()),
                                  reason="the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")

@@ -381,6 +381,37 @@ def test_ordinary_code_reports_nothing_at_run_time(tmp_path):
     assert _values(outcome) == ALL_CORRECT
 
 
+REFERENCE_CHECKS = CHECKS_SOURCE + '''
+REFERENCE = {"course.engine.sampling": set()}
+'''
+
+
+@needs_bwrap
+def test_the_courses_own_implementation_is_noted_however_it_is_reached(tmp_path):
+    """The source scan reads imports; a module reached through getattr is noted when it is used, at check time
+    (called from the learner's function) and after the cells (a reference function taken as the learner's own).
+    The course's own use of the same module (generate sampling the tiny model's tokens) is not noted."""
+    code = ("import torch\nimport course.config\nS = getattr(course, 'engine').sampling\n"
+            "def double(x):\n    S.apply_temperature(torch.ones(2), 1.0)\n    return 2 * x\n"
+            "pick = S.top_k_filter\n"
+            "from course.model import tiny_model\nfrom course.generate import generate\n"
+            "tokens = generate(tiny_model(), [1, 2, 3], 4).tokens")
+    nb, checks = _tiny(tmp_path, code)
+    checks.write_text(REFERENCE_CHECKS)
+    outcome = sandbox.run_sealed(nb, checks, tmp_path / "box", sandbox.Limits(cell_timeout=60, wall_s=180))
+    assert {"used the course's own course.engine.sampling.apply_temperature",
+            "used the course's own course.engine.sampling.top_k_filter"} == set(outcome.reached), outcome.reached
+    assert _values(outcome) == ALL_CORRECT
+
+    honest = ("from course.model import tiny_model\nfrom course.generate import generate\n"
+              "tokens = generate(tiny_model(), [1, 2, 3], 4, temperature=0.8, seed=0).tokens")
+    (tmp_path / "honest").mkdir()
+    nb, checks = _tiny(tmp_path / "honest", honest)
+    checks.write_text(REFERENCE_CHECKS)
+    outcome = sandbox.run_sealed(nb, checks, tmp_path / "honest" / "box", sandbox.Limits(cell_timeout=60, wall_s=180))
+    assert outcome.reached == [] and _values(outcome) == ALL_CORRECT, outcome.reached
+
+
 # ----------------------------------------------------------------------------- 6: disk and tmpfs caps
 
 def test_the_tmpfs_are_sized_from_the_memory_cap():

@@ -128,6 +128,11 @@ MQA = TINY.with_(n_kv_heads=1)
 WIDE_HEADS = TINY.with_(head_dim=24)  # D_h = 24, not dim // n_heads = 16
 EXACT_TOL = close(1e-5)
 
+
+# What the course package holds of this exercise's answers (the course's KV cache), each module with the names the
+# learner may use: the harness notes any other use at run time (course.grade.harness.guard_reference).
+REFERENCE = {"course.engine.kv_cache": set()}
+
 CHECKS = {
     "test_cache_allocates": [
         Check("shapes, dtypes and zeros", allocates, exact,

@@ -246,6 +246,11 @@ def wide_top_p_one(ns):
     return torch.isfinite(ns["top_p_filter"](logits, 1.0))
 
 
+
+# What the course package holds of this exercise's answers (the course's sampler), each module with the names the
+# learner may use: the harness notes any other use at run time (course.grade.harness.guard_reference).
+REFERENCE = {"course.engine.sampling": set()}
+
 CHECKS = {
     "test_temperature": [
         Check("T = 1", call("apply_temperature", LOGITS, 1.0), exact, "hint: T = 1 leaves the logits alone"),

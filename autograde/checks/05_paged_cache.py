@@ -460,6 +460,11 @@ ORDER = "hint: token t lives in block table[t // block_size] at offset t % block
 FREE = "hint: free() releases every block of the table, the partly filled last one too"
 REFS = "hint: a shared block goes back to the free list only when its last user releases it (reference counts)"
 
+
+# What the course package holds of this exercise's answers (the course's paged KV cache), each module with the names the
+# learner may use: the harness notes any other use at run time (course.grade.harness.guard_reference).
+REFERENCE = {"course.engine.paged": set(), "course.engine.paged_prefix": set()}
+
 CHECKS = {
     "test_pool_allocate": [
         Check("allocate, share, release", pool_cycle, pool_ids,

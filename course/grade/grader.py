@@ -95,6 +95,8 @@ class Ledger:
             raise disk_error(exc, self.path) from None
 
 
+OWN_CODE = "used the course's own "  # how the harness words a use of the course's implementation
+
 def _version(assignment: str) -> str:
     """What a grade depends on besides the file: the source notebook, its checks and the harness."""
     here = Path(__file__).parent
@@ -520,9 +522,16 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
 
     row = Row(sub.student, sub.assignment, sub.notebook, "failed", seconds=round(outcome.seconds, 2))
     problems = sub.problems + outcome.problems
-    if outcome.reached:  # for the teacher's eyes, as integrity.flags: the score is not changed
-        problems.append("check by hand: at run time its code " + ", ".join(outcome.reached[:8])
-                        + (" …" if len(outcome.reached) > 8 else "") + " (reaching into the grading process)")
+    own = [r for r in outcome.reached if r.startswith(OWN_CODE)]  # harness.guard_reference's notes
+    reached = [r for r in outcome.reached if not r.startswith(OWN_CODE)]
+    if own:  # for the teacher's eyes, as integrity.flags: the score is not changed
+        shown = [r[len(OWN_CODE):] for r in own]
+        problems.append("check by hand: at run time its code used the course's own implementation ("
+                        + ", ".join(shown[:6]) + (" …" if len(shown) > 6 else "")
+                        + "): its answers may be the course's, not the student's")
+    if reached:
+        problems.append("check by hand: at run time its code " + ", ".join(reached[:8])
+                        + (" …" if len(reached) > 8 else "") + " (reaching into the grading process)")
     if outcome.infrastructure:
         row.problems = "; ".join(problems + [f"{outcome.infrastructure}: not graded; run `kvcourse grade` again "
                                              "to regrade it"])

@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Callable
 
 OUTPUT_CAP = 1_000_000  # characters of stdout/stderr kept per cell (feedback says how much was cut)
 
@@ -279,6 +280,92 @@ def watch(emit):
     return replaced
 
 
+def guard_reference(reference: dict, emit) -> Callable[[dict], None]:
+    """Note, as it happens, the learner's code using the course's own implementation of the exercise.
+
+    `reference`: the checks module's REFERENCE, {module: names it may use}. The course package has to be
+    importable here (the checks run its model), and it holds working versions of most exercises (its sampler,
+    its paged cache, ...). A source scan (course.grade.integrity) notes the imports it can read; this sees the
+    use however the module was reached (importlib, sys.modules, getattr chains): every function of those modules
+    is replaced, in every course module that names it, by one that notes a call made from the learner's code,
+    and every class's __init__ likewise (a learner's subclass calls it too). Calls the course makes itself (the
+    model, generate) are not noted. Returns a check of the namespace the cells left, for a reference function or
+    class taken over as the learner's own (`sample = S.sample`, which the checks then call directly). Like every
+    note, it is for the teacher's eyes and never changes a score."""
+    import importlib
+    import inspect
+
+    system = _system_prefixes()
+    seen: set = set()
+
+    def learner_called(depth: int = 2) -> bool:
+        frame = sys._getframe(depth)
+        name = frame.f_code.co_filename if frame is not None else ""
+        return frame is not None and not name.startswith(system) and not name.startswith("<checks ")
+
+    def note(qual: str) -> None:
+        what = f"used the course's own {qual}"
+        if what not in seen and len(seen) < 20:
+            seen.add(what)
+            emit(ev="audit", what=what)
+
+    def guarded(fn, qual):
+        def call(*args, **kwargs):
+            if learner_called():
+                note(qual)
+            return fn(*args, **kwargs)
+
+        call.__name__, call.__qualname__, call.__doc__, call.__module__ = \
+            fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__
+        try:
+            call.__signature__ = inspect.signature(fn)  # not __wrapped__: that would hand out the original
+        except (TypeError, ValueError):
+            pass
+        return call
+
+    def guard_init(cls, qual):
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            if learner_called():
+                note(qual)
+            return init(self, *args, **kwargs)
+
+        type.__setattr__(cls, "__init__", __init__)
+
+    swapped, classes = {}, []
+    for name, allowed in reference.items():
+        module = importlib.import_module(name)
+        for attr, value in list(vars(module).items()):
+            if attr in allowed or getattr(value, "__module__", None) != module.__name__:
+                continue
+            qual = f"{name}.{attr}"
+            if isinstance(value, type):
+                guard_init(value, qual)
+                classes.append((value, qual))
+            elif inspect.isfunction(value):
+                swapped[id(value)] = (value, guarded(value, qual), qual)
+    for module in list(sys.modules.values()):  # course.engine.generate's name for sample is the guarded one too
+        if str(getattr(module, "__name__", "")).startswith("course"):
+            for attr, value in list(vars(module).items()):
+                if id(value) in swapped and swapped[id(value)][0] is value:
+                    setattr(module, attr, swapped[id(value)][1])
+    taken = {id(fn): qual for fn, call, qual in swapped.values()} | \
+        {id(call): qual for fn, call, qual in swapped.values()}
+
+    def namespace(ns: dict) -> None:
+        for value in list(ns.values()):
+            value = getattr(value, "func", value)  # functools.partial(S.sample, ...)
+            if id(value) in taken:
+                note(taken[id(value)])
+            elif isinstance(value, type):
+                for cls, qual in classes:
+                    if issubclass(value, cls):
+                        note(qual)
+
+    return namespace
+
+
 def main() -> int:
     job = json.loads(sys.stdin.buffer.read())
     devnull = os.open(os.devnull, os.O_RDONLY)  # the pipe is drained; nothing can be read from fd 0 again
@@ -290,12 +377,15 @@ def main() -> int:
     from course.grade.plain import encode, error
     from course.grade.verdicts import load_checks_source
 
-    checks = load_checks_source(job.pop("checks"), job.get("checks_name", "checks"))
+    module: dict = {}
+    checks = load_checks_source(job.pop("checks"), job.get("checks_name", "checks"), module)
     checking, scratch, timeout = run_checks, full_scratch, job["cell_timeout"]  # this module's globals can be
     skip = {tuple(x) for x in job.get("skip_checks", [])}  # reached from a cell (a function's __globals__): taken now
+    taken_over = guard_reference(module.get("REFERENCE") or {}, emit)
     replaced = watch(emit)
     ns = run_cells(nb, emit, timeout, job.get("stop_before"))
     replaced()
+    taken_over(ns)
     emit(ev="cells_done", full=scratch())
     checking(checks, ns, emit, timeout, skip, encode, error, replaced)
     replaced()

@@ -150,14 +150,17 @@ def load_checks(path: Path) -> dict[str, list[Check]]:
     return _valid(module.CHECKS, str(path))
 
 
-def load_checks_source(source: str, name: str) -> dict[str, list[Check]]:
-    """CHECKS from a checks module's source text (the sandbox gets the text, never a file it could reread).
+def load_checks_source(source: str, name: str, module_out: dict | None = None) -> dict[str, list[Check]]:
+    """CHECKS from a checks module's source text (the sandbox gets the text, never a file it could reread);
+    `module_out`, when given, receives the module's other names (its REFERENCE: see harness.guard_reference).
 
     The module is not put in sys.modules; the learner's code can still find it in memory (see harness.py)."""
     import types
 
     module = types.ModuleType(f"kvcourse_checks_{name.replace('-', '_')}")
     exec(compile(source, f"<checks {name}>", "exec"), module.__dict__)
+    if module_out is not None:
+        module_out.update(module.__dict__)
     return _valid(module.__dict__.get("CHECKS"), name)
 
 
