@@ -519,3 +519,47 @@ def test_a_gradebook_held_by_another_program_is_named_busy_never_moved_aside(tmp
     assert not list(course.glob("gradebook.db.corrupt-*")) and db.read_bytes() == before
     exported = {r["student_id"]: float(r["score"]) for r in csv.DictReader(open(course / "grades.csv"))}
     assert exported["ann"] == first.score
+
+
+def _gradebook(path: Path) -> bytes:
+    """A small SQLite file with nbgrader's tables (their columns do not matter to the check)."""
+    import sqlite3
+
+    con = sqlite3.connect(str(path))
+    for table in sorted(nbgrader_api.NBGRADER_TABLES):
+        con.execute(f'CREATE TABLE "{table}" (id INTEGER)')
+    con.commit()
+    con.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("cause", ["unable to open database file", "database or disk is full", "disk I/O error"])
+def test_a_gradebook_this_user_cannot_open_is_not_called_damaged(tmp_path, monkeypatch, cause):
+    """A fault injector found a sound gradebook with no read permission (after a run with sudo), or on a full disk,
+    called 'not a readable SQLite database': `kvcourse grade` moved it aside and rebuilt it, so the manual grades
+    in it were gone from the live gradebook and grades.csv; the classroom told the teacher to rm it."""
+    import sqlite3
+
+    db = tmp_path / "course" / "gradebook.db"
+    db.parent.mkdir()
+    before = _gradebook(db)
+    assert nbgrader_api.gradebook_problem(db) == ""
+
+    def refuse(*args, **kwargs):
+        raise sqlite3.OperationalError(cause)
+
+    monkeypatch.setattr(nbgrader_api.sqlite3, "connect", refuse)
+    with pytest.raises(GradingError, match="cannot be opened") as err:
+        nbgrader_api.gradebook_problem(db)
+    assert cause in str(err.value) and "not moved" in str(err.value) and "permissions" in str(err.value)
+    with pytest.raises(GradingError, match="cannot be opened"):  # the grader stops before it touches anything
+        grader.grade(_folder(tmp_path, {"ann": "reference"}), db.parent, progress=False, log=_quiet)
+    assert db.read_bytes() == before and not list(db.parent.glob("gradebook.db.corrupt-*"))
+
+
+def test_a_gradebook_without_permission_is_named_before_sqlite_opens_it(tmp_path, monkeypatch):
+    db = tmp_path / "gradebook.db"
+    _gradebook(db)
+    monkeypatch.setattr(nbgrader_api.os, "access", lambda path, mode: Path(path) != db)
+    with pytest.raises(GradingError, match="cannot be opened .*permission denied"):
+        nbgrader_api.gradebook_problem(db, retry="run the command again")

@@ -112,12 +112,23 @@ def gradebook_busy(path: Path, retry: str = "grade again") -> str:
             f"using it. Close it and {retry}; nothing was changed")
 
 
+def gradebook_unreachable(path: Path, exc: BaseException, retry: str) -> str:
+    """What to say when the gradebook cannot be opened for a reason of this machine's, not of the file."""
+    return (f"the gradebook {path} cannot be opened ({exc}): that says nothing of its contents (it was not moved "
+            "or changed). Check that you may read and write it and its folder (owner and permissions, e.g. after a "
+            f"run with sudo) and that the disk has room, then {retry}")
+
+
 def gradebook_problem(path: Path, retry: str = "grade again") -> str:
-    """Why the SQLite gradebook at `path` cannot be trusted ("" when it is sound or does not exist yet).
-    A gradebook in use raises GradingError (gradebook_busy) instead: it is not broken."""
+    """Why the SQLite gradebook at `path` cannot be trusted ("" when it is sound or does not exist yet): only
+    contents that are not a sound nbgrader gradebook. A gradebook in use, or one this user cannot open (no
+    permission, a full disk: SQLite's OperationalError), raises GradingError instead: it is not broken, and
+    calling it damaged would have it moved aside and its manual grades lost from the live gradebook."""
     path = Path(path)
     if not path.exists():
         return ""
+    if not os.access(path, os.R_OK | os.W_OK) or not os.access(path.parent, os.W_OK | os.X_OK):
+        raise GradingError(gradebook_unreachable(path, PermissionError("permission denied"), retry))
     try:
         if any(path.with_name(path.name + end).exists() for end in ("-journal", "-wal")):
             # a writer was killed mid-commit: only a read-write open rolls its journal back (read-only
@@ -137,8 +148,9 @@ def gradebook_problem(path: Path, retry: str = "grade again") -> str:
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):  # in use, not broken: never moved aside (it holds grades)
             raise GradingError(gradebook_busy(path, retry)) from None
-        return f"not a readable SQLite database ({exc})"
-    except sqlite3.DatabaseError as exc:
+        # unable to open, read-only, disk I/O, disk full: the machine's doing, not the file's
+        raise GradingError(gradebook_unreachable(path, exc, retry)) from None
+    except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
         return f"not a readable SQLite database ({exc})"
     missing = NBGRADER_TABLES - tables
     if missing and tables:
