@@ -303,7 +303,7 @@ def test_unwritable_location_falls_back_to_a_temporary_file(tmp_path, monkeypatc
     store = ProgressStore(blocker / "progress.sqlite")
     with pytest.warns(ProgressFileWarning, match="for this session only"):
         store.record_answer("00_start_here", "start-2", "C", True)
-    assert store.path.parent == tmp_path / "tmp"
+    assert tmp_path / "tmp" in store.path.parents  # in a private folder there (private_temp_folder)
     assert len(store.answers()) == 1
 
 
@@ -617,11 +617,11 @@ def _truncated_progress_file(tmp_path: Path, name: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("argv", [["progress"], ["progress", "--reset", "--yes"], ["progress", "--file", "{path}"]])
+@pytest.mark.parametrize("argv", [["progress"], ["progress", "--reset", "--yes"]])
 def test_cli_says_where_a_moved_aside_file_is(tmp_path, monkeypatch, capsys, argv):
     from course.cli import main
 
-    path = _truncated_progress_file(tmp_path, "X.db" if "--file" in argv else "progress.sqlite")
+    path = _truncated_progress_file(tmp_path, "progress.sqlite")
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
     assert main([a.format(path=path) for a in argv]) == 0
     out, err = capsys.readouterr()
@@ -629,6 +629,22 @@ def test_cli_says_where_a_moved_aside_file_is(tmp_path, monkeypatch, capsys, arg
     notes = [ln for ln in (out + err).splitlines() if ln.startswith("Note: ")]
     assert len(notes) == 1 and f"moved aside to {aside}; your earlier progress is in that file" in notes[0]
     assert "ProgressFileWarning" not in out + err
+
+
+@pytest.mark.parametrize("argv", [["progress", "--file", "{path}"],
+                                  ["progress", "--file", "{path}", "--reset", "--yes"]])
+def test_a_damaged_file_given_with_file_is_reported_never_moved(tmp_path, monkeypatch, capsys, argv):
+    """`progress --file notes.db` renamed it to notes.db.corrupt-... and made a fresh notes.db in its place."""
+    from course.cli import main
+
+    path = _truncated_progress_file(tmp_path, "X.db")
+    before = path.read_bytes()
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    code = main([a.format(path=path) for a in argv])
+    out, err = capsys.readouterr()
+    assert code == (2 if "--reset" in argv else 0), out + err
+    assert f"{path} is damaged" in out + err and "left as it is" in out + err, out + err
+    assert _aside_files(path) == [] and path.read_bytes() == before
 
 
 def test_kvcourse_check_says_where_a_moved_aside_file_is(tmp_path, monkeypatch, capsys):

@@ -127,21 +127,23 @@ def _redacted_bank() -> tuple[str, str] | None:
     The lessons need the bank's answers, so the installed package carries them; a quiz submission must not be
     able to read them. Inside the sandbox the package's questions.yaml is this copy (bound over it, read-only)."""
     import atexit
-    import tempfile
 
     import yaml
 
+    from course.teach.progress import private_temp_folder
     from course.teach.questions import QUESTIONS_PATH
 
     if not QUESTIONS_PATH.is_file():
         return None
     bank = yaml.safe_load(QUESTIONS_PATH.read_text())
     bank["questions"] = [q for q in bank.get("questions", []) if not q.get("autograded")]
-    fd, name = tempfile.mkstemp(prefix="kvcourse-bank-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
+    # in a folder only this user can read (the sandbox runs as this user), removed at exit; a grader killed
+    # before its exit leaves it to the next one's sweep (private_temp_folder)
+    folder = private_temp_folder("kvcourse-bank")
+    atexit.register(shutil.rmtree, folder, True)
+    name = str(folder / "questions.yaml")
+    with open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400), "w") as f:
         yaml.safe_dump(bank, f, allow_unicode=True, sort_keys=False)
-    os.chmod(name, 0o444)
-    atexit.register(lambda: Path(name).unlink(missing_ok=True))
     return name, str(QUESTIONS_PATH.resolve())
 
 
@@ -187,8 +189,9 @@ def sandbox_problem() -> str:
     if shutil.which("bwrap") is None:
         return ("the grading sandbox needs bubblewrap (`bwrap`), which is not installed: as root run "
                 "`sh scripts/ensure_bwrap.sh` (Debian/Ubuntu: apt-get install bubblewrap)")
-    probe = Path(os.environ.get("TMPDIR", "/tmp")) / f"kvcourse-bwrap-probe-{os.getpid()}"
-    probe.mkdir(exist_ok=True)
+    from course.teach.progress import private_temp_folder
+
+    probe = private_temp_folder("kvcourse-bwrap-probe")  # 0700, swept by a later run if this one is killed
     try:
         package = str(Path(course.__file__).resolve().parent)
         # the harness must import from the package this process uses (a second checkout sharing a virtual

@@ -34,8 +34,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import sqlite3
+import stat
 import sys
 import tempfile
 import threading
@@ -111,6 +113,65 @@ def _remove_session_copy(path: Path) -> None:
             os.unlink(str(path) + suffix)
         except OSError:
             pass
+    try:
+        path.parent.rmdir()  # its private folder (private_temp_folder), once empty
+    except OSError:
+        pass
+
+
+_TEMP_ENTRY = re.compile(r"kvcourse-[a-z-]+?-(\d+)-")
+
+
+def private_temp_folder(kind: str) -> Path:
+    """A new folder only this user can read (0700), for temporary copies of a learner's or a grader's files.
+
+    It is `<temp>/kvcourse-<uid>/<kind>-<pid>-XXXX` (`kind` starts with "kvcourse-"): one per-user folder, 0700
+    too, so nothing in it is ever world-readable whatever the umask. A process killed before its clean-up (SIGKILL,
+    or SIGTERM to a notebook kernel, which skips atexit) leaves its folder; the next call sweeps the folders whose
+    process is gone, so they never pile up."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    base = Path(tempfile.gettempdir()) / f"kvcourse-{uid}"
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:  # another user's, or a link: not ours to use
+            raise PermissionError(f"{base} is not this user's folder")
+        if st.st_mode & 0o077:
+            os.chmod(base, 0o700)
+    except OSError:
+        base = Path(tempfile.gettempdir())  # mkdtemp's own folder is 0700 all the same
+    _sweep_dead(base, uid)
+    return Path(tempfile.mkdtemp(prefix=f"{kind}-{os.getpid()}-", dir=base))
+
+
+def _sweep_dead(base: Path, uid: int) -> None:
+    """Remove this user's kvcourse-<kind>-<pid>-* folders in `base` whose process no longer runs."""
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return
+    for entry in entries:
+        match = _TEMP_ENTRY.match(entry.name)
+        if not match or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != uid or not entry.is_dir(follow_symlinks=False):
+                continue
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except (OSError, OverflowError):  # alive (another user's process: EPERM), or not ours to judge
+            continue
+
+
+def _new_session_file() -> Path:
+    """Where a session copy goes: progress.sqlite in a new private folder, removed at exit (and by a later
+    process if this one is killed first)."""
+    import atexit
+
+    path = private_temp_folder("kvcourse-progress") / FILE_NAME
+    atexit.register(_remove_session_copy, path)
+    return path
 
 
 class _Unusable(Exception):
@@ -123,6 +184,10 @@ class _Foreign(Exception):
 
 class _NotWritable(Exception):
     """Internal: a healthy file that this process may not write (read-only file, file system or folder)."""
+
+
+class _Unreadable(_NotWritable):
+    """Internal: a file this process may not even read (permission denied): nothing of it can be shown or copied."""
 
 
 def default_path() -> Path:
@@ -207,7 +272,10 @@ class ProgressStore:
     """One progress file. Every method opens a short-lived connection, so any number of processes
     (notebook kernels, `kvcourse check`, tests) can share the file."""
 
-    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 30.0):
+    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 30.0, keep_damaged: bool = False):
+        """keep_damaged: a damaged file is reported and left where it is, never moved aside (a file the learner
+        named, e.g. `kvcourse progress --file F`); this session's progress then goes to a temporary copy."""
+        self.keep_damaged = keep_damaged
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.path = Path(path) if path is not None else default_path()
@@ -271,7 +339,7 @@ class ProgressStore:
     # ------------------------------------------------------------------ connection and recovery
     def _open(self) -> sqlite3.Connection:
         if self.path.exists() and not self.path.is_file():
-            raise _Unusable(f"{self.path} is not a file")
+            raise _Unusable(f"{self.path} is {_what_it_is(self.path)}, not a file")
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         conn.row_factory = sqlite3.Row
         try:
@@ -369,6 +437,8 @@ class ProgressStore:
 
         Anything else (a mistyped KVCOURSE_PROGRESS pointing at notes, a system file) is left exactly as it is."""
         try:
+            if not stat.S_ISREG(os.stat(self.path).st_mode):  # a named pipe would block the read below
+                return False
             with open(self.path, "rb") as f:
                 head = f.read(16)
         except FileNotFoundError:
@@ -381,21 +451,28 @@ class ProgressStore:
         if not self._looks_like_progress():
             self._leave_foreign_file(reason)
             return
+        if self.keep_damaged:
+            self._leave_damaged_file(reason)
+            return
         self._rename_aside(reason)
 
     def _leave_foreign_file(self, reason: str) -> None:
         """The path holds something that is not ours: touch nothing there (no rename, no lock file)."""
-        import atexit
-
-        fd, name = tempfile.mkstemp(prefix="kvcourse-progress-", suffix=".sqlite")
-        os.close(fd)
-        os.unlink(name)
-        atexit.register(_remove_session_copy, Path(name))
+        name = _new_session_file()
         self.not_saved = (f"{self.path} is not a progress file ({reason}), so it was left untouched; this "
                           f"session's progress is kept for this session only (in {name}). To keep it, set {ENV_VAR} "
                           f"(or --file) to a file of its own, e.g. progress.sqlite.")
         warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=4)
-        self.path = Path(name)
+        self.path = name
+
+    def _leave_damaged_file(self, reason: str) -> None:
+        """A damaged file the learner named: reported, left exactly where it is (keep_damaged)."""
+        name = _new_session_file()
+        self.not_saved = (f"{self.path} is damaged ({reason}); it was named on the command line, so it was left as it "
+                          f"is. Restore it from a backup, or move it aside yourself to start afresh; this session's "
+                          f"progress is kept for this session only (in {name}).")
+        warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=4)
+        self.path = name
 
     def _rename_aside(self, reason: str) -> None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -423,37 +500,37 @@ class ProgressStore:
             try:
                 self._ensure_ready_locked()
             except _NotWritable as exc:  # a read-only file: read it, keep new progress aside, and say so
-                self._use_session_copy(str(exc))
+                self._use_session_copy(str(exc), readable=not isinstance(exc, _Unreadable))
             except OSError as exc:  # the folder is not writable (or a file is where it would be): keep going, say so
                 blocker = _file_in_the_way(self.path.parent)
                 self._use_session_copy(_file_in_the_way_text(blocker) if blocker else
                                        f"{self.path.parent} is not writable ({exc.strerror or exc})")
             self._ready = True
 
-    def _use_session_copy(self, why: str) -> None:
+    def _use_session_copy(self, why: str, readable: bool = True) -> None:
         """The progress file (or its folder) cannot be written (read-only, or not ours): read the saved progress as
-        it is, and keep this session's new progress in a temporary copy, removed at exit. The reason is kept in
-        `not_saved` (commands print it) and given as a ProgressFileWarning."""
-        import atexit
-
-        fd, name = tempfile.mkstemp(prefix="kvcourse-progress-", suffix=".sqlite")
-        os.close(fd)
-        fallback = Path(name)
-        os.unlink(fallback)  # SQLite creates it; a zero-byte file would do too, but this is plainer
-        atexit.register(_remove_session_copy, fallback)
+        it is, and keep this session's new progress in a temporary copy (in a folder only this user can read),
+        removed at exit. The reason is kept in `not_saved` (commands print it) and given as a ProgressFileWarning.
+        `readable` False: the file cannot even be read (permission denied); `why` says how to fix that."""
+        fallback = _new_session_file()  # SQLite creates the file
         copied = False
-        if self.path.is_file():
+        if readable and self.path.is_file():
             try:  # the file and its write-ahead log, as they are: nothing is written where they lie
                 for suffix in ("", "-wal"):
                     if Path(str(self.path) + suffix).exists():
                         shutil.copyfile(str(self.path) + suffix, str(fallback) + suffix)
+                        os.chmod(str(fallback) + suffix, 0o600)
                 copied = True
             except OSError as read_exc:
                 why += f", and the file cannot be read either ({read_exc.strerror or read_exc})"
-        self.not_saved = (f"new progress cannot be saved in {self.saved_path}: {why}. "
-                          + ("Your saved progress was read from it; this" if copied else "This")
-                          + f" session's new progress is kept for this session only (in {fallback}). "
-                          f"Set {ENV_VAR} to a writable file to keep it.")
+        if not readable:
+            self.not_saved = (f"{why}. Your saved progress is not shown until then; this session's new progress is "
+                              f"kept for this session only (in {fallback}).")
+        else:
+            self.not_saved = (f"new progress cannot be saved in {self.saved_path}: {why}. "
+                              + ("Your saved progress was read from it; this" if copied else "This")
+                              + f" session's new progress is kept for this session only (in {fallback}). "
+                              f"Set {ENV_VAR} to a writable file to keep it.")
         warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=5)
         self.path = fallback
         try:
@@ -463,6 +540,8 @@ class ProgressStore:
             self._ensure_ready_locked()
 
     def _ensure_ready_locked(self) -> None:
+        if self.path.is_file():
+            self._check_readable()
         if self.path.is_file() and not self._looks_like_progress():
             self._leave_foreign_file("it is not an SQLite file")
         elif self.path.is_file() and (foreign := self._foreign_database()):
@@ -472,6 +551,23 @@ class ProgressStore:
             raise _NotWritable(f"{self.path} is read-only (make it writable with `chmod u+w {self.path}`)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._set_up()
+
+    def _check_readable(self) -> None:
+        """Raise _Unreadable when this process may not read the file (e.g. it became root's after a `sudo` run):
+        it is the learner's file all the same, never to be called another program's or moved aside."""
+        try:
+            with open(self.path, "rb"):
+                pass
+        except PermissionError as exc:
+            fix = f"`chmod u+rw {self.path}`"
+            try:
+                owner = os.stat(self.path).st_uid
+            except OSError:
+                owner = None
+            if owner is not None and hasattr(os, "getuid") and owner != os.getuid():
+                fix = f"`sudo chown {os.getuid()} {self.path}` (another user owns it), then {fix}"
+            raise _Unreadable(f"cannot read the progress file {self.path} ({exc.strerror or 'permission denied'}): "
+                              f"make it yours to read and write with {fix}, and run again") from None
 
     def _set_up(self) -> None:
         """Initialise the file under its lock file (which serialises first-time set-up and recovery between
@@ -541,7 +637,7 @@ class ProgressStore:
                 self._ready = False
                 with self._lock:
                     if isinstance(problem, _NotWritable):
-                        self._use_session_copy(str(problem))
+                        self._use_session_copy(str(problem), readable=not isinstance(problem, _Unreadable))
                     else:
                         self._recover()
                     self._ready = True
@@ -851,6 +947,16 @@ def _foreign_reason_read_only(path: Path, immutable: bool = True) -> str | None:
         return None
     finally:
         conn.close()
+
+
+def _what_it_is(path: Path) -> str:
+    """'a folder', 'a named pipe', ... for a path that is not a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "not readable"
+    return ("a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "a socket"
+            if stat.S_ISSOCK(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
 
 
 def _sentence(text: str) -> str:
