@@ -76,8 +76,11 @@ def paths(tmp_path):
     unreadable.chmod(0)  # root can still read it, and finds junk
     blocker = tmp_path / "a-file"
     blocker.write_text("a file where a folder should be")
+    fifo = tmp_path / "a-pipe"
+    os.mkfifo(fifo)  # opening it to read would wait for a writer forever
     return {"{missing}": str(tmp_path / "missing" / "nothing.ipynb"), "{dir}": str(tmp_path / "a-folder"),
-            "{file}": str(junk), "{unreadable}": str(unreadable), "{unwritable}": str(blocker / "out")}
+            "{file}": str(junk), "{unreadable}": str(unreadable), "{unwritable}": str(blocker / "out"),
+            "{fifo}": str(fifo)}
 
 
 def _argv(prefix, sub, dest, value) -> list[str]:

@@ -56,20 +56,85 @@ def build_parser() -> tuple[Parser, dict]:
 USER_ERRORS = (ValueError, OSError)
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (what `timeout`, systemd, a CI cancel or a hub's culler send) ends the command as an exception would:
+    `finally` blocks and atexit clean-ups run (temporary copies of the learner's files, locks), which the default
+    action skips. Only where nothing else has set a handler, and only in a command (a notebook kernel keeps its own
+    behaviour: its temporary folders are swept by the next process instead)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def terminated(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, terminated)
+
+
+def _output_closed() -> int:
+    """stdout's reader went away (`kvcourse progress | head -1`): not an error of this command. Quiet, and exit 0
+    as a command whose output fits the pipe does; stdout goes to devnull so the flush at exit fails no more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 0
+
+
+def _deepest_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the (sub)subcommand `args` came through (`kvcourse classroom release`), for its error."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
+def _stdout_closed() -> bool:
+    """True when stdout is a pipe whose reader has gone (poll says POLLERR on its write end)."""
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _user_error(command: str, exc: BaseException) -> int:
+    if os.environ.get("KVCOURSE_DEBUG"):
+        raise exc
+    message = " ".join(str(exc).split()) or type(exc).__name__
+    print(f"kvcourse {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser, available = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the (sub)command they were given to, not by the top-level `kvcourse --help`
+        _deepest_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
+    if argv is None:  # run as the `kvcourse` command (tests call main(argv) in their own process)
+        _exit_on_sigterm()
     try:
-        return int(available[args.command](args) or 0)
+        code = int(available[args.command](args) or 0)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is "Exception ignored ..." and status 120
+        return code
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # e.g. a child process's pipe: an error like any other
+            return _user_error(args.command, exc)
+        return _output_closed()
     except USER_ERRORS as exc:
-        if os.environ.get("KVCOURSE_DEBUG"):
-            raise
-        message = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"kvcourse {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return _user_error(args.command, exc)
     except KeyboardInterrupt:
         print(f"kvcourse {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -3,7 +3,7 @@
 Each type is a function argparse calls on the text; it raises argparse.ArgumentTypeError, which argparse turns
 into `kvcourse generate: error: argument --max-new-tokens: ...` and exit status 2. Each also lists, in
 `.bad_values`, inputs it must refuse; tests/test_cli_fuzz.py feeds them to every subcommand that uses it (path
-types name placeholders the test fills in: {missing}, {dir}, {file}, {unreadable}, {unwritable}).
+types name placeholders the test fills in: {missing}, {dir}, {file}, {unreadable}, {unwritable}, {fifo}).
 
 Subcommands below the cli layer (check, grade, classroom) cannot import this module; `harden(parser)` gives their
 plain `type=int` / `type=float` options the checked versions instead (see there).
@@ -98,6 +98,8 @@ def _existing_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{path} is a folder; give a file")
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{path} does not exist")
+    if not path.is_file():  # a named pipe (or a device): the read below would wait for a writer, forever
+        raise argparse.ArgumentTypeError(f"{path} is not a regular file (a named pipe or a device?); give a file")
     try:
         with open(path, "rb") as f:
             f.read(1)
@@ -106,7 +108,7 @@ def _existing_file(text: str) -> Path:
     return path
 
 
-existing_file = _typed(_existing_file, "file", ["{missing}", "{dir}", "{unreadable}"])
+existing_file = _typed(_existing_file, "file", ["{missing}", "{dir}", "{unreadable}", "{fifo}"])
 
 
 def _gguf_file(text: str) -> Path:
@@ -118,7 +120,7 @@ def _gguf_file(text: str) -> Path:
     return path
 
 
-gguf_file = _typed(_gguf_file, "GGUF file", ["{missing}", "{dir}", "{unreadable}", "{file}"])
+gguf_file = _typed(_gguf_file, "GGUF file", ["{missing}", "{dir}", "{unreadable}", "{file}", "{fifo}"])
 
 
 def check_writable_dir(path: Path) -> Path:
@@ -163,6 +165,19 @@ def _folder(text: str) -> Path:
 folder = _typed(_folder, "folder", ["{file}", "{unwritable}"])
 
 
+def _existing_folder(text: str) -> Path:
+    """A folder that exists (what a command reads, e.g. the submissions `kvcourse grade` grades)."""
+    path = Path(text).expanduser()
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{path} does not exist: give the folder of submissions")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a file, not a folder: give the folder of submissions")
+    return path
+
+
+existing_folder = _typed(_existing_folder, "folder", ["{missing}", "{file}"])
+
+
 # ------------------------------------------------------------------ options of the layers below
 def _checked_int(action: argparse.Action):
     """Every plain int option in the course is a count, seconds, MiB or a port: never negative or near 2**31,
@@ -179,6 +194,8 @@ def harden(parser: argparse.ArgumentParser) -> None:
             action.type = float_range(0.0)
         elif action.type is Path and action.dest == "course":  # the class folder of grade and classroom
             action.type = folder
+        elif action.type is Path and action.dest == "folder" and not action.option_strings:  # grade's submissions
+            action.type = existing_folder  # told before a sandbox problem or a course-folder problem
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 harden(sub)

@@ -15,12 +15,12 @@ from course.teach.review import progress_text
 def add_arguments(p) -> None:
     p.add_argument("--reset", action="store_true", help="delete all saved progress (asks first)")
     p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
-    p.add_argument("--file", type=progress_file, default=None,  # never a file the store would move aside
+    p.add_argument("--file", type=progress_file, default=None,  # never moved aside (keep_damaged): reported
                    help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
 
 
 def run(args) -> int:
-    store = ProgressStore(args.file) if args.file else default_store()
+    store = ProgressStore(args.file, keep_damaged=True) if args.file else default_store()
     try:
         if args.reset:
             return _reset(store, assume_yes=args.yes)

@@ -36,7 +36,7 @@ def _progress_file(text: str):
     return path
 
 
-progress_file = _typed(_progress_file, "progress file", ["{missing}", "{dir}", "{unreadable}", "{file}"])
+progress_file = _typed(_progress_file, "progress file", ["{missing}", "{dir}", "{unreadable}", "{file}", "{fifo}"])
 
 
 class _Stop(Exception):

@@ -214,6 +214,10 @@ def run_check(args) -> int:
     if path.is_dir():
         print(f"error: {path} is a folder; give the path of your exercise notebook (.ipynb)", file=sys.stderr)
         return 2
+    if not path.is_file():  # a named pipe or a device: reading it would wait for a writer, forever
+        print(f"error: {path} is not a regular file (a named pipe or a device?); give the path of your exercise "
+              "notebook (.ipynb)", file=sys.stderr)
+        return 2
     if args.timeout < 1:
         print(f"error: --timeout must be at least 1 second, got {args.timeout}", file=sys.stderr)
         return 2
