@@ -182,3 +182,37 @@ def test_an_exchange_that_is_a_file_is_named(tmp_path, capsys):
     assert not course.exists(), "init refused before making anything"
     code, out, err = classroom_main(capsys, "--course", course, "--exchange", blocker, "release", ASSIGNMENT)
     assert code == 2 and f"the exchange {blocker} is a file, not a folder" in err and "no exchange" not in err, err
+
+
+def test_init_that_cannot_make_the_class_folder_makes_no_exchange(tmp_path, capsys, monkeypatch):
+    """It made the exchange, then failed on the class folder with "[Errno 13] Permission denied"."""
+    from pathlib import Path
+
+    course, exchange = tmp_path / "ro" / "class", tmp_path / "exchange"
+    mkdir = Path.mkdir
+
+    def refuse(self, *args, **kwargs):
+        if self == course:
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "init")
+    assert code == 2 and f"cannot create the class folder {course} (Permission denied)" in err, err
+    assert "--course" in err and "Errno" not in err
+    assert not exchange.exists(), "the exchange was made before the class folder failed"
+
+
+def test_course_and_exchange_are_accepted_after_the_step(tmp_path, capsys):
+    """`classroom release X --course DIR` was "unrecognized arguments ... (see `kvcourse --help`)"."""
+    from course.cli import build_parser
+
+    parser, _ = build_parser()
+    after = parser.parse_args(["classroom", "release", ASSIGNMENT, "--course", str(tmp_path / "c"),
+                               "--exchange", str(tmp_path / "x")])
+    assert (after.course, after.exchange) == (tmp_path / "c", tmp_path / "x")
+    before = parser.parse_args(["classroom", "--course", str(tmp_path / "c"), "release", ASSIGNMENT])
+    assert before.course == tmp_path / "c" and before.exchange is None  # not reset by the step's own option
+    code, out, err = classroom_main(capsys, "release", ASSIGNMENT, "--course", tmp_path / "c",
+                                    "--exchange", tmp_path / "x")
+    assert code == 2 and f"no exchange at {tmp_path / 'x'}" in err and "unrecognized" not in err, err

@@ -24,6 +24,7 @@ sets both for each instructor, so the command typed in a JupyterLab terminal and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import re
@@ -74,11 +75,7 @@ def config(course: Path, exchange: Path, timeout: int | None = None, memory_mb: 
 def make_exchange(exchange: Path) -> Path:
     """Create nbgrader's exchange root, writable by everyone (nbgrader makes the per-course folders in it
     with its own, narrower permissions: inbound is write-only for students, outbound read-only)."""
-    exchange = Path(exchange)
-    blocker = next((p for p in (exchange, *exchange.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:  # mkdir would only say "[Errno 17] File exists"
-        raise ClassroomError(f"the exchange {exchange} cannot be created: {blocker} is a file, not a folder. Give "
-                             "the exchange folder with --exchange or $KVCOURSE_EXCHANGE (or move the file away)")
+    exchange = _check_exchange_path(Path(exchange))
     try:
         exchange.mkdir(parents=True, exist_ok=True)
         if stat.S_IMODE(exchange.stat().st_mode) & EXCHANGE_MODE != EXCHANGE_MODE:
@@ -86,6 +83,15 @@ def make_exchange(exchange: Path) -> Path:
     except PermissionError as exc:
         raise ClassroomError(f"cannot create the exchange {exchange} ({exc.strerror}); as root run: "
                              f"mkdir -p {exchange} && chmod ugo+rwx {exchange}") from None
+    return exchange
+
+
+def _check_exchange_path(exchange: Path) -> Path:
+    """`exchange`, unless it (or a folder above it) is a file: then ClassroomError saying which."""
+    blocker = next((p for p in (exchange, *exchange.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would only say "[Errno 17] File exists"
+        raise ClassroomError(f"the exchange {exchange} cannot be created: {blocker} is a file, not a folder. Give "
+                             "the exchange folder with --exchange or $KVCOURSE_EXCHANGE (or move the file away)")
     return exchange
 
 
@@ -230,8 +236,20 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     """Class folder, exchange, and the roster in the gradebook (so the export lists who did not submit).
     Returns the students that were new to the gradebook."""
     check_class_dir(course)
-    make_exchange(exchange)
-    course.mkdir(parents=True, exist_ok=True)
+    _check_exchange_path(Path(exchange))
+    made = not course.exists()
+    try:  # before the exchange, so that a class folder that cannot be made leaves nothing half done
+        course.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ClassroomError(f"cannot create the class folder {course} ({exc.strerror or exc}): give a folder you can "
+                             "write with --course or $KVCOURSE_CLASS_DIR; nothing was changed") from None
+    try:
+        make_exchange(exchange)
+    except BaseException:
+        if made:  # the empty class folder this call made goes too: nothing half done
+            with contextlib.suppress(OSError):
+                course.rmdir()
+        raise
     added = []
     if roster:
         from nbgrader.api import Gradebook
@@ -577,6 +595,13 @@ def add_arguments_classroom(p: argparse.ArgumentParser) -> None:
     s.add_argument("--to", type=Path, default=None, help="CSV file (default: grades.csv in the class folder)")
     s = sub.add_parser("status", help="what is released, submitted, collected, graded")
     s.add_argument("assignment", nargs="?")
+    # --course and --exchange are accepted after the step too (`classroom release 01_x --course DIR`): the same
+    # options on each step, which set them only when given there (SUPPRESS), else the ones before the step stand
+    for step in sub.choices.values():
+        step.add_argument("--course", type=Path, default=argparse.SUPPRESS,
+                          help="the class folder (as before the step)")
+        step.add_argument("--exchange", type=Path, default=argparse.SUPPRESS,
+                          help="nbgrader's exchange (as before the step)")
 
 
 def _print_rows(rows, assignment: str) -> int:

@@ -81,9 +81,34 @@ def replace_dir(staged: Path, dest: Path) -> None:
 
 
 def disk_error(exc: OSError, what: Path) -> GradingError:
-    why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror or str(exc)
-    return GradingError(f"could not write {what}: {why}; the previous version of the file is intact. "
-                        "Free some space and run the same command again (graded submissions are kept).")
+    """What a failed write of `what` (made through a temp file and a rename: atomic_write, atomic_output) means, and
+    what to do about it: by its errno, not always "free some space"."""
+    what = Path(what)
+    folder = what.parent
+    intact = "; the previous version of the file is intact" if what.is_file() else "; nothing was written there"
+    again = "run the same command again (graded submissions are kept)"
+    elsewhere = "or write elsewhere (`kvcourse grade --course DIR`, `kvcourse classroom export --to FILE`)"
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        why = "the disk is full" if code == errno.ENOSPC else "your disk quota is used up"
+        return GradingError(f"could not write {what}: {why}{intact}. Free some space and {again}.")
+    if code in (errno.EACCES, errno.EPERM):
+        return GradingError(f"could not write {what}: permission denied in {folder}{intact}. Make it yours to write "
+                            f"(`chmod u+rwx {folder}`, or fix its owner) {elsewhere}, and {again}.")
+    if code == errno.EROFS:
+        return GradingError(f"could not write {what}: {folder} is on a read-only file system{intact}. Write "
+                            f"elsewhere (`kvcourse grade --course DIR`, `kvcourse classroom export --to FILE`) and "
+                            f"{again}.")
+    if code == errno.EISDIR or what.is_dir():
+        return GradingError(f"could not write {what}: it is a folder, not a file; nothing was written. Move that "
+                            f"folder away (or choose another path), and {again}.")
+    if code in (errno.ENOTDIR, errno.ENOENT):
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+        why = (f"{blocker} is a file, not a folder" if blocker is not None
+               else f"its folder {folder} does not exist or cannot hold files")
+        return GradingError(f"could not write {what}: {why}; nothing was written. Choose a path in a folder that "
+                            f"exists (or create it), and {again}.")
+    return GradingError(f"could not write {what}: {exc.strerror or exc}{intact}. Fix that and {again}.")
 
 
 def read_json(path: Path, what: str, default=None):
@@ -98,12 +123,29 @@ def read_json(path: Path, what: str, default=None):
                            "every submission is then graded afresh.") from None
 
 
+def _course_folder_error(course: Path, lock_path: Path, exc: OSError) -> GradingError:
+    work = lock_path.parent
+    blocker = next((p for p in (work, *work.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return GradingError(f"the course folder {course} cannot be used: {blocker} is a file, not a folder (the "
+                            f"grader keeps its work in {work}). Move that file away, or give another folder with "
+                            "--course DIR; nothing was graded")
+    why = ("permission denied" if exc.errno in (errno.EACCES, errno.EPERM)
+           else "read-only file system" if exc.errno == errno.EROFS else exc.strerror or str(exc))
+    return GradingError(f"cannot write in the course folder {course} ({why}: {exc.filename or work}). Give a folder "
+                        "you can write with --course DIR (the default is autograde/ in the course's own folder), or "
+                        f"make this one yours (`chmod -R u+rwX {course}`); nothing was graded")
+
+
 @contextmanager
 def course_lock(course: Path):
     """One grader per course folder: a second one stops at once with a message naming the first."""
     lock_path = Path(course) / "work" / "grade.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(lock_path, "a+")
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(lock_path, "a+")
+    except OSError as exc:  # before anything is graded: say which folder, and what to give instead
+        raise _course_folder_error(Path(course), lock_path, exc) from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
