@@ -234,3 +234,246 @@ def test_doctor_refuses_a_named_pipe_as_the_model_without_waiting(tmp_path):
     fifo = tmp_path / "m.gguf"
     os.mkfifo(fifo)
     assert "not a regular file" in gguf_problem(fifo)
+
+
+# --------------------------------------------------------------------------- fault injector, second round
+def _kvcourse(*argv: str, env: dict, prefix: tuple = (), timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    full = {"HOME": env.get("HOME", "/nonexistent"), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONPATH": str(PROJECT_ROOT), **env}
+    return subprocess.run([*prefix, sys.executable, "-m", "course.cli", *argv], env=full, capture_output=True,
+                          text=True, timeout=timeout, cwd=str(PROJECT_ROOT), **kw)
+
+
+def _without_dac_override() -> tuple[str, ...]:
+    """A prefix under which chmod binds this process (root drops CAP_DAC_OVERRIDE); () for a normal user."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return ()
+    if not shutil.which("setpriv") or subprocess.run(["setpriv", "--inh-caps=-all", "--bounding-set=-all", "true"],
+                                                      capture_output=True).returncode != 0:
+        pytest.skip("running as root without setpriv: chmod cannot stop this process")
+    return ("setpriv", "--inh-caps=-all", "--bounding-set=-all")
+
+
+def test_an_unreadable_progress_file_is_the_learners_and_says_chmod(tmp_path):
+    """It was "not a progress file ... set KVCOURSE_PROGRESS to a file of its own": advice that abandons it."""
+    prefix = _without_dac_override()
+    path = tmp_path / "progress.sqlite"
+    _missed_questions(path)
+    before = path.read_bytes()
+    path.chmod(0)
+    (tmp_path / "tmp").mkdir()
+    env = {"KVCOURSE_PROGRESS": str(path), "TMPDIR": str(tmp_path / "tmp")}
+    try:
+        r = _kvcourse("progress", env=env, prefix=prefix)
+        reset = _kvcourse("progress", "--reset", "--yes", env=env, prefix=prefix)
+    finally:
+        path.chmod(0o644)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"cannot read the progress file {path} (Permission denied)" in r.stdout, r.stdout
+    assert f"chmod u+rw {path}" in r.stdout and "not a progress file" not in r.stdout
+    assert reset.returncode == 2 and "Nothing deleted: cannot read" in reset.stderr, reset.stderr
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "progress.sqlite", "progress.sqlite.lock", "tmp"]  # nothing moved aside
+    assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []  # no session copy left behind
+
+
+def test_a_session_copy_is_private_and_its_folder_goes_at_exit(tmp_path, monkeypatch):
+    """The copy of a read-only progress file was a 0644 file in /tmp, beside everyone else's."""
+    import os
+    import stat
+    import tempfile
+
+    from course.teach import progress
+
+    path = tmp_path / "progress.sqlite"
+    _missed_questions(path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (mode & os.W_OK and str(p) == str(path)))
+    monkeypatch.setattr(os, "umask", os.umask)  # (restored by the test)
+    old = os.umask(0o000)  # the worst umask: everything made world-writable unless made private on purpose
+    try:
+        store = ProgressStore(path)
+        with pytest.warns(ProgressFileWarning, match="for this session only"):
+            assert len(store.answers()) == 6
+    finally:
+        os.umask(old)
+    copy = store.path
+    assert copy != path and copy.read_bytes()[:16] == b"SQLite format 3\x00"
+    for folder in (copy.parent, copy.parent.parent):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    assert copy.parent.parent == tmp_path / "tmp" / f"kvcourse-{os.getuid()}"
+    assert not stat.S_IMODE(copy.stat().st_mode) & 0o077
+    progress._remove_session_copy(copy)
+    assert not copy.parent.exists()
+
+
+def test_temporary_folders_of_dead_processes_are_swept(tmp_path, monkeypatch):
+    import os
+    import tempfile
+
+    from course.teach.progress import private_temp_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    first = private_temp_folder("kvcourse-progress")
+    base = first.parent
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    leftovers = [base / f"kvcourse-progress-{dead.pid}-abc", base / f"kvcourse-bwrap-probe-{dead.pid}-x",
+                 base / f"kvcourse-bank-{dead.pid}-y"]
+    alive = base / f"kvcourse-bank-{os.getppid()}-z"
+    for folder in (*leftovers, alive):
+        folder.mkdir()
+        (folder / "questions.yaml").write_text("x")
+    second = private_temp_folder("kvcourse-bank")
+    assert not any(p.exists() for p in leftovers)
+    assert alive.exists() and first.exists() and second.exists()
+
+
+def test_sigterm_to_a_command_removes_its_session_copy(tmp_path):
+    """SIGTERM (timeout, systemd, a CI cancel) skipped atexit, and the copy of the learner's progress stayed."""
+    import os
+    import signal
+    import time
+
+    prefix = _without_dac_override()
+    path = tmp_path / "progress.sqlite"
+    _missed_questions(path)  # something due, so `review` waits for an answer
+    before = path.read_bytes()
+    path.chmod(0o444)  # read-only: this session's progress goes to a copy
+    env = {"KVCOURSE_PROGRESS": str(path), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "course.cli", "review"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(PROJECT_ROOT),
+                            env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1",
+                                 "PYTHONPATH": str(PROJECT_ROOT), **env})
+    base = tmp_path / "tmp" / f"kvcourse-{os.getuid()}"
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(base.glob("kvcourse-progress-*/progress.sqlite")):
+        time.sleep(0.2)
+    assert list(base.glob("kvcourse-progress-*")), "no session copy was made"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert list(base.iterdir()) == []
+    assert path.read_bytes() == before
+
+
+def test_a_named_pipe_is_refused_without_waiting(tmp_path):
+    """Each of these waited forever for a writer to the pipe."""
+    import os
+
+    pipe = tmp_path / "p.ipynb"
+    os.mkfifo(pipe)
+    env = {"TMPDIR": str(tmp_path), "KVCOURSE_PROGRESS": str(tmp_path / "progress.sqlite")}
+    for argv, says in ((("check", str(pipe)), "is not a regular file"),
+                       (("progress", "--file", str(pipe)), "is not a regular file"),
+                       (("review", "--list", "--file", str(pipe)), "is not a regular file")):
+        r = _kvcourse(*argv, env=env, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, (argv, r.stderr)
+    r = _kvcourse("progress", env={**env, "KVCOURSE_PROGRESS": str(pipe)}, timeout=60)
+    assert r.returncode == 0 and f"{pipe} is a named pipe, not a file" in r.stdout, r.stdout + r.stderr
+    assert pipe.exists() and not list(tmp_path.glob("p.ipynb.corrupt*"))
+
+
+def test_output_closed_early_is_not_an_error(tmp_path):
+    """`kvcourse progress | head -1` said "error: [Errno 32] Broken pipe" and exited 2 (review --list: 0)."""
+    _missed_questions(tmp_path / "p.sqlite")
+    env = {"KVCOURSE_PROGRESS": str(tmp_path / "p.sqlite"), "TMPDIR": str(tmp_path), "HOME": str(tmp_path),
+           "PATH": "/usr/bin:/bin", "PYTHONPATH": str(PROJECT_ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    for argv in (("progress",), ("review", "--list")):
+        proc = subprocess.Popen([sys.executable, "-m", "course.cli", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, cwd=str(PROJECT_ROOT))
+        proc.stdout.close()  # the reader is gone before the first line is written, as after `head -1`
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 0, (argv, err)
+        assert err == "", (argv, err)
+
+
+@pytest.mark.parametrize("code, says, not_says", [
+    ("ENOSPC", "the disk is full", "permission"), ("EDQUOT", "quota", "permission"),
+    ("EACCES", "permission denied in", "Free some space"), ("EPERM", "chmod u+rwx", "Free some space"),
+    ("EROFS", "read-only file system", "Free some space"), ("EISDIR", "it is a folder", "Free some space"),
+    ("ENOENT", "does not exist", "Free some space"), ("ENOTDIR", "is a file, not a folder", "Free some space")])
+def test_a_failed_write_is_explained_by_its_cause(tmp_path, code, says, not_says):
+    """Every OSError was "... Free some space and run the same command again"."""
+    import errno
+    import os
+
+    from course.grade.files import disk_error
+
+    target = {"EISDIR": tmp_path / "report.csv", "ENOENT": tmp_path / "missing" / "grades.csv",
+              "ENOTDIR": tmp_path / "a-file" / "grades.csv"}.get(code, tmp_path / "grades.csv")
+    if code == "EISDIR":
+        target.mkdir()
+    elif code == "ENOTDIR":
+        (tmp_path / "a-file").write_text("x")
+    elif code != "ENOENT":
+        target.write_text("old")
+    err = str(disk_error(OSError(getattr(errno, code), os.strerror(getattr(errno, code))), target))
+    assert says in err and not_says not in err and str(target) in err, err
+    assert ("the previous version of the file is intact" in err) == target.is_file(), err
+    assert "\n" not in err
+
+
+def test_a_course_folder_the_grader_cannot_use_says_what_to_give(tmp_path, monkeypatch):
+    """`grade` printed "[Errno 17] File exists: '.../work'" and "[Errno 13] Permission denied: ...grade.lock"."""
+    from course.grade import files
+
+    course = tmp_path / "c"
+    course.mkdir()
+    (course / "work").write_text("x")
+    with pytest.raises(files.GradingError, match=r"c/work is a file, not a folder .*--course DIR") as exc:
+        with files.course_lock(course):
+            pass
+    assert "Errno" not in str(exc.value)
+    (course / "work").unlink()
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(files, "open", refuse, raising=False)
+    with pytest.raises(files.GradingError, match=r"cannot write in the course folder .*denied.*--course DIR"):
+        with files.course_lock(course):
+            pass
+
+
+def test_a_missing_submissions_folder_is_told_first(tmp_path, capsys):
+    """`grade MISSING` reported a sandbox problem (when there was one) before the missing folder."""
+    from course.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["grade", str(tmp_path / "nope"), "--course", str(tmp_path / "c")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"{tmp_path / 'nope'} does not exist" in err and "sandbox" not in err, err
+    assert not (tmp_path / "c").exists()
+
+
+def test_an_unknown_option_names_the_subcommand_it_was_given_to(capsys):
+    from course.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["doctor", "--model", "X"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "kvcourse doctor: error: unrecognized arguments: --model X" in err, err
+    assert "see `kvcourse doctor --help`" in err
+
+
+def test_a_missing_cuda_device_is_named_with_its_index(monkeypatch):
+    """`generate --device cuda:7` said "device 'cuda' was asked for", dropping the index."""
+    import torch
+
+    from course.engine.device import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device 'cuda:7' was asked for but this PyTorch sees no CUDA GPU"):
+        pick_device("cuda:7")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"device 'cuda:7' was asked for but this machine has 2 CUDA GPU\(s\)"):
+        pick_device("cuda:7")
+    assert pick_device("cuda:1") == torch.device("cuda:1")

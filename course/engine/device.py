@@ -29,9 +29,15 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
     if kind not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unknown device {name!r}; use 'auto', 'cpu', 'cuda' (or 'cuda:N') or 'mps'")
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
+        raise ValueError(f"device {str(name)!r} was asked for but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
+    if kind == "cuda" and str(name).partition(":")[2].isdigit():
+        count = torch.cuda.device_count()
+        if int(str(name).partition(":")[2]) >= count:
+            raise ValueError(f"device {str(name)!r} was asked for but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                             f"cuda:{count - 1}); use one of those, or 'auto'")
     if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError("device 'mps' was asked for but Apple's Metal backend is not available; use 'cpu' or 'auto'")
+        raise ValueError(f"device {str(name)!r} was asked for but Apple's Metal backend is not available; use 'cpu' "
+                         "or 'auto'")
     return torch.device(name)
 
 
