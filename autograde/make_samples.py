@@ -454,6 +454,29 @@ KV = {
                                           "argument", "loses", patches={"layer_cache": [
         ("return [LayerCache(batch, config.n_kv_heads, max_seq_len, config.head_dim, dtype) for _ in range(config.n_layers)]",
          "return [LayerCache(batch, cfg.n_kv_heads, max_seq_len, cfg.head_dim, dtype) for _ in range(cfg.n_layers)]")]}),
+    "kv-bug-decode-grows": Sample("a single token past max_seq_len grows both buffers (torch.cat) instead of "
+                                  "raising ValueError", "loses", patches={"layer_cache": [
+        ("        if start_pos < 0 or end > self.k.shape[2]:",
+         "        if k_new.shape[2] == 1 and start_pos >= self.k.shape[2]:  # decode: make room\n"
+         "            pad = torch.zeros(*self.k.shape[:2], end - self.k.shape[2], self.k.shape[3],\n"
+         "                              dtype=self.k.dtype)\n"
+         "            self.k, self.v = torch.cat([self.k, pad], 2), torch.cat([self.v, pad], 2)\n"
+         "        if start_pos < 0 or end > self.k.shape[2]:")]}),
+    "kv-bug-negative-decode-wraps": Sample("a single token at a negative position wraps around (arange % T_max) "
+                                           "instead of raising ValueError", "loses", patches={"layer_cache": [
+        ("        if start_pos < 0 or end > self.k.shape[2]:",
+         "        if (start_pos < 0 and k_new.shape[2] > 1) or end > self.k.shape[2]:"),
+        ("""        self.k[:, :, start_pos:end] = k_new
+        self.v[:, :, start_pos:end] = v_new""",
+         """        idx = torch.arange(start_pos, end) % self.k.shape[2]
+        self.k[:, :, idx] = k_new
+        self.v[:, :, idx] = v_new""")]}),
+    "kv-bug-bf16-becomes-fp16": Sample("any dtype other than float32 gives float16 buffers (bfloat16 too)", "loses",
+                                       patches={"layer_cache": [
+        ("        self.v = torch.zeros(shape, dtype=dtype)\n",
+         "        self.v = torch.zeros(shape, dtype=dtype)\n"
+         "        if dtype != torch.float32:  # reduced precision\n"
+         "            self.k, self.v = self.k.half(), self.v.half()\n")]}),
     "kv-alt-einsum": Sample("einsum, expand+reshape for GQA, narrow().copy_() writes", "full", {
         "layer_cache": """
         class LayerCache:

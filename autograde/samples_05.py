@@ -388,6 +388,10 @@ SAMPLES = {
         about="free() releases the blocks and drops the table but keeps lengths[seq_id]: a reused id starts with a "
               "stale length", expect="loses", patches={"paged_cache": [
             ("        self.lengths.pop(seq_id, None)", "        pass  # the length stays")]}),
+    "paged-bug-fork-global-layers": dict(
+        about="fork copies the partly filled block in the notebook's cfg.n_layers (2) layers, not in every layer of "
+              "the cache it is given", expect="loses", patches={"fork": [
+            ("for layer in range(len(cache.k)):", "for layer in range(cfg.n_layers):")]}),
     "paged-alt-transactional": dict(
         about="update() takes all the blocks it needs or none (a MemoryError gives back what it took and leaves no "
               "table), and free() of a sequence it does not hold raises KeyError", expect="full",

@@ -146,6 +146,12 @@ SAMPLE_BUGS = {
     "paged-bug-free-keeps-length": ("05_paged_cache", {"test_cache_hidden"}),
     "paged-bug-share-free": ("05_paged_cache", {"test_cache_hidden"}),
     "samp-bug-1d-drops-args": ("03_sampler", {"test_sampler_hidden"}),
+    # the second review's planted bugs (2026-12-04): a one-token write past the end or at -1, bfloat16 lost, fork
+    # copying the partly filled block in the notebook's 2 layers only
+    "kv-bug-decode-grows": ("02_kv_cache", {"test_cache_hidden"}),
+    "kv-bug-negative-decode-wraps": ("02_kv_cache", {"test_cache_hidden"}),
+    "kv-bug-bf16-becomes-fp16": ("02_kv_cache", {"test_cache_hidden"}),
+    "paged-bug-fork-global-layers": ("05_paged_cache", {"test_fork_hidden"}),
     # its model cells too (the old checks ran the model through the notebook's SequenceView: they passed)
     "paged-bug-own-view": ("05_paged_cache", {"test_cache_blocks", "test_cache_gather", "test_cache_hidden",
                                               "test_fork_hidden", "test_model_logits", "test_greedy_32",
@@ -173,6 +179,14 @@ def test_review_bug_sample_loses_exactly_its_cells(name):
 def test_any_free_list_policy_gets_full_marks(name):
     """Which block id the free list hands out is left open: highest first, random, lowest first, FIFO all pass."""
     assert failed_cells("05_paged_cache", sample("05_paged_cache", name)) == set()
+
+
+@pytest.mark.parametrize("assignment, name", [
+    (assignment, name) for assignment in ("02_kv_cache", "05_paged_cache")
+    for name, s in make_samples.SAMPLES[assignment].items() if s.expect == "full"])
+def test_cache_samples_expected_full_keep_full_marks(assignment, name):
+    """The reference and every `expect full` sample of exercises 02 and 05 pass every check, the new ones too."""
+    assert failed_cells(assignment, sample(assignment, name)) == set()
 
 
 @pytest.mark.parametrize("name", ["samp-alt-gumbel", "samp-alt-loops"])

@@ -90,6 +90,28 @@ def bad_position(pos):
     return run
 
 
+def one_token_at(pos):
+    """A cache filled exactly (T_max = 4), then a single token (a decode step) at `pos`: past the end (4) or
+    negative (-1). The notebook: writing past T_max, or at a negative position, must raise ValueError."""
+    def run(ns):
+        c = ns["LayerCache"](1, 2, 4, 3)
+        x = randn(31, 1, 2, 4, 3)
+        c.update(0, x, -x)
+        return c.update(pos, x[:, :, :1], x[:, :, :1])
+    return run
+
+
+def bfloat16(ns):
+    """The buffers keep the dtype they are given, bfloat16 too (a tensor leaves the sandbox as float32 when it is
+    bfloat16, so the dtypes come back as names)."""
+    c = ns["LayerCache"](2, 1, 6, 4, dtype=torch.bfloat16)
+    a = randn(32, 2, 1, 3, 4, dtype=torch.bfloat16)
+    k_all, v_all = c.update(1, a, -a)
+    caches = ns["new_cache"](TINY, 1, 4, dtype=torch.bfloat16)
+    return [str(c.k.dtype), str(c.v.dtype), str(k_all.dtype), k_all.clone(), v_all.clone(),
+            [(str(layer.k.dtype), str(layer.v.dtype)) for layer in caches]]
+
+
 def attention_chunks(seed, B, H, H_kv, T, D, chunks, capacity):
     def run(ns):
         q, k, v = randn(seed, B, H, T, D), randn(seed + 1, B, H_kv, T, D), randn(seed + 2, B, H_kv, T, D)
@@ -127,6 +149,7 @@ SMOLLM = ModelConfig.from_name("smollm2-135m")  # the course model: 30 layers, H
 MQA = TINY.with_(n_kv_heads=1)
 WIDE_HEADS = TINY.with_(head_dim=24)  # D_h = 24, not dim // n_heads = 16
 EXACT_TOL = close(1e-5)
+BAD_POSITION = "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"
 
 
 # What the course package holds of this exercise's answers (the course's KV cache), each module with the names the
@@ -158,8 +181,16 @@ CHECKS = {
         Check("rewind and overwrite (float16)", rewind, exact,
               "hint: overwrite the preallocated buffers in place, return positions 0 .. start_pos+T_new-1 only, "
               "keep the dtype"),
-        Check("negative position", bad_position(-1), raises, "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"),
-        Check("past the end", bad_position(9), raises, "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"),
+        Check("negative position", bad_position(-1), raises, BAD_POSITION),
+        Check("past the end", bad_position(9), raises, BAD_POSITION),
+        Check("one token past a full cache", one_token_at(4), raises,
+              "hint: a single token (a decode step) past max_seq_len must raise ValueError too: do not grow the "
+              "buffers"),
+        Check("one token at position -1", one_token_at(-1), raises,
+              "hint: a single token at a negative position must raise ValueError too (no wrap-around)"),
+        Check("bfloat16 buffers", bfloat16, exact,
+              "hint: allocate the buffers in exactly the dtype you are given (bfloat16 too), in LayerCache and "
+              "new_cache"),
     ],
     "test_attention_prefill": [
         Check("6-token prefill", attention_chunks(1, 1, 4, 2, 6, 16, [(0, 6)], 16), EXACT_TOL,

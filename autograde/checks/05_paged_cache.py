@@ -367,6 +367,25 @@ def fork_twice(ns):
     return out + [c.pool.num_free]
 
 
+def fork_three_layers(ns):
+    """fork on a 3-layer cache (every other fork check uses the notebook's 2 layers): the partly filled block is
+    copied in every layer of this cache, not in a fixed count of layers. Each layer holds other K and V; after the
+    fork, child and parent each write their own 7th token in every layer, and every layer's gather comes back."""
+    config = TINY.with_(n_layers=3)
+    c = ns["PagedKVCache"](config, num_blocks=6, block_size=4)
+    x, y = randn(14, 1, 2, 6, 16), randn(15, 1, 2, 1, 16)
+    for layer in range(3):
+        c.update("p", layer, 0, x + layer, x * 2 - layer)
+    ns["fork"](c, "p", "c")
+    out = [c.pool.num_free, c.lengths["c"]]
+    for layer in range(3):
+        k_c, v_c = c.update("c", layer, 6, y + layer, y - layer)
+        out += [k_c.clone(), v_c.clone()]
+        k_p, v_p = c.update("p", layer, 6, -y, y * 3)
+        out += [k_p.clone(), v_p.clone()]
+    return out
+
+
 # ----------------------------------------------------------------------------- the model
 
 # The given cell's SequenceView and _LayerView, copied: the model checks drive the learner's PagedKVCache through
@@ -524,6 +543,9 @@ CHECKS = {
         Check("free the parent first", fork_then_free_parent, exact, REFS),
         Check("two forks of one prompt", fork_twice, exact,
               "hint: copy the partly filled block in every layer; free each user once"),
+        Check("fork on a 3-layer cache", fork_three_layers, exact,
+              "hint: copy the partly filled block in every layer of this cache (len(cache.k)), not in the "
+              "notebook's cfg.n_layers"),
     ],
     "test_model_logits": [
         Check("prefill 6, decode 6", model_logits(0, TINY, 6, 12, 6, 4), close(1e-5),
