@@ -582,3 +582,59 @@ def test_a_renamed_answer_id_is_graded_on_its_code(graded):
     row = graded["renamed-answer-id"]
     assert row.status == "graded" and row.score == row.max_score > 0, row
     assert "my_kv_cache_bytes -> kv_cache_bytes" in row.problems
+
+
+GUARD_SCRIPT = r'''
+import json, sys, torch
+from course.grade import harness
+notes = []
+taken_over = harness.guard_reference({"course.engine.sampling": set(), "course.engine.kv_cache": set(),
+                                      "course.measure.costs": {"human_bytes"}},
+                                     lambda **e: notes.append(e["what"]))
+ns = {"__name__": "__main__"}
+exec(compile(sys.argv[1], "<cell>", "exec"), ns)
+taken_over(ns)
+after = sorted(notes)
+notes.clear()
+exec(compile(sys.argv[2], "<checks x>", "exec"), {"ns": ns, "torch": torch})
+print(json.dumps({"after": after, "checks": sorted(notes)}))
+'''
+
+
+def _guard(cell: str, checks: str = "") -> dict:
+    """The notes guard_reference makes for a cell, after the cells and when a check calls the learner's names."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, cell, checks], capture_output=True, text=True,
+                         cwd=str(AUTOGRADE.parent), timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("cell, checks, noted", [  # ways a second adversarial review hid the course's code
+    ("import course.config\nS = getattr(course, 'engine').sampling\nclass Box:\n    pick = staticmethod(S.sample)",
+     "ns['Box'].pick(torch.randn(1, 5))", "course.engine.sampling.sample"),
+    ("import functools, course.config\nS = getattr(course, 'engine').sampling\n"
+     "f = functools.lru_cache(maxsize=0)(S.top_k_filter)", "", "course.engine.sampling.top_k_filter"),
+    ("import functools, course.config\nS = getattr(course, 'engine').sampling\n"
+     "f = functools.singledispatch(S.top_p_filter)", "ns['f'](torch.randn(5), 0.9)",
+     "course.engine.sampling.top_p_filter"),
+    ("import course.config\nK = getattr(course, 'engine').kv_cache\nclass Mine:\n    update = K.LayerKVCache.update",
+     "", "course.engine.kv_cache.LayerKVCache.update"),
+    ("import course.config\nS = getattr(course, 'engine').sampling\ndef outer():\n    held = S.apply_temperature\n"
+     "    return lambda x: held(x, 1.0)\nt = outer()", "", "course.engine.sampling.apply_temperature"),
+    ("import importlib.util as u, course.config\nS = getattr(course, 'engine').sampling\n"
+     "spec = u.spec_from_file_location('mine', S.__file__)\nmine = u.module_from_spec(spec)\n"
+     "spec.loader.exec_module(mine)", "", "mine (its module loaded again)"),
+])
+def test_the_guard_sees_the_courses_code_however_it_is_wrapped(cell, checks, noted):
+    notes = _guard(cell, checks)
+    assert any(noted in n for n in notes["after"] + notes["checks"]), notes
+
+
+def test_the_guard_leaves_the_courses_own_calls_and_allowed_helpers_alone():
+    cell = ("from course.memory import human_bytes\nfrom course.model import tiny_model\n"
+            "from course.generate import generate\nm = tiny_model()\nsize = human_bytes(2 ** 20)")
+    notes = _guard(cell, "ns['generate'](ns['m'], [1, 2, 3], 4, temperature=0.8, seed=0)")
+    assert notes == {"after": [], "checks": []}, notes

@@ -224,3 +224,15 @@ def test_more_evasions_of_the_scan_are_named(release, code, shown):
 ])
 def test_honest_uses_of_the_same_tools_get_no_note(code):
     assert integrity.flags(_with(_release("01_memory_formula"), code), _release("01_memory_formula")) == []
+
+
+@pytest.mark.parametrize("code, shown", [  # a second adversarial review (2026-12-04)
+    ("import course.config\nf = g.__getattribute__('__clo' + 'sure__')", "__getattribute__"),
+    ("from importlib.machinery import SourceFileLoader\nm = SourceFileLoader('m', 'x.py').load_module()",
+     ".SourceFileLoader()"),
+    ("import code\ncode.InteractiveInterpreter(globals()).runsource('x = 1', '<checks x>', 'exec')", "code"),
+    ("import types\nf = types.FunctionType(g.__code__, {})", ".FunctionType()"),
+])
+def test_evasions_from_a_second_review_are_named(code, shown):
+    notes = integrity.flags(_with(_release("03_sampler"), code), _release("03_sampler"))
+    assert any(shown in n for n in notes), notes

@@ -228,12 +228,22 @@ def watch(emit):
         learner counts as theirs, so a debugging print_stack is not noted; the source scan names currentframe)."""
         return frame is not None and not frame.f_code.co_filename.startswith(system)
 
+    course_dir = os.path.dirname(os.path.abspath(sys.modules["course"].__file__))
+    trusted_names = ("<frozen ", "<checks ", course_dir, os.path.realpath(course_dir))
+
     def hook(event, args):
-        if event not in AUDITED or busy[0]:
+        if busy[0] or event not in AUDITED and event != "compile":
             return
         busy[0] = True
         try:
-            if event == "object.__setattr__" or event == "object.__delattr__":
+            if event == "compile":  # code named as the interpreter's, the checks' or the course's is trusted by
+                # name (here and in guard_reference): compiling under such a name is hiding, whoever calls compile
+                name = args[1] if len(args) > 1 else None
+                if not isinstance(name, str) or not name.startswith(trusted_names) or \
+                        sys._getframe(1).f_code.co_filename.startswith("<frozen importlib"):  # an import's own
+                    return
+                what = f"compiled code under the name {name[:60]!r}, which the grader trusts"
+            elif event == "object.__setattr__" or event == "object.__delattr__":
                 module = str(getattr(args[0], "__module__", "") or "")
                 if module == "__main__" or not module:
                     return  # the learner's own classes and functions
@@ -242,7 +252,7 @@ def watch(emit):
                 what = f"read .{args[1]}"
             else:
                 what = event
-            if what in seen or len(seen) >= 40 or not learner(sys._getframe(1)):
+            if what in seen or len(seen) >= 40 or event != "compile" and not learner(sys._getframe(1)):
                 return
             seen.add(what)
             emit(ev="audit", what=what)
@@ -286,22 +296,39 @@ def guard_reference(reference: dict, emit) -> Callable[[dict], None]:
     `reference`: the checks module's REFERENCE, {module: names it may use}. The course package has to be
     importable here (the checks run its model), and it holds working versions of most exercises (its sampler,
     its paged cache, ...). A source scan (course.grade.integrity) notes the imports it can read; this sees the
-    use however the module was reached (importlib, sys.modules, getattr chains): every function of those modules
-    is replaced, in every course module that names it, by one that notes a call made from the learner's code,
-    and every class's __init__ likewise (a learner's subclass calls it too). Calls the course makes itself (the
-    model, generate) are not noted. Returns a check of the namespace the cells left, for a reference function or
-    class taken over as the learner's own (`sample = S.sample`, which the checks then call directly). Like every
-    note, it is for the teacher's eyes and never changes a score."""
+    use however the module was reached (importlib, sys.modules, getattr chains):
+
+    * every function of those modules is replaced, in every course module that names it, by one that notes a
+      call whose caller (past the interpreter's and the libraries' own frames: functools, a C wrapper) is not
+      the course's code: the learner's, or the checks' (the checks never call these themselves, so a call from
+      them is the learner's answer handed in as it is: `sample = staticmethod(S.sample)`);
+    * every method of those modules' classes (and their __init__) likewise, and also when it runs on an object
+      that is not of its class (`update = LayerKVCache.update` in a class of the learner's own);
+    * after the cells, the learner's names are searched (into functions' closures and defaults, classes,
+      wrappers such as partial, staticmethod and lru_cache, and containers) for these functions and classes,
+      and for any function whose code comes from their files (a second copy of the module, loaded anew).
+
+    Calls the course makes itself (the model, generate) are not noted. Like every note, it is for the teacher's
+    eyes and never changes a score; code written to hide from it is what the source scan's notes are for."""
     import importlib
     import inspect
 
     system = _system_prefixes()
+    course_dir = os.path.dirname(os.path.abspath(sys.modules["course"].__file__))
+    course_dirs = tuple({course_dir, os.path.realpath(course_dir)})
     seen: set = set()
 
-    def learner_called(depth: int = 2) -> bool:
+    def handed_in(depth: int = 2) -> bool:
+        """The first caller past the interpreter's and libraries' frames is not the course's own code."""
         frame = sys._getframe(depth)
-        name = frame.f_code.co_filename if frame is not None else ""
-        return frame is not None and not name.startswith(system) and not name.startswith("<checks ")
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(course_dirs):
+                return False
+            if not name.startswith(system):
+                return True  # the learner's, or the checks' (<checks ...>)
+            frame = frame.f_back
+        return False
 
     def note(qual: str) -> None:
         what = f"used the course's own {qual}"
@@ -309,11 +336,15 @@ def guard_reference(reference: dict, emit) -> Callable[[dict], None]:
             seen.add(what)
             emit(ev="audit", what=what)
 
-    def guarded(fn, qual):
+    known: dict = {}  # id -> name, of every guarded function and its guard (the search stops at them)
+
+    def guarded(fn, qual, owner=None):
         def call(*args, **kwargs):
-            if learner_called():
+            if handed_in() or owner is not None and args and not isinstance(args[0], owner):
                 note(qual)
             return fn(*args, **kwargs)
+
+        known[id(fn)] = known[id(call)] = qual
 
         call.__name__, call.__qualname__, call.__doc__, call.__module__ = \
             fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__
@@ -323,25 +354,35 @@ def guard_reference(reference: dict, emit) -> Callable[[dict], None]:
             pass
         return call
 
-    def guard_init(cls, qual):
-        init = cls.__init__
+    def guard_class(cls, qual):
+        for attr, value in list(vars(cls).items()):
+            if attr in ("__new__", "__init_subclass__", "__class_getitem__"):
+                continue
+            if inspect.isfunction(value):
+                type.__setattr__(cls, attr, guarded(value, f"{qual}.{attr}" if attr != "__init__" else qual, cls))
+            elif isinstance(value, (staticmethod, classmethod)) and inspect.isfunction(value.__func__):
+                type.__setattr__(cls, attr, type(value)(guarded(value.__func__, f"{qual}.{attr}")))
+        if "__init__" not in vars(cls):  # an inherited __init__ (a dataclass's is its own): noted on its own
+            init = cls.__init__
 
-        def __init__(self, *args, **kwargs):
-            if learner_called():
-                note(qual)
-            return init(self, *args, **kwargs)
+            def __init__(self, *args, **kwargs):
+                if handed_in():
+                    note(qual)
+                return init(self, *args, **kwargs)
 
-        type.__setattr__(cls, "__init__", __init__)
+            type.__setattr__(cls, "__init__", __init__)
 
-    swapped, classes = {}, []
+    swapped, classes, files, modules = {}, [], {}, set()
     for name, allowed in reference.items():
         module = importlib.import_module(name)
+        files[os.path.realpath(module.__file__)] = set(allowed)  # a copy's code names its file
+        modules.add(id(module))
         for attr, value in list(vars(module).items()):
             if attr in allowed or getattr(value, "__module__", None) != module.__name__:
                 continue
             qual = f"{name}.{attr}"
             if isinstance(value, type):
-                guard_init(value, qual)
+                guard_class(value, qual)
                 classes.append((value, qual))
             elif inspect.isfunction(value):
                 swapped[id(value)] = (value, guarded(value, qual), qual)
@@ -350,20 +391,80 @@ def guard_reference(reference: dict, emit) -> Callable[[dict], None]:
             for attr, value in list(vars(module).items()):
                 if id(value) in swapped and swapped[id(value)][0] is value:
                     setattr(module, attr, swapped[id(value)][1])
-    taken = {id(fn): qual for fn, call, qual in swapped.values()} | \
-        {id(call): qual for fn, call, qual in swapped.values()}
+
+    def inside(value):
+        """What a value holds that could be a function or class: wrappers' targets, closures, containers."""
+        if isinstance(value, (staticmethod, classmethod)):
+            yield value.__func__
+        for attr in ("func", "__func__", "__wrapped__", "__self__", "fget", "fset"):  # partial, methods, lru_cache
+            try:  # the learner's own __getattr__ may run: no more than their cells could already do
+                held = getattr(value, attr, None)
+            except Exception:
+                held = None
+            if held is not None and not isinstance(held, (str, int, float, bool)):
+                yield held
+        if inspect.isfunction(value) and value.__code__.co_filename.startswith(course_dirs) or \
+                isinstance(value, type) and str(value.__module__).startswith("course"):
+            return  # the course's own code, given to the learner: what it holds is not the learner's doing
+        if inspect.isfunction(value):
+            yield from (c.cell_contents for c in value.__closure__ or () if _cell_filled(c))
+            yield from value.__defaults__ or ()
+            yield from (value.__kwdefaults__ or {}).values()
+        elif isinstance(value, type):
+            if value.__module__ != "builtins" and not str(value.__module__).startswith(("torch", "numpy")):
+                yield from list(vars(value).values())
+        elif isinstance(value, dict):
+            yield from list(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            yield from list(value)[:1000]
+        elif hasattr(value, "registry") and isinstance(getattr(value, "registry", None), dict):
+            yield from list(value.registry.values())  # functools.singledispatch
+        elif type(value).__module__ == "__main__" and isinstance(getattr(value, "__dict__", None), dict):
+            yield from list(vars(value).values())  # an object of the learner's own class
+
+    def check(value) -> bool:
+        """Note what `value` is; True when the search should look inside it."""
+        if id(value) in known:
+            note(known[id(value)])
+            return False
+        if isinstance(value, type):
+            for cls, qual in classes:
+                if issubclass(value, cls):
+                    note(qual)
+                    return False
+        elif inspect.isfunction(value) and os.path.realpath(value.__code__.co_filename) in files:
+            if value.__qualname__.split(".")[0] not in files[os.path.realpath(value.__code__.co_filename)]:
+                note(f"{value.__module__}.{value.__qualname__} (copied)")
+            return False
+        elif inspect.ismodule(value) and id(value) not in modules and \
+                os.path.realpath(str(getattr(value, "__file__", ""))) in files:
+            note(f"{value.__name__} (its module loaded again)")
+            return False
+        return True
 
     def namespace(ns: dict) -> None:
-        for value in list(ns.values()):
-            value = getattr(value, "func", value)  # functools.partial(S.sample, ...)
-            if id(value) in taken:
-                note(taken[id(value)])
-            elif isinstance(value, type):
-                for cls, qual in classes:
-                    if issubclass(value, cls):
-                        note(qual)
+        todo, visited, budget = [(v, 0) for v in list(ns.values())], set(), 20_000
+        while todo and budget > 0:
+            value, depth = todo.pop()
+            if id(value) in visited or isinstance(value, (str, bytes, int, float, bool, type(None))):
+                continue
+            visited.add(id(value))
+            budget -= 1
+            try:
+                if check(value) and depth < 4 and not inspect.ismodule(value):
+                    todo.extend((v, depth + 1) for v in inside(value))
+            except Exception:  # an object of the learner's that fights being looked at: its calls are watched
+                continue
 
     return namespace
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:  # an empty cell
+        return False
 
 
 def main() -> int:

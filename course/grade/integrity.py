@@ -22,7 +22,7 @@ import re
 from course.grade.harness import is_test_cell
 
 REACHING_MODULES = {"ctypes", "_thread", "signal", "atexit", "builtins", "faulthandler", "_ctypes", "cffi", "pkgutil",
-                    "runpy", "_imp", "dis", "pydoc", "IPython.utils.importstring"}
+                    "runpy", "_imp", "dis", "pydoc", "IPython.utils.importstring", "code", "codeop"}
 SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "get_stats", "freeze"},
              "inspect": {"signature", "getsource", "getdoc", "isclass", "isfunction", "ismethod", "getfullargspec",
                          "cleandoc", "Parameter", "Signature"},
@@ -33,7 +33,8 @@ SAFE_USES = {"gc": {"collect", "disable", "enable", "isenabled", "get_count", "g
 # anything else of these is noted (pickle.loads of a constant imports any module: the scan would not see it;
 # traceback.walk_stack hands out the frame objects the checks run in, where extract_stack gives only their text)
 REACHING_ATTRS = {"_getframe", "f_back", "f_globals", "f_locals", "f_builtins", "f_code", "tb_frame", "gi_frame",
-                  "cr_frame", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__"}
+                  "cr_frame", "__globals__", "__code__", "__closure__", "__builtins__", "__subclasses__",
+                  "__getattribute__"}  # f.__getattribute__('__clo' + 'sure__') is f.__closure__
 PROCESS_ATTRS = {"settrace", "setprofile", "modules", "dup", "dup2", "fdopen", "fork", "forkpty", "kill", "killpg",
                  "_exit", "memfd_create", "set_inheritable", "pthread_kill", "write", "pipe"}  # of os, sys, signal
 HARMLESS = {"course.config", "course.engine.config", "course.engine.device", "course.paths"}  # shapes, devices
@@ -41,7 +42,10 @@ HARMLESS_NAMES = {"course.memory:human_bytes", "course.memory:GiB", "course.memo
                   "course.measure.costs:human_bytes", "course.measure.costs:GiB"}  # printing helpers
 REACHING_CALLS = {"__import__", "exec", "eval", "compile", "get_ipython", "import_item"}
 REACHING_ATTR_CALLS = {"import_module", "resolve_name", "run_module", "run_path", "find_spec", "exec_module", "locate",
-                       "currentframe", "import_item", "__import__", "walk_stack", "walk_tb", "reload"}  # importlib.__import__("course." + "x"): the module named in code the scan cannot read
+                       "currentframe", "import_item", "__import__", "walk_stack", "walk_tb", "reload", "load_module",
+                       "SourceFileLoader", "spec_from_file_location", "module_from_spec", "FunctionType", "CodeType",
+                       "runsource", "runcode"}  # importlib.__import__("course." + "x"): a module named in code the
+# scan cannot read; a module loaded anew from its file; a function built from a code object
 GETTERS = {"attrgetter", "methodcaller"}  # operator.attrgetter("f_locals")(frame) is frame.f_locals
 CODE_MAGICS = {"run", "writefile", "load", "loadpy"}  # they run or write code the scan cannot see
 PROCESS_TEXT = re.compile(r"/proc/(?:self|thread-self|\d+)/|/dev/fd\b")  # not /proc/meminfo, /proc/cpuinfo
