@@ -89,6 +89,24 @@ def test_which_cost_dominates_comes_from_the_fit():
     assert "big: 53% bytes, 47% fixed cost → bound by bytes" in line.verdict()
 
 
+def test_a_negative_fixed_cost_is_printed_with_a_minus_and_called_noise():
+    """The reviewed run printed 'time = bytes ÷ 23.7 GB/s + -4.15 ms', then split every step 100% bytes, 0% fixed
+    cost, as if the impossible intercept meant something."""
+    neg = _line([("a", 0.5e9, 0.5e9 / 10e9 * 1e3 - 4.0), ("b", 1.5e9, 146.0), ("c", 4.4e9, 436.0)], probe=10e9)
+    assert neg.fit.fixed_ms == pytest.approx(-4.0, abs=1e-6)
+    text = str(neg)
+    assert "GB/s − 4.00 ms (R²" in text and "+ -" not in text
+    assert "negative (−4.00 ms)" in text and "noise" in text and "not meaningful" in text
+    assert "bound by" not in text and "0% fixed cost" not in text
+    check_printed(text, neg)
+    pos = _line([("a", 0.5e9, 54.0), ("b", 1.5e9, 154.0), ("c", 4.4e9, 444.0)], probe=10e9)
+    assert "GB/s + 4.00 ms (R²" in str(pos) and "negative" not in str(pos) and "bound by" in str(pos)
+    check_printed(str(pos), pos)
+    assert "(float32, cpu, 1 thread, compiled;" in str(pos)
+    from dataclasses import replace
+    assert ", 2 threads, " in str(replace(pos, threads=2)) and "(s)" not in str(replace(pos, threads=2))
+
+
 def test_random_model_has_the_shape_and_ordinary_numbers():
     config = ModelConfig.from_name("tiny").with_(n_layers=3)
     model = BL.random_model(config, seed=1)
@@ -180,19 +198,27 @@ def check_printed(text: str, line: BL.BytesLine) -> None:
         assert f"the streaming-read probe gave {line.probe_bytes_per_s / 1e9:.1f} GB/s" in text
         assert "bandwidth-bound here" not in text and "bound by" not in text
         return
-    m = re.search(r"time = bytes ÷ ([\d.]+) GB/s \+ (-?[\d.]+) ms \(R² = ([\d.-]+)\); the streaming-read probe gave "
-                  r"([\d.]+) GB/s, so the slope's bandwidth is (\d+)% of the probe's", text)
+    m = re.search(r"time = bytes ÷ ([\d.]+) GB/s ([+−]) ([\d.]+) ms \(R² = ([\d.-]+)\); the streaming-read probe "
+                  r"gave ([\d.]+) GB/s, so the slope's bandwidth is (\d+)% of the probe's", text)
     assert m, text
+    assert "+ -" not in text and "+ −" not in text
     assert float(m.group(1)) == pytest.approx(line.fit.bandwidth_bytes_per_s / 1e9, abs=0.051)
-    assert float(m.group(2)) == pytest.approx(line.fit.fixed_ms, abs=0.0051)
-    assert float(m.group(3)) == pytest.approx(line.fit.r2, abs=0.00051)
-    assert float(m.group(4)) == pytest.approx(line.probe_bytes_per_s / 1e9, abs=0.051)
-    assert int(m.group(5)) == round(line.bandwidth_ratio * 100)
+    sign = -1 if m.group(2) == "−" else 1
+    assert sign * float(m.group(3)) == pytest.approx(line.fit.fixed_ms, abs=0.0051)
+    m = re.search(r"R² = ([\d.-]+)\); the streaming-read probe gave ([\d.]+) GB/s, so the slope's bandwidth is "
+                  r"(\d+)% of the probe's", text)
+    assert float(m.group(1)) == pytest.approx(line.fit.r2, abs=0.00051)
+    assert float(m.group(2)) == pytest.approx(line.probe_bytes_per_s / 1e9, abs=0.051)
+    assert int(m.group(3)) == round(line.bandwidth_ratio * 100)
     assert ("Decode is bandwidth-bound here" in text) == line.bandwidth_bound
     assert ("not on one line" in text) == (not line.on_the_line)
     for p in line.points:
-        assert f"{p.name}: {line.bytes_share(p):.0%} bytes" in text and f"bound by {line.dominated_by(p)}" in text
         assert f"{p.ms_per_step:.2f}" in text  # its row of the table
+    if line.fit.fixed_ms < 0:  # an impossible fixed cost: the split by it is not printed as if it meant something
+        assert "fixed cost came out negative" in text and "not meaningful" in text and "bound by" not in text
+        return
+    for p in line.points:
+        assert f"{p.name}: {line.bytes_share(p):.0%} bytes" in text and f"bound by {line.dominated_by(p)}" in text
 
 
 def test_the_check_catches_a_verdict_that_disagrees():

@@ -171,6 +171,11 @@ class Fit:
         return nbytes / self.bandwidth_bytes_per_s * 1e3 + self.fixed_ms
 
 
+def signed_ms(ms: float, places: int = 2) -> str:
+    """A fixed cost as the term of a sum, with a true minus sign: '+ 4.15 ms', '− 4.15 ms' (never '+ -4.15')."""
+    return f"{'−' if ms < 0 else '+'} {abs(ms):.{places}f} ms"
+
+
 def fit_line(bytes_per_step: list[float], ms_per_step: list[float]) -> Fit:
     """Least-squares line through (bytes, ms); needs at least 2 different byte counts."""
     n = len(bytes_per_step)
@@ -264,7 +269,7 @@ class BytesLine:
                     f"machine (load average {self.load_average[0]:.1f} → {self.load_average[1]:.1f} on "
                     f"{os.cpu_count()} cores) made a bigger model's steps no slower than a smaller one's, so this run "
                     "cannot say what bounds a decode step: rerun when it is quiet.")
-        head = (f"Fit over {len(self.points)} models: time = bytes ÷ {fitted:.1f} GB/s + {f.fixed_ms:.2f} ms "
+        head = (f"Fit over {len(self.points)} models: time = bytes ÷ {fitted:.1f} GB/s {signed_ms(f.fixed_ms)} "
                 f"(R² = {f.r2:.3f}); the streaming-read probe gave {probe:.1f} GB/s, so the slope's bandwidth is "
                 f"{self.bandwidth_ratio:.0%} of the probe's.")
         steady, moved = steadiness(self.probes)  # moved: how far the read probe went between rounds
@@ -286,10 +291,14 @@ class BytesLine:
                      f"by more than {BANDWIDTH_TOLERANCE:.0%}: "
                      + ("the step's kernels read memory less efficiently than a plain sum does."
                         if side == "slower" else "part of the weights was served from a cache, not memory."))
-        parts = [f"{p.name}: {self.bytes_share(p):.0%} bytes, {1 - self.bytes_share(p):.0%} fixed cost "
-                 f"→ bound by {self.dominated_by(p)}" for p in self.points]
         if not steady and (self.bandwidth_bound or not self.on_the_line):  # the verdict stands; the swing beside it
             claim += f" ({moved[0].upper()}{moved[1:]}: the memory system was unsteady.)"
+        if f.fixed_ms < 0:  # no step costs less than nothing: the intercept is noise, and so is any split by it
+            return (f"{head} {claim}\nFrom the fit: the fixed cost came out negative (−{-f.fixed_ms:.2f} ms). "
+                    "A step cannot cost less than nothing, so the intercept is noise in the fit, and its split of "
+                    "each step into bytes and fixed cost is not meaningful in this run.")
+        parts = [f"{p.name}: {self.bytes_share(p):.0%} bytes, {1 - self.bytes_share(p):.0%} fixed cost "
+                 f"→ bound by {self.dominated_by(p)}" for p in self.points]
         return f"{head} {claim}\nFrom the fit: " + "; ".join(parts) + "."
 
     def __str__(self) -> str:
@@ -297,7 +306,8 @@ class BytesLine:
         for p in self.points:
             rows.append(f"{p.name:<16}{p.params / 1e6:>8.0f}M{p.bytes_per_step / 1e6:>10.0f}{p.ms_per_step:>10.2f}"
                         f"{p.achieved_bytes_per_s / 1e9:>8.1f}{self.fit.predict_ms(p.bytes_per_step):>9.2f}")
-        how = f"{self.dtype}, {self.device}, {self.threads} thread(s), " + ("compiled" if self.compiled else "eager")
+        threads = f"{self.threads} thread" + ("" if self.threads == 1 else "s")  # measure/ may not import wording
+        how = f"{self.dtype}, {self.device}, {threads}, " + ("compiled" if self.compiled else "eager")
         return "\n".join(rows) + f"\n({how}; {self.wall_s:.0f} s)\n" + self.verdict()
 
     def plot(self, ax=None):
@@ -310,7 +320,8 @@ class BytesLine:
         top = max(xs) * 1.05
         if self.rising:
             ax.plot([0, top], [self.fit.fixed_ms, self.fit.predict_ms(top * 1e9)], "-",
-                    label=f"fit: bytes ÷ {self.fit.bandwidth_bytes_per_s / 1e9:.1f} GB/s + {self.fit.fixed_ms:.1f} ms")
+                    label=f"fit: bytes ÷ {self.fit.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+                          f"{signed_ms(self.fit.fixed_ms, 1)}")
         ax.plot([0, top], [0, top * 1e9 / self.probe_bytes_per_s * 1e3], "--",
                 label=f"floor: bytes ÷ probe {self.probe_bytes_per_s / 1e9:.1f} GB/s")
         for p, x in zip(self.points, xs):
