@@ -85,8 +85,46 @@ def test_int8_grade_and_key_channels_are_printed_from_their_values(run):
     results, nb, _ = run
     text = flat(notebook_text(nb))
     assert f"a {results['int8_error_grade']} error" in text
+    assert f"a {results['int8_error_grade']} error: " in flat(" ".join(results["recap"]["bullets"]))
     # post-RoPE keys have outlier channels; per-channel scales shrink their round-trip error (KIVI's choice)
     assert results["key_outlier_ratio"] > results["value_outlier_ratio"] > 1
     assert 0 < results["key_err_per_channel"] < results["key_err_per_token"] < 0.05
     assert f"{results['key_outlier_ratio']:.1f}× the median channel's in the keys" in text
     assert "2402.02750" in text
+
+
+def test_int8_grade_phrase_counts_the_steps_at_risk():
+    from course.lessons.kv_lesson import int8_grade_phrase
+
+    large = int8_grade_phrase("large", 27, 64)
+    assert large.startswith("a large error") and "27 of 64 steps were close enough to flip" in large
+    assert "not only near-ties" in large
+    small = int8_grade_phrase("small", 1, 64)
+    assert "1 of 64 steps was" in small and "near-ties" in small and "not only" not in small
+    assert "none of the 64 steps" in int8_grade_phrase("small", 0, 64)
+
+
+def test_recap_bullet_follows_the_error_grade_not_the_smallest_gap():
+    """The reviewed run: a smallest gap of 0.030 but a large error; the bullet must say large, with its count."""
+    from course.lessons import recap as recap_mod
+
+    v = {"int8_max_logit_diff": 1.097, "int8_median_top2_gap": 1.2, "int8_min_top2_gap": 0.030,
+         "int8_error_grade": "large", "int8_at_risk_steps": list(range(27)), "int8_n_tokens": 64}
+    text = "\n".join(recap_mod.recap("02b_kv_cache_appendix", v).bullets)
+    assert "91% of the median top-two gap" in text and "a large error: 27 of 64 steps" in text
+    assert "near-tied greedy choice" not in text
+    small = "\n".join(recap_mod.recap("02b_kv_cache_appendix", {**v, "int8_max_logit_diff": 0.05,
+                                                                 "int8_error_grade": "small",
+                                                                 "int8_at_risk_steps": [3]}).bullets)
+    assert "a small error: 1 of 64 steps was" in small and "all near-ties" in small
+
+
+def test_kivi_paragraph_is_followed_by_its_cell_and_beam_search_heading_after():
+    import nbformat
+
+    cells = nbformat.read(NOTEBOOK, as_version=4).cells
+    kivi = next(i for i, c in enumerate(cells) if "KIVI" in c.source and c.cell_type == "markdown")
+    assert "channel_report(" in cells[kivi + 1].source and cells[kivi + 1].cell_type == "code"
+    beam = next(i for i, c in enumerate(cells) if "## 3. Beam search" in c.source)
+    assert beam > kivi + 1
+    assert len({c.id for c in cells}) == len(cells)

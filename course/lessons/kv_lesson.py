@@ -219,9 +219,7 @@ class Int8Report:
                  f"steps where the error could reorder the top two (2·|Δ| ≥ gap): "
                  f"{len(self.at_risk_steps)} of {self.n_tokens}; greedy choice agreed at "
                  f"{self.greedy_agreement:.0%} of steps",
-                 {"small": "a small error: only near-ties are at risk",
-                  "moderate": "a moderate error: near-ties and some closer calls are at risk",
-                  "large": "a large error: not only near-ties are at risk, but ordinary steps too"}[self.error_grade]]
+                 int8_grade_phrase(self.error_grade, len(self.at_risk_steps), self.n_tokens)]
         if self.free_run_same_prefix >= self.n_tokens:
             lines.append(f"free-running, the INT8 generation matched all {self.n_tokens} tokens")
         else:
@@ -238,6 +236,18 @@ def grade_int8_error(max_err: float, median_gap: float, at_risk: int, n_steps: i
     if share < 0.1 and risky < 0.05:
         return "small"
     return "moderate"
+
+
+def int8_grade_phrase(grade: str, at_risk: int, n_steps: int) -> str:
+    """The grade in words with its count of at-risk steps, e.g. "a large error: 27 of 64 steps were close enough
+    to flip, not only near-ties" (the lesson's report and its recap both say it this way)."""
+    if at_risk == 0:
+        return f"a {grade} error: none of the {n_steps} steps was close enough to flip"
+    risk = f"{at_risk} of {n_steps} steps {'was' if at_risk == 1 else 'were'} close enough to flip"
+    # small: error < 0.1 × median gap, so an at-risk gap is < 0.2 × median; moderate: < 0.5 × median, so < median
+    scope = {"small": "all near-ties", "moderate": "all with a gap under the median",
+             "large": "not only near-ties"}[grade]
+    return f"a {grade} error: {risk}, {scope}"
 
 
 def int8_report(model, prompt_ids, n_tokens: int = 64) -> Int8Report:
