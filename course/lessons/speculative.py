@@ -19,6 +19,7 @@ from course.engine.sampling import probabilities
 from course.engine.speculative import (Draft, empirical_distribution, expected_tokens_per_pass, shallow_copy,
                           speculative_first_token, speculative_generate, total_variation)
 from course.lessons.kv_lesson import wrap
+from course.lessons.wording import counted
 
 # A text the answer must copy: the case prompt lookup is built for (edits, extraction, RAG, code).
 COPY_TEXT = ("The old lighthouse on the northern cape was built in 1871. Its keeper wrote in a logbook "
@@ -135,8 +136,10 @@ def exact_draw_tvs(p: torch.Tensor, n: int, batches: int, seed: int = 1) -> torc
                          for _ in range(batches)], dtype=torch.float64)
 
 
-NOISE_SDS = 4  # the verdict passes up to the exact draws' mean TV + 4 SDs of it: a false alarm ~1 in 30,000
-NOISE_BATCHES = 30  # simulated batches of exact draws that give the noise's SD
+# The verdict passes up to the exact draws' mean TV + 4 SDs of it. The TV of exact draws is right-skewed (skewness
+# ~0.4), so its false-alarm rate is nearer 1 in 1,000-2,000 than the 1 in 30,000 a normal tail would give.
+NOISE_SDS = 4
+NOISE_BATCHES = 300  # simulated batches of exact draws that give the noise's SD (30 let the limit move by ±3%)
 
 
 @dataclass
@@ -212,7 +215,7 @@ class SamplingCheck:
         tv, mean, sd, limit = self.tv_speculative, self.expected_noise_tv, self.noise_sd, self.noise_limit
         near = ("as close to p as exact sampling's" if self.within_noise else
                 f"FARTHER from p than exact sampling leaves ({tv:.4f} > {limit:.4f})")
-        gap = abs(self.accepted_share - self.predicted_acceptance)
+        gap = abs(self.accepted_share - self.predicted_acceptance) * 100  # percentage points
         return [wrap(line) for line in [
             f"TV(speculative samples, p) = {tv:.4f}   TV({self.n:,} direct draws from p, p) = {self.tv_direct:.4f}",
             f"exact sampling's noise for n = {self.n:,}: mean {mean:.4f} (exact, from the binomial per token), "
@@ -222,9 +225,9 @@ class SamplingCheck:
             f"{self.predicted_acceptance:.1%} (one SD over {self.n:,} draws: {self.accepted_sd:.1%})",
             "verdict: speculative samples are " + ("within" if self.within_noise else "OUTSIDE") +
             f" the noise of exact sampling (TV {tv:.4f} {'≤' if self.within_noise else '>'} mean + {NOISE_SDS} SD "
-            f"= {limit:.4f}); the kept share is off its prediction by {gap * 100:.2f} percentage points, "
+            f"= {limit:.4f}); the kept share is off its prediction by {gap:.2f} percentage points, "
             + ("within" if self.accepted_within else "OUTSIDE")
-            + f" {NOISE_SDS} SD ({NOISE_SDS * self.accepted_sd:.1%})",
+            + f" {NOISE_SDS} SD ({NOISE_SDS * self.accepted_sd * 100:.1f} points)",
         ]]
 
 
@@ -330,20 +333,24 @@ class Costs:
         v = [self.verify_ratio(k) for k in sorted(self.verify)]
         return all(b >= a for a, b in zip(v, v[1:]))
 
+    def verify_line(self) -> tuple[float, float]:
+        """(a, b) of the least-squares line v_k = a + b·k through the measured v_k, with b ≥ 0 (a longer pass
+        does no less work; a falling fit is noise, and the best flat line is the mean). One outlier moves a
+        line over all the k far less than it moves a fit that must pass near every point."""
+        ks = sorted(self.verify)
+        vs = [self.verify_ratio(k) for k in ks]
+        mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
+        var = sum((k - mk) ** 2 for k in ks)
+        b = max(0.0, sum((k - mk) * (v - mv) for k, v in zip(ks, vs)) / var) if var else 0.0
+        return mv - b * mk, b
+
     def verify_fit(self, m: int) -> float:
-        """v_m from a monotone fit of the measured v_k (pool adjacent violators, at least 1), interpolated
-        linearly between measured k and flat past the largest: the cost of a pass that checks m drafted
-        tokens. m = 0 is a pass over the last token alone, one plain step: 1 by definition."""
+        """v_m from the least-squares line over the measured v_k (at least 1): the cost of a pass that checks
+        m drafted tokens. m = 0 is a pass over the last token alone, one plain step: 1 by definition."""
         if m <= 0:
             return 1.0
-        ks = sorted(self.verify)
-        fit = _isotonic([max(1.0, self.verify_ratio(k)) for k in ks])
-        if m <= ks[0]:  # between the plain step (m = 0, v = 1) and the first measured k
-            return 1.0 + (fit[0] - 1.0) * m / ks[0]
-        for (k0, v0), (k1, v1) in zip(zip(ks, fit), zip(ks[1:], fit[1:])):
-            if m <= k1:
-                return v0 + (v1 - v0) * (m - k0) / (k1 - k0)
-        return fit[-1]
+        a, b = self.verify_line()
+        return max(1.0, a + b * m)
 
     def noise_note(self) -> str:
         """A sentence when the measured v_k are not monotone in k (timing noise), else ''."""
@@ -352,23 +359,16 @@ class Costs:
         ks = sorted(self.verify)
         drops = [(a, b) for a, b in zip(ks, ks[1:]) if self.verify_ratio(b) < self.verify_ratio(a)]
         a, b = drops[0]
+        line_a, line_b = self.verify_line()
+        line = (f"v_k = {line_a:.2f} + {line_b:.3f}·k" if line_b > 0 else
+                f"flat at their mean, {line_a:.2f}, as the best line through them falls")
         return (f"Timing noise: a longer pass cannot cost less, yet v_{b} = {self.verify_ratio(b):.2f} < "
-                f"v_{a} = {self.verify_ratio(a):.2f}. The predictions below use a monotone fit instead: " +
+                f"v_{a} = {self.verify_ratio(a):.2f}. The predictions below use the least-squares line through all "
+                f"the measured v_k instead ({line}): " +
                 ", ".join(f"k={k}: {self.verify_fit(k):.2f}" for k in ks) + ".")
 
     def draft_ratio(self, n_layers: int) -> float:
         return self.draft_step[n_layers] / self.target_step
-
-
-def _isotonic(values: list[float]) -> list[float]:
-    """The non-decreasing sequence closest to values in least squares (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
-            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
-    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def draft_weight_share(model, n_layers: int) -> float:
@@ -422,7 +422,8 @@ def measure_costs(model, ks, depths, context: int = 128, repeats: int = 5) -> Co
     from course.measure.display import working
 
     with working(f"Caching a {context}-token context, then timing one target step, {len(ks)} verification passes "
-                 f"and {len(depths)} draft step(s) in {repeats} interleaved rounds", "several seconds on a 2-core CPU"):
+                 f"and {counted(len(depths), 'draft step')} in {repeats} interleaved rounds",
+                 "several seconds on a 2-core CPU"):
         jobs = {("t", 1): pass_fn(model, 1)}
         jobs.update({("v", k): pass_fn(model, k + 1) for k in ks})
         jobs.update({("d", n): pass_fn(shallow_copy(model, n), 1) for n in depths})
@@ -477,24 +478,30 @@ def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_
                   repeats: int = 1, costs: Costs | None = None, name: str = "") -> DraftSweep:
     """Greedy decode the same prompt plainly and with each (draft, k); time the decode phase.
 
-    EOS is ignored so every run produces exactly max_new_tokens. With repeats > 1 each timing is
-    the fastest of the repeats (least disturbed by other work on a shared machine).
+    EOS is ignored so every run produces exactly max_new_tokens. The runs go in interleaved rounds (plain
+    decoding, then every (draft, k), once per round), so a burst of load from other programs hits the
+    baseline and the speculative runs alike; each timing is the fastest of its repeats.
     """
+    jobs = [(d, k) for d, ks in drafts for k in ks]
     base_times, base_tokens = [], None
+    times: list[list[float]] = [[] for _ in jobs]
+    outs: list = [None] * len(jobs)
+    bar = tqdm(total=repeats * (len(jobs) + 1), desc=f"speculative sweep {name}".strip(), unit="run", leave=False)
     for _ in range(repeats):
         g = generate(model, prompt_ids, max_new_tokens, temperature=0)
         base_times.append(g.total_time - g.time_to_first_token)
         base_tokens = g.tokens
+        bar.update()
+        for i, (draft, k) in enumerate(jobs):
+            outs[i] = speculative_generate(model, draft, prompt_ids, max_new_tokens, k=k)
+            times[i].append(outs[i].stats.decode_seconds)
+            bar.update()
+    bar.close()
     sweep = DraftSweep(prompt=name, baseline_decode_seconds=min(base_times), baseline_tokens=base_tokens)
-    jobs = [(d, k) for d, ks in drafts for k in ks]
-    for draft, k in tqdm(jobs, desc=f"speculative sweep {name}".strip(), leave=False):
-        times = []
-        for _ in range(repeats):
-            out = speculative_generate(model, draft, prompt_ids, max_new_tokens, k=k)
-            times.append(out.stats.decode_seconds)
+    for (draft, k), out, t in zip(jobs, outs, times):
         s = out.stats
         row = SweepRow(draft=s.draft_name, k=k, acceptance_rate=s.acceptance_rate, agreement=s.agreement,
-                       tokens_per_pass=s.tokens_per_target_pass, decode_seconds=min(times),
+                       tokens_per_pass=s.tokens_per_target_pass, decode_seconds=min(t),
                        baseline_decode_seconds=sweep.baseline_decode_seconds, identical=out.tokens == base_tokens,
                        proposal_share=sum(n > 0 for n in s.proposed_per_pass) / max(1, s.target_passes),
                        passes_by_drafted=dict(Counter(s.proposed_per_pass)), emitted=s.emitted)
@@ -506,8 +513,8 @@ def speedup_sweep(model, prompt_ids, drafts: list[tuple[Draft, list[int]]], max_
 
 def predicted_from_costs(row: SweepRow, costs: Costs, draft: Draft) -> float:
     """Tokens the target passes yielded ÷ what those passes cost, in target-step units, pass by pass:
-    a pass that checks m drafted tokens costs m draft steps + v_m (from Costs.verify_fit, a monotone fit of
-    the measured v_k); a pass with nothing drafted (prompt lookup found no match) is one plain step."""
+    a pass that checks m drafted tokens costs m draft steps + v_m (from Costs.verify_fit, the least-squares
+    line through the measured v_k); a pass with nothing drafted (prompt lookup found no match) is one plain step."""
     cfg = getattr(getattr(draft, "model", None), "config", None)
     c = costs.draft_ratio(cfg.n_layers) if cfg is not None and cfg.n_layers in costs.draft_step else 0.0
     cost = sum(n * (m * c + costs.verify_fit(m)) for m, n in row.passes_by_drafted.items())
@@ -580,11 +587,20 @@ class PrefixRow:
 
 
 @dataclass
+class MissCheck:
+    """Where a miss's time goes: the first request's prompt timed again, side by side (seconds to first token)."""
+    plain: float  # full prefill into a contiguous cache
+    fresh_miss: float  # the first miss through a new store (a fresh pool)
+    warm_miss: float  # a second miss through that store (same length, matching no cached block)
+
+
+@dataclass
 class PrefixExperiment:
     prefix_tokens: int
     entry_bytes: int
     rows: list[PrefixRow]
     store: PagedPrefixCache
+    miss_check: MissCheck | None = None
 
     @property
     def hits(self) -> list[PrefixRow]:
@@ -614,7 +630,8 @@ def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=Q
     from course.measure.display import working
 
     with working(f"Answering {len(questions)} questions twice each ({len(prefix)}-token system prompt, "
-                 f"{max_new_tokens} new tokens): full prefill, then through the prefix store",
+                 f"{max_new_tokens} new tokens): full prefill, then through the prefix store; then the first request's "
+                 "miss timed again",
                  "under a minute on a 2-core CPU"):
         for question in tqdm(questions, desc="questions answered", unit="question", leave=False):
             ids = tokenizer.chat_ids(question, system=system)
@@ -626,7 +643,14 @@ def prefix_experiment(model, tokenizer, system: str = SYSTEM_PROMPT, questions=Q
                               eos_id=tokenizer.eos_id)
             rows.append(PrefixRow(question, len(ids), cached.reused_tokens, plain.time_to_first_token,
                                   cached.time_to_first_token, plain.tokens == cached.tokens))
-    return PrefixExperiment(len(prefix), store.entry_bytes(len(prefix)), rows, store)
+        # the first request again, to see where a miss's time goes: plain, a miss through a new store, then a
+        # second miss through that store (its first token moved to the end: same length, no block matches)
+        ids = tokenizer.chat_ids(questions[0], system=system)
+        fresh = PagedPrefixCache(model, max_bytes=max_bytes)
+        check = MissCheck(*(generate(model, i, 1, eos_id=tokenizer.eos_id, **kw).time_to_first_token for i, kw in
+                            ((ids, {}), (ids, dict(prefix_cache=fresh, prefix_len=len(prefix))),
+                             (ids[1:] + ids[:1], dict(prefix_cache=fresh)))))
+    return PrefixExperiment(len(prefix), store.entry_bytes(len(prefix)), rows, store, check)
 
 
 def plot_prefix(exp: PrefixExperiment):
