@@ -1,6 +1,8 @@
 """Lesson 01's own helpers: one streamed call and its token timeline, recording values, the interview answers."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from course.engine.generate import Generation
 from course.engine.streaming import stream_answer
 
@@ -68,6 +70,54 @@ def _prefill_bound_clause(v: dict) -> str:
             "memory-bound here too")
 
 
+WEIGHTS_DOMINATE = 2.0  # a step within this many times its weight-read floor is dominated by reading the weights
+
+
+def cache_rise_resolved(v: dict) -> bool | None:
+    """Whether this run measured the cache's cost: latency.itl_slope_sentence's resolve test (theory's rise across
+    the decode contexts at least twice the points' scatter around the fit) and a measured rise beyond that scatter
+    too. None where the fit's rise and scatter were not recorded."""
+    rise, scatter, ms = v.get("itl_theory_rise_ms"), v.get("itl_scatter_ms"), v.get("decode_ms_per_token")
+    if rise is None or scatter is None or not ms:
+        return None
+    return rise >= 2 * scatter and ms[-1] - ms[0] >= 2 * scatter
+
+
+def cache_rise_clause(v: dict, span: bool = True) -> str:
+    """What the decode medians at the shortest and longest context say about the cache's cost, judged by
+    cache_rise_resolved: a rise is claimed only when it is beyond the timing's scatter. `span` quotes the medians
+    (the recap quotes them itself)."""
+    ms, (c_short, c_long) = v["decode_ms_per_token"], (v["decode_contexts"][0], v["decode_contexts"][-1])
+    quoted = f"{ms[0]:.1f} → {ms[-1]:.1f} ms per token from {c_short:,} to {c_long:,} tokens" if span else ""
+    resolved = cache_rise_resolved(v)
+    if resolved:
+        return (f"the cache's reads raised it as the context grew ({quoted + ', ' if span else ''}more than twice "
+                f"the points' scatter of {v['itl_scatter_ms']:.2f} ms)")
+    if resolved is None:
+        return ("this run did not record the timing's scatter, so it cannot say whether the cache raised it"
+                + (f" ({quoted})" if span else ""))
+    return (f"the timing cannot show the cache's cost here ({quoted + '; ' if span else ''}theory's rise is "
+            f"{v['itl_theory_rise_ms']:.2f} ms, the points' scatter {v['itl_scatter_ms']:.2f} ms, and a rise "
+            "counts only beyond twice the scatter)")
+
+
+def step_dominance(v: dict) -> str:
+    """What dominates a decode step, from the step against its weight-read floor (decode_floor_ms) and, past
+    WEIGHTS_DOMINATE× the floor, section 6's split into matrix-vector products and the other operations."""
+    ratio = v["decode_ms_per_token"][0] / v["decode_floor_ms"]
+    if ratio <= WEIGHTS_DOMINATE:
+        return f"reading the weights dominates (the step is {ratio:.1f}× their read floor)"
+    linears, other = v.get("breakdown_linears_ms"), v.get("breakdown_other_ms")
+    if linears is None or other is None:
+        return (f"costs beyond reading the weights dominate here (the step is {ratio:.1f}× the weight-read "
+                "floor)")
+    if other >= linears:
+        return (f"per-operation overhead dominates here (the step is {ratio:.1f}× the weight-read floor; its "
+                f"small operations took {other:.0f} ms, its matrix-vector products {linears:.0f} ms)")
+    return (f"the matrix-vector products dominate here (the step is {ratio:.1f}× the weight-read floor; they took "
+            f"{linears:.0f} ms at {v['breakdown_gemv_gb_s']:.1f} GB/s, the other operations {other:.0f} ms)")
+
+
 def interview_answers(v: dict) -> str:
     """The lesson's two interview answers, phrased with the values the notebook record()ed (keys as there)."""
     decode_ms = v["decode_ms_per_token"]
@@ -101,14 +151,8 @@ def interview_answers(v: dict) -> str:
         f"byte. The arithmetic would take {v['decode_gflop'] / v['matmul_gflop_s'] * 1e3:.1f} ms at "
         f"{v['matmul_gflop_s']:.0f} GFLOP/s, moving the bytes {v['decode_floor_ms']:.1f} ms at "
         f"{v['bandwidth_gb_s']:.1f} GB/s, so "
-        + (("memory is the wall the step hits first, "
-            + (f"and the cache raises it as the context grows ({v['kv_mb_at_max_context']:.1f} MB of K and V at "
-               f"{c_long:,} tokens: {decode_ms[0]:.1f} → {decode_ms[-1]:.1f} ms per token "
-               f"from {c_short:,} to {c_long:,} tokens). "
-               if decode_ms[-1] > decode_ms[0] else
-               f"and the cache raises it as the context grows - though here the cache at {c_long:,} "
-               f"tokens is small next to the weights, and timing noise hid its cost ({decode_ms[0]:.1f} → "
-               f"{decode_ms[-1]:.1f} ms per token). "))
+        + (f"memory is the wall the step hits first. The cache adds {v['kv_mb_at_max_context']:.1f} MB of K and V "
+           f"at {c_long:,} tokens to each step's reads, and {cache_rise_clause(v)}. "
            if decode_memory else
            "on this machine's measured roofs the arithmetic, not memory, is the wall the step hits first: in this "
            "run decode measured compute-bound, and the question's premise does not hold here. ")
@@ -128,12 +172,29 @@ def interview_answers(v: dict) -> str:
 
 # ------------------------------------------------------------------ section 7: the ITL slope against theory
 FAR_OFF = 2.0  # a fitted slope more than this many times theory's (or less than 1/this) is "far" from it
+MISMATCH = 1.2  # attention timed alone above this share of the fitted slope: a part bigger than the whole
+ATTENTION_ROUNDS = 9  # interleaved rounds of the attention timing (lo, hi, hi, lo, ...): about a second
 
 
-def attention_seconds_per_token(model, lo: int, hi: int) -> float:
-    """Seconds the model's attention call alone adds per cached token, over all L layers: the same
-    scaled_dot_product_attention a decode step runs (one query, every layer's cached K and V, GQA as the model has
-    it), timed at contexts lo and hi on a cache of the model's shape filled with random numbers."""
+@dataclass(frozen=True)
+class AttentionTiming:
+    """What the model's attention call alone adds per cached token, from `rounds` interleaved rounds."""
+    seconds_per_token: float  # median over the rounds of (time at hi − time at lo) ÷ (hi − lo)
+    scatter_per_token: float  # standard deviation of that difference over the rounds, same units
+    rounds: int
+
+    @property
+    def resolved(self) -> bool:
+        """The rise is beyond the rounds' own scatter: otherwise it says nothing about the slope."""
+        return self.seconds_per_token > self.scatter_per_token
+
+
+def attention_timing(model, lo: int, hi: int, rounds: int = ATTENTION_ROUNDS) -> AttentionTiming:
+    """The same scaled_dot_product_attention a decode step runs over all L layers (one query, every layer's cached
+    K and V, GQA as the model has it), on a cache of the model's shape filled with random numbers, timed at contexts
+    lo and hi in interleaved rounds, so that a change in the machine's load hits both alike."""
+    import statistics
+
     import torch
     import torch.nn.functional as F
 
@@ -151,17 +212,23 @@ def attention_seconds_per_token(model, lo: int, hi: int) -> float:
         return lambda: [F.scaled_dot_product_attention(q, layer.k[:, :, :C + 1], layer.v[:, :, :C + 1],
                                                        enable_gqa=gqa) for layer in cache]
 
+    rises = []
     with torch.inference_mode():
-        t_lo, t_hi = (measure(attend(C), model.device, warmup=2, repeats=15).median for C in (lo, hi))
-    return max(t_hi - t_lo, 0.0) / (hi - lo)
+        for r in range(rounds):
+            order = (lo, hi) if r % 2 == 0 else (hi, lo)  # neither context always goes first
+            t = {C: measure(attend(C), model.device, warmup=1, repeats=5).median for C in order}
+            rises.append((t[hi] - t[lo]) / (hi - lo))
+    return AttentionTiming(statistics.median(rises), statistics.pstdev(rises), rounds)
 
 
 def itl_slope_cause(fitted_s: float, theory_s: float, rise_s: float, scatter_s: float, lo: int, hi: int,
-                    attention_s: float | None = None, cache_mb_at_hi: float | None = None) -> str:
+                    attention_s: float | None = None, cache_mb_at_hi: float | None = None,
+                    attention_scatter_s: float | None = None) -> str:
     """Why the fitted ITL slope (seconds per cached token) sits where it does against theory's, phrased from the
     values: "" where the sweep cannot resolve the slope (rise under twice the scatter: the fit's own sentence says
-    so). Far above theory, `attention_s` (attention_seconds_per_token) says how much the attention call alone
-    explains; far below, the cache's size at `hi` says whether it could have stayed in the CPU's caches."""
+    so). Far above theory, `attention_s` (attention_timing, with the scatter of its rounds) says how much the
+    attention call alone explains; far below, the cache's size at `hi` says whether it could have stayed in the
+    CPU's caches."""
     if rise_s < 2 * scatter_s or theory_s <= 0:
         return ""
     ratio = fitted_s / theory_s
@@ -170,13 +237,22 @@ def itl_slope_cause(fitted_s: float, theory_s: float, rise_s: float, scatter_s: 
                 "K and V at the probe's bandwidth.")
         if attention_s is None:
             return head + " This run did not time the attention call alone, so the cause is not measured here."
+        spread = (f" ± {attention_scatter_s * 1e6:.2f}" if attention_scatter_s is not None else "")
+        if attention_scatter_s is not None and attention_s <= attention_scatter_s:
+            return head + (f" Timed alone in interleaved rounds, the model's attention call rose by "
+                           f"{attention_s * 1e6:.2f}{spread} µs per cached token (median ± the rounds' scatter): "
+                           "no more than its own scatter, so this timing cannot say how much of the slope is "
+                           "attention, and nothing is attributed here.")
         share, theirs = attention_s / fitted_s, attention_s / theory_s
         span_ms = (fitted_s - attention_s) * (hi - lo) * 1e3
         out = (head + f" Timed alone, the model's attention call (scaled_dot_product_attention over every layer's "
-               f"cached K and V) added {attention_s * 1e6:.2f} µs per cached token, {theirs:.1f}× theory: "
+               f"cached K and V) added {attention_s * 1e6:.2f}{spread} µs per cached token, {theirs:.1f}× theory: "
                f"{share:.0%} of the fitted slope.")
+        if share > MISMATCH:
+            return out + (" A part cannot cost more than the whole: the attention call timed alone does not behave "
+                          "as it does inside the step, so this lesson cannot attribute the slope.")
         if share >= 0.8:
-            return out + " So the attention kernel, reading the cache far slower than the probe, is the cause."
+            return out + " So the attention call is where the time goes."
         if span_ms <= 2 * scatter_s * 1e3:
             return out + (f" The rest ({span_ms:.2f} ms from C = {lo:,} to {hi:,}) is within twice the points' "
                           f"scatter ({scatter_s * 1e3:.2f} ms): timing noise can account for it.")
@@ -195,7 +271,7 @@ def itl_slope_cause(fitted_s: float, theory_s: float, rise_s: float, scatter_s: 
 
 def itl_slope_explained(model, latency_model, decode_sweep, machine) -> str:
     """itl_slope_cause for the lesson's fit and sweep, timing the attention call where the slope is far above
-    theory (a fraction of a second)."""
+    theory (about a second); records the resolve test's rise and scatter for cache_rise_clause."""
     import math
 
     from course.measure.costs import dtype_bytes, kv_bytes_per_token
@@ -207,11 +283,17 @@ def itl_slope_explained(model, latency_model, decode_sweep, machine) -> str:
                                                                              decode_sweep.seconds))
                         / len(decode_sweep.lengths))  # as latency.itl_slope_sentence measures it
     fitted = latency_model.itl_coef[1]
-    attention = attention_seconds_per_token(model, lo, hi) if fitted > FAR_OFF * theory else None
+    attention = attention_timing(model, lo, hi) if fitted > FAR_OFF * theory else None
     from course.measure.results import record
 
-    record("itl_attention_us_per_token", None if attention is None else attention * 1e6)
-    return itl_slope_cause(fitted, theory, theory * (hi - lo), scatter, lo, hi, attention, per_token * hi / 1e6)
+    record("itl_attention_us_per_token", None if attention is None else attention.seconds_per_token * 1e6)
+    record("itl_attention_scatter_us_per_token", None if attention is None else attention.scatter_per_token * 1e6)
+    # the resolve test of latency.itl_slope_sentence, for the interview answer and the recap
+    record("itl_theory_rise_ms", theory * (hi - lo) * 1e3)
+    record("itl_scatter_ms", scatter * 1e3)
+    return itl_slope_cause(fitted, theory, theory * (hi - lo), scatter, lo, hi,
+                           None if attention is None else attention.seconds_per_token, per_token * hi / 1e6,
+                           None if attention is None else attention.scatter_per_token)
 
 
 # ----------------------------------------------------------------------- section 10: two probes, one memory
