@@ -141,15 +141,23 @@ def test_prose_follows_the_values(executed):
     first = results["batch_sweep"][min(results["batch_sweep"], key=int)]
     assert f"{first['speedup']:.1f}× B = 1" in out
     c0 = min(results["batch_sweep"], key=int)
-    assert (f"C = {c0}: the knee, the first B whose step cost" in out) == first["knee_found"]
+    start = out.index(f"C = {int(c0):,}: baseline ")  # its knee sentences, up to its pred/meas sentence
+    knee_line = out[start:out.index("predicted ÷ measured", start)]
+    assert ("; the knee, the first B at ≥ 2× it, came at B = " in knee_line) == first["knee_found"]
     if first["knee_found"]:
         from course.lessons.serving import ratio_text
-        assert f"came at B = {first['knee']}: {ratio_text(first['knee_ratio'])}" in out
-    assert (f"C = {c0}: no step cost twice the one-sequence baseline" in out) == (not first["knee_found"])
+        assert f"came at B = {first['knee']} ({ratio_text(first['knee_ratio'])})" in knee_line
+        if first["predicted_knee_found"]:  # the two knees joined by the step that put them apart
+            word = ("where predicted" if first["knee"] == first["predicted_knee"] else
+                    "later because" if first["knee"] > first["predicted_knee"] else "earlier because")
+            assert f"the measured knee came {word}" in knee_line
+    assert ("the largest measured, cost 2× it" in knee_line) == (not first["knee_found"])
     assert "(this machine's knee) (" not in out
     run = results["batching"]
     assert f"{run['throughput_ratio']:.2f}× the throughput" in out
     assert "because its slots were busy" not in out  # the cause is the time split, printed from the run
+    assert f"so it ran {run['continuous']['iterations']} iterations against {run['static']['iterations']}" in out
+    assert "gain nothing from busier slots" not in out  # prompt-carrying iterations decode the running requests too
     share = run["continuous"]["prefill_s"] / (run["continuous"]["prefill_s"] + run["continuous"]["decode_s"])
     assert f"({share:.0%} of its iterations' time against" in out
     trace = [n for _, n in run["trace"]]
@@ -234,38 +242,79 @@ def test_time_split_counts_prompt_carrying_iterations():
     assert split.prefill_share == pytest.approx(0.5)
 
 
-def test_the_gain_sentence_names_the_cause_the_time_split_shows():
+def _steps(occupancy: float, throughput: float, prefill: list[tuple[float, int]], decode: list[tuple[float, int]]):
+    """A stand-in ServeResult with 4 slots: per prompt-carrying iteration (seconds, running requests it also
+    decoded), one prompt each; per decode-only iteration (seconds, sequences decoded)."""
+    from types import SimpleNamespace
+
+    def slots(kinds):
+        return [(i, k) for i, k in enumerate(kinds)] + [(None, "idle")] * (4 - len(kinds))
+
+    steps = ([SimpleNamespace(seconds=t, slots=slots(["prefill"] + ["decode"] * n)) for t, n in prefill]
+             + [SimpleNamespace(seconds=t, slots=slots(["decode"] * n)) for t, n in decode])
+    return SimpleNamespace(throughput=throughput, slot_occupancy=occupancy, ttft_p50=1.0, latency_p95=2.0,
+                           timeline=steps)
+
+
+def test_time_split_counts_the_tokens_each_kind_of_iteration_emitted():
+    from course.lessons.serving_runs import time_split
+
+    split = time_split(_steps(0.5, 1.0, [(0.3, 2), (0.2, 0)], [(0.1, 3), (0.1, 1)]))
+    assert (split.decode_tokens, split.carried_decode_tokens, split.prompts) == (4, 2, 2)
+    assert split.iterations == 4 and split.mean_s == pytest.approx(0.175)
+    assert split.decode_rate == pytest.approx(4 / 0.2)
+
+
+def test_the_gain_sentence_claims_only_what_the_iteration_arithmetic_shows():
     from course.lessons.serving_runs import batching_sentences, gain_sentence
 
-    static = _served(0.37, [0.4], [0.1] * 20, 10.0)  # 0.4 s of prefill, 2.0 s of decode
-    # fewer decode iterations (1.0 s saved), more prefill (0.3 s added): a gain, smaller than the busier slots
-    run = _batching(static, _served(0.73, [0.35, 0.35], [0.1] * 10, 11.3))
+    static = _steps(0.37, 10.0, [(0.1, 0)] * 4, [(0.1, 1)] * 20)  # 24 iterations of 100 ms: 2.4 s
+    # half the iterations (2.0× fewer); its prompt-carrying ones cost 350 ms each (they decode 3 running requests)
+    run = _batching(static, _steps(0.73, 14.1, [(0.35, 3)] * 2, [(0.1, 2)] * 10))
     text = gain_sentence(run)
-    assert "busy in 73% of slot-iterations against 37%" in text and "10 decode-only iterations against 20" in text
-    assert "The gain is the decode time saved (1.00 s)" in text and "took 300 ms more" in text
-    assert "smaller than the 2.0× rise in busy slots" in text and "No gain" not in text
+    assert "busy in 73% of slot-iterations against 37%" in text and "12 iterations against 24" in text
+    assert "20 decode tokens per second against 10" in text and "6 tokens against 0" in text
+    assert "2.00× fewer iterations at 1.42× the cost each" in text and "1.70 s in all against 2.40 s" in text
+    assert "the largest part, 42 ms, is costlier prompt-carrying iterations (350 ms each against 100 ms)" in text
+    assert "gain nothing" not in text and "that is why" not in text and "No gain" not in text
     lines = batching_sentences(run)
-    assert "1.13× the throughput" in lines[0] and "because" not in lines[0] and lines[1] == text
-    # the same split, but a gain above the rise in busy slots: no "smaller than" claim
-    above = gain_sentence(_batching(static, _served(0.73, [0.35, 0.35], [0.1] * 10, 30.0)))
-    assert "smaller than" not in above and "took back part of it" in above
-    # decode and prefill both shorter
-    both = gain_sentence(_batching(static, _served(0.73, [0.3], [0.1] * 10, 15.0)))
-    assert "Both kinds took less time" in both and "took back" not in both
-    # a gain with no decode time saved: it came from the prompt-carrying iterations
-    pre = gain_sentence(_batching(static, _served(0.73, [0.1], [0.1] * 20, 11.0)))
-    assert "came from shorter prompt-carrying iterations" in pre
-    # no gain: the prefill time added ate the decode time saved
-    ate = gain_sentence(_batching(static, _served(0.73, [0.7, 0.8], [0.1] * 10, 9.5)))
-    assert ate.count("No gain in this run") == 1 and "went to the extra time" in ate and "The gain is" not in ate
-    # no gain, and no decode time saved either: say the clock hid it, claim no cause
-    hid = gain_sentence(_batching(static, _served(0.73, [0.4], [0.25] * 10, 9.5)))
-    assert "No gain in this run" in hid and "run the cell again" in hid and "went to" not in hid
+    assert "1.41× the throughput" in lines[0] and "because" not in lines[0] and lines[1] == text
+    # the rise per iteration from a larger share of prompt-carrying iterations instead
+    slow_prompts = _steps(0.37, 10.0, [(0.2, 0)] * 4, [(0.1, 1)] * 20)
+    mix = gain_sentence(_batching(slow_prompts, _steps(0.73, 12.0, [(0.2, 1)] * 6, [(0.1, 2)] * 6)))
+    assert "the largest part, 33 ms, is more iterations carrying a prompt (50% of them against 17%)" in mix
+    # a part larger than the whole rise is named as such, never as a part of it
+    few_prompts = _steps(0.37, 10.0, [(0.4, 0)], [(0.1, 1)] * 20)
+    over = gain_sentence(_batching(few_prompts, _steps(0.73, 12.0, [(0.3, 2)] * 4, [(0.1, 2)] * 8)))
+    assert ("more iterations carrying a prompt (33% of them against 5%) added 86 ms per iteration, more than the "
+            "whole 52 ms rise: the other parts took 33 ms back") in over and "the largest part" not in over
+    # ... or from wider decode-only steps
+    wide = gain_sentence(_batching(static, _steps(0.73, 12.0, [(0.1, 3)] * 2, [(0.15, 3)] * 8)))
+    assert "is wider decode-only steps (150 ms each against 100 ms)" in wide
+    # fewer iterations at no higher cost: no part of a rise named
+    flat = gain_sentence(_batching(static, _steps(0.73, 20.0, [(0.1, 3)] * 2, [(0.1, 3)] * 8)))
+    assert "2.40× fewer iterations, at no higher cost each" in flat and "largest part" not in flat
+    # as many iterations, each cheaper: the gain is the cheaper iterations
+    cheap = gain_sentence(_batching(static, _steps(0.5, 20.0, [(0.05, 0)] * 4, [(0.05, 1)] * 20)))
+    assert "came from cheaper iterations (0.50× the cost each), not fewer" in cheap
+    # neither fewer nor cheaper, yet faster: no cause claimed
+    odd = gain_sentence(_batching(static, _steps(0.5, 12.0, [(0.1, 0)] * 4, [(0.1, 1)] * 20)))
+    assert "Neither fewer nor cheaper" in odd and "run the cell again" in odd
+    # no gain: fewer iterations, but each cost as much more
+    ate = gain_sentence(_batching(static, _steps(0.73, 9.5, [(0.5, 3)] * 4, [(0.2, 2)] * 8)))
+    assert ate.count("No gain in this run") == 1 and "3.00× the cost each" in ate and "The gain is" not in ate
+    # no gain, no fewer iterations either: no cause claimed
+    same = gain_sentence(_batching(static, _steps(0.73, 9.5, [(0.1, 0)] * 4, [(0.1, 1)] * 20)))
+    assert "it ran no fewer iterations" in same and "run the cell again" in same
+    # no gain although the iterations took less: the time between them ate it
+    gap = gain_sentence(_batching(static, _steps(0.73, 9.5, [(0.1, 3)] * 2, [(0.1, 3)] * 8)))
+    assert "No gain in this run, although its iterations took 1.00 s in all against 2.40 s" in gap
     # no timeline recorded: no cause claimed
-    untimed = gain_sentence(_batching(_served(0.37, [], [], 10.0), _served(0.73, [], [], 12.0)))
+    untimed = gain_sentence(_batching(_steps(0.37, 10.0, [], []), _steps(0.73, 12.0, [], [])))
     assert "cannot say where the time went" in untimed and "The gain" not in untimed and "No gain" not in untimed
     # within 1 % of static counts as no gain
-    assert "No gain in this run" in gain_sentence(_batching(static, _served(0.73, [0.7, 0.8], [0.1] * 10, 10.05)))
+    assert "No gain in this run" in gain_sentence(_batching(static, _steps(0.73, 10.05, [(0.35, 3)] * 2,
+                                                                            [(0.1, 2)] * 10)))
 
 
 def test_trace_sentence_counts_the_long_answers_of_the_trace():
@@ -370,12 +419,12 @@ def test_knee_sentence_reports_measured_and_predicted_by_one_rule():
     for p, pred in zip(sweep.at(64), (21.0, 21.5, 22.0, 32.0, 64.0)):
         p.predicted_s = pred / 1e3
     text = sweep.knee_sentence(64)
-    assert "C = 64: the knee" in text and "35 ms (the faster of B = 1 and B = 2)" in text
-    assert "came at B = 16: 3.01×; B = 8 had reached 1.52×" in text
+    assert "C = 64: baseline 35 ms (the faster of B = 1 and B = 2); the knee, the first B at ≥ 2× it" in text
+    assert "came at B = 16 (3.01×); B = 8 had reached 1.52×" in text
     assert "The prediction, by the same rule: B = 16" in text and "critical batch B* ≈" in text
     assert ") (" not in text
     none = sweep.knee_sentence(512)
-    assert "no step cost twice the one-sequence baseline" in none and "up to B = 16" in none
+    assert "no B up to 16, the largest measured, cost 2× it" in none and "the knee lies beyond it" in none
     assert "puts it beyond B = 16 too" in none  # predicted 1 ms at every B in the stand-in sweep
 
 
@@ -438,7 +487,8 @@ def test_batch_sweep_on_the_tiny_model():
     assert all(p.predicted_s > 0 and p.seconds > 0 for p in sweep.points)
     text = sweep_sentences(sweep)
     assert len(text) == 7 and "predicted ÷ measured (pred/meas above) ran from" in text[2]
-    assert text[1].startswith(("C = 8: the knee", "C = 8: no step cost twice"))
+    assert text[1].startswith("C = 8: baseline ")
+    assert ("; the knee, the first B at ≥ 2× it" in text[1]) != ("the largest measured, cost 2× it" in text[1])
     assert text[-1].startswith(("The longer context", "Batching gained"))
     with pytest.raises(ValueError, match="starting at 1"):
         batch_sweep(model, machine, batches=(2, 4))

@@ -327,12 +327,16 @@ def batching_run(model, requests: Sequence[Request], max_batch: int = 4, progres
 
 @dataclass(frozen=True)
 class TimeSplit:
-    """A served run's iterations in two kinds: those that carried a prompt (every slot waits while it is
-    prefilled) and decode-only ones, with their wall time in seconds."""
+    """A served run's iterations in two kinds: those that carried a prompt (they also decode every running
+    request, as Orca's selective batching does) and decode-only ones, with their wall time in seconds and the
+    tokens they emitted (one per busy slot)."""
     prefill_s: float
     decode_s: float
     prefill_iterations: int
     decode_iterations: int
+    decode_tokens: int = 0  # tokens the decode-only iterations emitted
+    carried_decode_tokens: int = 0  # decode tokens emitted in the iterations that carried a prompt
+    prompts: int = 0  # prompts prefilled (each emits its first token)
 
     @property
     def prefill_share(self) -> float:
@@ -340,57 +344,106 @@ class TimeSplit:
         total = self.prefill_s + self.decode_s
         return self.prefill_s / total if total else math.nan
 
+    @property
+    def iterations(self) -> int:
+        return self.prefill_iterations + self.decode_iterations
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def mean_s(self) -> float:
+        """Seconds per iteration, both kinds together."""
+        return self.seconds / self.iterations if self.iterations else math.nan
+
+    @property
+    def decode_rate(self) -> float:
+        """Decode tokens per second of decode-only iterations."""
+        return self.decode_tokens / self.decode_s if self.decode_s else math.nan
+
 
 def time_split(result: ServeResult) -> TimeSplit:
-    """Split a run's timeline into prompt-carrying and decode-only iterations."""
-    pre = [s for s in result.timeline if any(what == "prefill" for _, what in s.slots)]
-    dec = [s for s in result.timeline if not any(what == "prefill" for _, what in s.slots)]
-    return TimeSplit(sum(s.seconds for s in pre), sum(s.seconds for s in dec), len(pre), len(dec))
+    """Split a run's timeline into prompt-carrying and decode-only iterations, and count what each emitted."""
+    def carries(s) -> bool:
+        return any(what == "prefill" for _, what in s.slots)
+
+    def n(s, kind: str) -> int:
+        return sum(what == kind for _, what in s.slots)
+
+    pre = [s for s in result.timeline if carries(s)]
+    dec = [s for s in result.timeline if not carries(s)]
+    return TimeSplit(sum(s.seconds for s in pre), sum(s.seconds for s in dec), len(pre), len(dec),
+                     decode_tokens=sum(n(s, "decode") for s in dec),
+                     carried_decode_tokens=sum(n(s, "decode") for s in pre), prompts=sum(n(s, "prefill") for s in pre))
+
+
+def _cost_rise(ts: TimeSplit, tc: TimeSplit) -> tuple[float, str] | None:
+    """Where the cost of an iteration rose from static (ts) to continuous (tc), split exactly into three parts:
+    more of the iterations carry a prompt, each prompt-carrying one costs more, each decode-only one costs more.
+    Returns the largest part (seconds per iteration) and its name; None when a kind is missing from either run."""
+    if not (ts.prefill_iterations and ts.decode_iterations and tc.prefill_iterations and tc.decode_iterations):
+        return None
+    ps, pc = ts.prefill_s / ts.prefill_iterations, tc.prefill_s / tc.prefill_iterations
+    ds, dc = ts.decode_s / ts.decode_iterations, tc.decode_s / tc.decode_iterations
+    fs, fc = ts.prefill_iterations / ts.iterations, tc.prefill_iterations / tc.iterations
+    parts = [((fc - fs) * (ps - ds), f"more iterations carrying a prompt ({fc:.0%} of them against {fs:.0%})"),
+             (fc * (pc - ps), f"costlier prompt-carrying iterations ({duration(pc)} each against {duration(ps)})"),
+             ((1 - fc) * (dc - ds), f"wider decode-only steps ({duration(dc)} each against {duration(ds)})")]
+    return max(parts)
 
 
 def gain_sentence(run: BatchingRun) -> str:
-    """Why continuous batching did (or did not) beat static batching in this run, from the two time splits:
-    busier slots mean fewer decode-only iterations (decode time saved); more, smaller admissions mean more
-    iterations that carry a prompt, and each of those stalls every slot (prefill time added)."""
+    """Why continuous batching did (or did not) beat static batching in this run. Every iteration emits one token
+    per busy slot, so busier slots mean fewer iterations for the same tokens; the iteration time is then
+    (fewer iterations) ÷ (cost of each), and the cost of each is split into its measured parts. Claims only what
+    that arithmetic shows."""
     s, c = run.static, run.continuous
-    ts, tc = time_split(s), time_split(c)
-    saved, extra = ts.decode_s - tc.decode_s, tc.prefill_s - ts.prefill_s
     if not s.timeline or not c.timeline:
         return (f"Its slots were busy in {c.slot_occupancy:.0%} of slot-iterations against {s.slot_occupancy:.0%}; "
                 "no iterations were timed, so this run cannot say where the time went.")
-    parts = (f"Its slots were busy in {c.slot_occupancy:.0%} of slot-iterations against {s.slot_occupancy:.0%}: "
-             f"{tc.decode_iterations} decode-only iterations against {ts.decode_iterations}, "
-             f"{duration(tc.decode_s)} against {duration(ts.decode_s)}. Iterations that carried a prompt, which "
-             f"hold up every slot while it is prefilled, took {duration(tc.prefill_s)} against "
-             f"{duration(ts.prefill_s)} ({tc.prefill_share:.0%} of its iterations' time against "
-             f"{ts.prefill_share:.0%}).")
-    busier = c.slot_occupancy / s.slot_occupancy if s.slot_occupancy else math.inf
+    ts, tc = time_split(s), time_split(c)
+    fewer, costlier = ts.iterations / tc.iterations, tc.mean_s / ts.mean_s
+    rate = (f"{tc.decode_rate:.0f} decode tokens per second against {ts.decode_rate:.0f}"
+            if tc.decode_s and ts.decode_s else "no decode-only rate to compare")
+    parts = (f"Every iteration emits one token per busy slot; its slots were busy in {c.slot_occupancy:.0%} of "
+             f"slot-iterations against {s.slot_occupancy:.0%}, so it ran {tc.iterations} iterations against "
+             f"{ts.iterations}, at {duration(tc.mean_s)} each on average against {duration(ts.mean_s)}. "
+             f"Decode-only iterations ({tc.decode_iterations} against {ts.decode_iterations}) made {rate}. "
+             f"Iterations that carried a prompt ({tc.prefill_iterations} against {ts.prefill_iterations}) also "
+             f"decoded the running requests, {tc.carried_decode_tokens} tokens against {ts.carried_decode_tokens}, "
+             f"and took {duration(tc.prefill_s)} against {duration(ts.prefill_s)} ({tc.prefill_share:.0%} of its "
+             f"iterations' time against {ts.prefill_share:.0%}).")
+    rise = _cost_rise(ts, tc)
+    rise_text = ""
+    total = tc.mean_s - ts.mean_s
+    if rise is not None and costlier >= 1 + SAME and rise[0] > 0:
+        rise_text = (f"; of the {duration(total)} more per iteration, the largest part, {duration(rise[0])}, is "
+                     f"{rise[1]}" if rise[0] <= total * (1 + 1e-9) else
+                     f"; {rise[1]} added {duration(rise[0])} per iteration, more than the whole {duration(total)} "
+                     f"rise: the other parts took {duration(rise[0] - total)} back")
+    sums = f"its iterations took {duration(tc.seconds)} in all against {duration(ts.seconds)}"
     if run.throughput_ratio >= 1 + SAME:
-        if saved > 0 and extra > 0 and run.throughput_ratio < busier:
-            verdict = (f"The gain is the decode time saved ({duration(saved)}). Prompt-carrying iterations gain "
-                       f"nothing from busier slots, and here took {duration(extra)} more: that is why the gain is "
-                       f"smaller than the {busier:.1f}× rise in busy slots.")
-        elif saved > 0 and extra > 0:
-            verdict = (f"The gain is the decode time saved ({duration(saved)}); prompt-carrying iterations took "
-                       f"{duration(extra)} more, which took back part of it.")
-        elif saved > 0:
-            verdict = (f"Both kinds took less time: {duration(saved)} less decoding and {duration(-extra)} less in "
-                       "prompt-carrying iterations.")
-        elif extra < 0:
-            verdict = (f"The gain came from shorter prompt-carrying iterations ({duration(-extra)} less), not from "
-                       "the decode-only ones, which took no less time.")
+        if fewer >= 1 + SAME and costlier >= 1 + SAME:
+            verdict = (f"The gain is the {fewer:.2f}× fewer iterations at {costlier:.2f}× the cost each: {sums}"
+                       f"{rise_text}.")
+        elif fewer >= 1 + SAME:
+            verdict = f"The gain is the {fewer:.2f}× fewer iterations, at no higher cost each: {sums}."
+        elif costlier <= 1 - SAME:
+            verdict = (f"The gain came from cheaper iterations ({costlier:.2f}× the cost each), not fewer: "
+                       f"{sums}.")
         else:
-            verdict = ("Neither kind of iteration took less time, so the gain lies outside them; a busy machine "
-                       "moves differences this small, so run the cell again.")
-    elif saved > 0 and extra >= saved:
-        verdict = (f"No gain in this run: the decode time saved ({duration(saved)}) went to the extra time in "
-                   f"prompt-carrying iterations ({duration(extra)}).")
-    elif saved <= 0:
-        verdict = ("No gain in this run: its decode-only iterations took no less time in total, although fewer "
-                   "slots sat idle; a busy machine can hide the gain, so run the cell again.")
+            verdict = ("Neither fewer nor cheaper iterations account for the gain, so it lies in the time between "
+                       "them; a busy machine moves differences this small, so run the cell again.")
+    elif fewer >= 1 + SAME and costlier >= 1 + SAME:
+        verdict = (f"No gain in this run: {fewer:.2f}× fewer iterations, but at {costlier:.2f}× the cost each: "
+                   f"{sums}{rise_text}.")
+    elif fewer < 1 + SAME:
+        verdict = ("No gain in this run: it ran no fewer iterations, although its slots were busier; a busy "
+                   "machine can hide the gain, so run the cell again.")
     else:
-        verdict = (f"No gain in this run, although its iterations took {duration(saved - extra)} less in total: "
-                   "the time between them, or a busy machine, ate it; run the cell again.")
+        verdict = (f"No gain in this run, although {sums}: the time between them, or a busy machine, ate it; "
+                   "run the cell again.")
     return f"{parts} {verdict}"
 
 
