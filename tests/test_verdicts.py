@@ -253,7 +253,7 @@ def test_bf16_verdict_never_calls_a_slower_step_faster(ratio, words):
         assert "faster" not in side.verdict
 
 
-def _sweep(ms_by_batch, predicted_ms_by_batch):
+def _sweep(ms_by_batch, predicted_ms_by_batch, context=64):
     from course.engine.config import ModelConfig
     from course.lessons.serving import BatchSweep, SweepPoint, batch_cost
     from course.measure.timing import Timing
@@ -261,7 +261,7 @@ def _sweep(ms_by_batch, predicted_ms_by_batch):
     config = ModelConfig.from_name("smollm2-135m")
     sweep = BatchSweep(roofline.Machine("cpu", "float32", 10e9, 50e9))
     for (b, ms), pred in zip(ms_by_batch.items(), predicted_ms_by_batch):
-        sweep.points.append(SweepPoint(b, 64, Timing([ms / 1e3]), pred / 1e3, batch_cost(config, b, 64, 4)))
+        sweep.points.append(SweepPoint(b, context, Timing([ms / 1e3]), pred / 1e3, batch_cost(config, b, context, 4)))
     return sweep
 
 
@@ -271,11 +271,29 @@ def test_batch_sweep_says_when_no_step_doubled():
     flat = _sweep({1: 10.0, 4: 12.0, 16: 15.0, 64: 19.0}, [10, 10.5, 11, 14])
     text = " ".join(sweep_sentences(flat))
     assert not flat.knee_found(64) and "the knee, the first B" not in text
-    assert "no step cost twice the one-sequence baseline" in text and "up to B = 64" in text
-    assert "puts it beyond B = 64" in text
+    assert "C = 64: baseline 10 ms (B = 1); no B up to 64, the largest measured, cost 2× it (1.90× there)" in text
+    assert "puts it beyond B = 64" in text and "the measured knee came" not in text
     assert flat.values()["64"]["knee_found"] is False
     bent = " ".join(sweep_sentences(_sweep({1: 10.0, 4: 12.0, 16: 25.0, 64: 90.0}, [10, 11, 21, 80])))
-    assert "came at B = 16: 2.50×" in bent and "The prediction, by the same rule: B = 16" in bent
+    assert "the knee, the first B at ≥ 2× it, came at B = 16 (2.50×); B = 4 had reached 1.20×." in bent
+    assert "The prediction, by the same rule: B = 16" in bent and "the measured knee came where predicted" in bent
+
+
+def test_knee_sentence_joins_a_later_or_earlier_knee_to_the_step_that_decided_it():
+    from course.lessons.serving import sweep_sentences
+
+    batches = (1, 2, 4, 8, 16)
+    later = " ".join(sweep_sentences(_sweep(dict(zip(batches, [10.0, 10, 12, 15, 25])), [10, 10, 14, 21, 40])))
+    assert "came at B = 16 (2.50×)" in later and "The prediction, by the same rule: B = 8" in later
+    assert ("the measured knee came later because the measured step grew less than the predicted one: at B = 8 it "
+            "cost 1.50× its baseline against 2.10× on paper (pred/meas 1.40)") in later
+    earlier = " ".join(sweep_sentences(_sweep(dict(zip(batches, [10.0, 10, 12, 21, 40])), [10, 10, 12, 15, 25])))
+    assert "came at B = 8 (2.10×)" in earlier and "The prediction, by the same rule: B = 16" in earlier
+    assert "came earlier because the measured step grew more" in earlier and "(pred/meas 0.71)" in earlier
+    assert "later" not in earlier
+    # a context of four digits carries its thousands separator in every sentence
+    long_ = sweep_sentences(_sweep(dict(zip(batches, [10.0, 10, 12, 15, 25])), [10, 10, 14, 21, 40], context=1024))
+    assert all(line.startswith("C = 1,024:") for line in long_) and "C = 1024" not in " ".join(long_)
 
 
 def test_crossover_example_reaches_the_crossover():

@@ -228,21 +228,36 @@ class BatchSweep(Printed):
     def predicted_knee_found(self, context: int) -> bool:
         return self.knee_detail(context, predicted=True).found
 
+    def _knee_gap(self, context: int) -> str:
+        """A clause joining the measured knee to the predicted one when both were found: at the earlier of the two
+        B, the measured step ÷ its baseline against the predicted step ÷ its baseline is what put them apart."""
+        k, pk = self.knee_detail(context), self.knee_detail(context, predicted=True)
+        if not (k.found and pk.found):
+            return ""
+        if k.batch == pk.batch:
+            return "; the measured knee came where predicted"
+        at = min(k.batch, pk.batch)
+        row = next(p for p in self.at(context) if p.batch == at)
+        meas, pred = row.seconds / k.baseline_s, row.predicted_s / pk.baseline_s
+        word, grew = ("later", "less") if k.batch > pk.batch else ("earlier", "more")
+        return (f"; the measured knee came {word} because the measured step grew {grew} than the predicted one: at "
+                f"B = {at} it cost {ratio_text(meas)} its baseline against {ratio_text(pred)} on paper "
+                f"(pred/meas {row.predicted_s / row.seconds:.2f})")
+
     def knee_sentence(self, context: int) -> str:
         """The knee measured and predicted by the same rule, with the ratios that decided it, and how the
         predicted one relates to the critical batch B*."""
         k, pk = self.knee_detail(context), self.knee_detail(context, predicted=True)
         batches = [p.batch for p in self.at(context)]
-        base = (f"{duration(k.baseline_s)} (the faster of B = 1 and B = 2)" if 2 in batches else
-                f"{duration(k.baseline_s)} (B = 1)")
+        base = (f"C = {context:,}: baseline {duration(k.baseline_s)} (the faster of B = 1 and B = 2)" if 2 in batches
+                else f"C = {context:,}: baseline {duration(k.baseline_s)} (B = 1)")
         if k.found:
             close = (f"; B = {k.below[0]} had reached {ratio_text(k.below[1])}" if k.below and k.below[0] > 1 else "")
-            measured = (f"C = {context}: the knee, the first B whose step cost at least twice the one-sequence "
-                        f"baseline, {base}, came at B = {k.batch}: {ratio_text(k.ratio)}{close}.")
+            measured = (f"{base}; the knee, the first B at ≥ 2× it, came at B = {k.batch} ({ratio_text(k.ratio)})"
+                        f"{close}.")
         else:
-            measured = (f"C = {context}: no step cost twice the one-sequence baseline, {base}, up to "
-                        f"B = {k.last_batch}, the largest measured ({ratio_text(k.ratio)} there): the knee lies "
-                        "beyond it.")
+            measured = (f"{base}; no B up to {k.last_batch}, the largest measured, cost 2× it "
+                        f"({ratio_text(k.ratio)} there): the knee lies beyond it.")
         one = self.at(context)[0].cost
         b_star, doubles = critical_batch(self.machine, one), doubling_batch(self.machine, one)
         why = (f"{doubles / b_star:.1f}× the critical batch B* ≈ {b_star:.1f} of section 1" if math.isfinite(b_star)
@@ -252,7 +267,7 @@ class BatchSweep(Printed):
             first_past = pk.batch >= doubles and (not earlier or earlier[-1] < doubles)
             where = (f", the first measured B at or past B ≈ {doubles:.1f}, where its step doubles" if first_past
                      else f"; on paper its step doubles at B ≈ {doubles:.1f}")
-            predicted = f"The prediction, by the same rule: B = {pk.batch}{where} ({why})."
+            predicted = f"The prediction, by the same rule: B = {pk.batch}{where} ({why}){self._knee_gap(context)}."
         else:
             predicted = (f"The prediction, by the same rule, puts it beyond B = {pk.last_batch}"
                          f"{'' if k.found else ' too'}: its step doubles at B ≈ {doubles:.1f} ({why}).")
@@ -347,13 +362,13 @@ def sweep_sentences(sweep: BatchSweep) -> list[str]:
         one = rows[0]
         verdict = ("still rising at the largest batch measured" if best.batch == rows[-1].batch
                    else f"falling again beyond B = {best.batch}")
-        out.append(f"C = {c}: one step for B = 1 took {duration(one.seconds)} ({one.tokens_per_s:.1f} tokens/s); "
+        out.append(f"C = {c:,}: one step for B = 1 took {duration(one.seconds)} ({one.tokens_per_s:.1f} tokens/s); "
                    f"the best batch, B = {best.batch}, took {duration(best.seconds)} per step for "
                    f"{best.tokens_per_s:.0f} tokens/s in total, {sweep.speedup(c):.1f}× B = 1, {verdict}.")
         out.append(sweep.knee_sentence(c))
         ratios = [(p.predicted_s / p.seconds, p.batch) for p in rows]  # the table's pred/meas column
         (lo, b_lo), (hi, b_hi) = min(ratios), max(ratios)
-        out.append(f"C = {c}: predicted ÷ measured (pred/meas above) ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} "
+        out.append(f"C = {c:,}: predicted ÷ measured (pred/meas above) ran from {lo:.2f} (B = {b_lo}) to {hi:.2f} "
                    f"(B = {b_hi}); "
                    + ("the bytes-and-FLOPs prediction is a floor here, the rest is per-operation overhead."
                       if hi <= 1 else "at some batches the step beat the prediction (the probes undershoot "
@@ -381,22 +396,22 @@ def context_sentence(sweep: BatchSweep) -> str:
     def ms(s: float) -> str:  # one decimal: two close B = 1 times must not print the same
         return f"{s * 1e3:.1f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
 
-    ones = f"B = 1 took {ms(one_l.seconds)} at C = {long_} against {ms(one_s.seconds)} at C = {short}"
+    ones = f"B = 1 took {ms(one_l.seconds)} at C = {long_:,} against {ms(one_s.seconds)} at C = {short:,}"
     if one_l.seconds < one_s.seconds:
-        return (f"Batching gained {b:.1f}× at C = {long_} against {a:.1f}× at C = {short}, but {ones}: a longer "
+        return (f"Batching gained {b:.1f}× at C = {long_:,} against {a:.1f}× at C = {short:,}, but {ones}: a longer "
                 "cache cannot make a step cheaper, so the B = 1 times are too noisy to compare and the two ratios "
                 "say nothing about the cache here.")
     apart = hi_b < lo_a if b < a else hi_a < lo_b
     if not apart:
-        return (f"Batching gained {b:.1f}× at C = {long_} against {a:.1f}× at C = {short} ({ones}), but across "
+        return (f"Batching gained {b:.1f}× at C = {long_:,} against {a:.1f}× at C = {short:,} ({ones}), but across "
                 f"the timed rounds the ratios ran {lo_b:.1f}–{hi_b:.1f}× and {lo_a:.1f}–{hi_a:.1f}×: the B = 1 "
                 "times are too noisy to tell the two apart.")
     if b < a:
-        return (f"The longer context paid less for batching: {b:.1f}× at C = {long_} against {a:.1f}× at "
-                f"C = {short} ({ones}; the ratios ran {lo_b:.1f}–{hi_b:.1f}× and {lo_a:.1f}–{hi_a:.1f}× across "
+        return (f"The longer context paid less for batching: {b:.1f}× at C = {long_:,} against {a:.1f}× at "
+                f"C = {short:,} ({ones}; the ratios ran {lo_b:.1f}–{hi_b:.1f}× and {lo_a:.1f}–{hi_a:.1f}× across "
                 "the timed rounds) — each sequence's own cache is read at every step, so a bigger batch adds bytes.")
-    return (f"The longer context gained more from batching here: {b:.1f}× at C = {long_} against {a:.1f}× at "
-            f"C = {short} ({ones}).")
+    return (f"The longer context gained more from batching here: {b:.1f}× at C = {long_:,} against {a:.1f}× at "
+            f"C = {short:,} ({ones}).")
 
 
     return out
@@ -410,11 +425,11 @@ def plot_batch_sweep(sweep: BatchSweep):
     for c, color in zip(sweep.contexts, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
         rows = sweep.at(c)
         bs = [p.batch for p in rows]
-        left.plot(bs, [p.seconds * 1e3 for p in rows], "o-", color=color, label=f"C = {c}: measured")
-        left.plot(bs, [p.predicted_s * 1e3 for p in rows], "--", color=color, alpha=0.7, label=f"C = {c}: predicted")
+        left.plot(bs, [p.seconds * 1e3 for p in rows], "o-", color=color, label=f"C = {c:,}: measured")
+        left.plot(bs, [p.predicted_s * 1e3 for p in rows], "--", color=color, alpha=0.7, label=f"C = {c:,}: predicted")
         if sweep.knee_found(c):  # no line where no step doubled: the largest B is not a knee
             left.axvline(sweep.knee(c), color=color, ls=":", lw=1)
-        right.plot(bs, [p.tokens_per_s for p in rows], "o-", color=color, label=f"C = {c}")
+        right.plot(bs, [p.tokens_per_s for p in rows], "o-", color=color, label=f"C = {c:,}")
         right.plot(bs, [p.batch / p.predicted_s for p in rows], "--", color=color, alpha=0.7)
     left.set(xscale="log", yscale="log", xlabel="batch B (sequences per step)", ylabel="ms per decode step",
              title="one step (dotted: the knee, where it first costs 2× the B = 1 baseline)")
@@ -445,7 +460,7 @@ def plot_batch_roofline(sweep: BatchSweep):
     for c, color in zip(sweep.contexts, ("tab:blue", "tab:orange", "tab:green", "tab:red")):
         rows = sweep.at(c)
         ax.plot([p.cost.intensity for p in rows], [p.achieved_flops_per_s / 1e9 for p in rows], "s-", color=color,
-                label=f"decode, C = {c} (measured)")
+                label=f"decode, C = {c:,} (measured)")
         for p in rows:
             ax.annotate(f"B={p.batch}", (p.cost.intensity, p.achieved_flops_per_s / 1e9), fontsize=7,
                         xytext=(3, -10), textcoords="offset points")
