@@ -17,9 +17,10 @@ from matplotlib.ticker import FuncFormatter
 
 from course.engine.config import PRESETS, ModelConfig
 from course.measure.display import figure_png
-from course.measure.costs import (DTYPE_BYTES, GiB, _positive_int, dtype_bytes, human_bytes, kv_bytes_per_token,
-                      kv_cache_bytes_for, weights_bytes)
+from course.measure.costs import (DTYPE_BYTES, LONG_CONTEXT, GiB, _positive_int, dtype_bytes, human_bytes,
+                                  kv_bytes_per_token, kv_cache_bytes_for, weights_bytes)
 
+MODELS = {**PRESETS, **LONG_CONTEXT}  # the presets, and the long-context models the lessons quote (Llama-3.1-70B)
 DTYPES = {"fp32": "fp32", "fp16/bf16": "fp16", "int8": "int8", "fp8": "fp8"}  # label → course.measure.costs name
 T_MAX = 131_072  # the slider's top: 128 Ki tokens
 # The context slider is logarithmic: 1, 1.5, 2, 3 × powers of two from 128 to 128 Ki, so 4k and 128k are both
@@ -42,9 +43,9 @@ def _dtype_name(dtype: str, argument: str) -> str:
 def _preset(preset) -> ModelConfig:
     if isinstance(preset, ModelConfig):
         return preset
-    if isinstance(preset, str) and preset.lower() in PRESETS:
-        return PRESETS[preset.lower()]
-    raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
+    if isinstance(preset, str) and preset.lower() in MODELS:
+        return MODELS[preset.lower()]
+    raise ValueError(f"preset must be one of {sorted(MODELS)}, got {preset!r}")
 
 
 def calculator_numbers(preset="llama-2-7b", T: int = 4096, B: int = 1, dtype: str = "fp16/bf16", beam: int = 1,
@@ -129,7 +130,7 @@ def kv_calculator(preset: str = "llama-2-7b", T: int = 4096, B: int = 1, dtype: 
     calculator_numbers(preset, T, B, dtype, beam)  # reject bad starting values before building anything
     style = {"description_width": "initial"}  # each label as wide as its text: nothing truncated
     controls = dict(
-        preset=widgets.Dropdown(options=sorted(PRESETS), value=_preset(preset).name, description="model",
+        preset=widgets.Dropdown(options=sorted(MODELS), value=_preset(preset).name, description="model",
                                 style=style),
         T=widgets.SelectionSlider(options=sorted(set(T_STEPS) | {int(T)}), value=int(T), description="context T",
                                   style=style, continuous_update=False, layout={"width": "460px"}),
