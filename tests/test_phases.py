@@ -420,7 +420,9 @@ def _recorded_like(**changes):
     v = dict(call_prompt_tokens=37, call_ttft_ms=412.0, call_itl_ms=39.0, prefill_tokens_per_s_max=310.0,
              decode_tokens_per_s=[25.0, 21.0], decode_ms_per_token=[40.0, 47.6], decode_contexts=[16, 1024],
              weight_mb=538.8, kv_mb_at_max_context=47.2, decode_gflop=0.27, decode_intensity=0.5,
-             ridge_flop_per_byte=2.5, decode_floor_ms=13.5, bandwidth_gb_s=40.0, matmul_gflop_s=100.0)
+             ridge_flop_per_byte=2.5, decode_floor_ms=13.5, bandwidth_gb_s=40.0, matmul_gflop_s=100.0,
+             decode_bytes_mb=539.5,  # the weights and the K and V of 16 tokens
+             itl_theory_rise_ms=1.2, itl_scatter_ms=0.3)  # the fit's resolve test, as the lesson records them
     v.update(changes)
     return v
 
