@@ -458,20 +458,23 @@ class ProgressStore:
 
     def _leave_foreign_file(self, reason: str) -> None:
         """The path holds something that is not ours: touch nothing there (no rename, no lock file)."""
-        name = _new_session_file()
-        self.not_saved = (f"{self.path} is not a progress file ({reason}), so it was left untouched; this "
-                          f"session's progress is kept for this session only (in {name}). To keep it, set {ENV_VAR} "
-                          f"(or --file) to a file of its own, e.g. progress.sqlite.")
-        warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=4)
-        self.path = name
+        self._session_only(lambda name: (
+            f"{self.path} is not a progress file ({reason}), so it was left untouched; this session's progress is "
+            f"kept for this session only (in {name}). To keep it, set {ENV_VAR} (or --file) to a file of its own, "
+            "e.g. progress.sqlite."))
 
     def _leave_damaged_file(self, reason: str) -> None:
         """A damaged file the learner named: reported, left exactly where it is (keep_damaged)."""
+        self._session_only(lambda name: (
+            f"{self.path} is damaged ({reason}); it was named on the command line, so it was left as it is. Restore "
+            "it from a backup, or move it aside yourself to start afresh; this session's progress is kept for this "
+            f"session only (in {name})."))
+
+    def _session_only(self, say) -> None:
+        """Keep this session's progress in a private copy of its own; `say(name)` tells the learner why."""
         name = _new_session_file()
-        self.not_saved = (f"{self.path} is damaged ({reason}); it was named on the command line, so it was left as it "
-                          f"is. Restore it from a backup, or move it aside yourself to start afresh; this session's "
-                          f"progress is kept for this session only (in {name}).")
-        warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=4)
+        self.not_saved = say(name)
+        warnings.warn(_sentence(self.not_saved), ProgressFileWarning, stacklevel=5)
         self.path = name
 
     def _rename_aside(self, reason: str) -> None:
