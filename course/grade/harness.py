@@ -201,11 +201,17 @@ WATCHED_MODULES = ("builtins", "math", "random", "json", "torch", "torch.nn.func
                    "course.grade.plain", "course.grade.verdicts", "course.grade.harness")
 
 
-def _system_prefixes() -> tuple[str, ...]:
+def _course_dirs() -> tuple[str, ...]:
+    """The course package's folder, as written and resolved: its code is the course's, not the learner's."""
     import course
 
-    places = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.abspath(course.__file__))}
-    return tuple(sorted({os.path.realpath(p) for p in places} | places)) + ("<frozen ",)
+    place = os.path.dirname(os.path.abspath(course.__file__))
+    return tuple(sorted({place, os.path.realpath(place)}))
+
+
+def _system_prefixes() -> tuple[str, ...]:
+    places = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    return tuple(sorted({os.path.realpath(p) for p in places} | places) + list(_course_dirs())) + ("<frozen ",)
 
 
 def watch(emit):
@@ -228,8 +234,7 @@ def watch(emit):
         learner counts as theirs, so a debugging print_stack is not noted; the source scan names currentframe)."""
         return frame is not None and not frame.f_code.co_filename.startswith(system)
 
-    course_dir = os.path.dirname(os.path.abspath(sys.modules["course"].__file__))
-    trusted_names = ("<frozen ", "<checks ", course_dir, os.path.realpath(course_dir))
+    trusted_names = ("<frozen ", "<checks ", *_course_dirs())
 
     def hook(event, args):
         if busy[0] or event not in AUDITED and event != "compile":
@@ -314,8 +319,7 @@ def guard_reference(reference: dict, emit) -> Callable[[dict], None]:
     import inspect
 
     system = _system_prefixes()
-    course_dir = os.path.dirname(os.path.abspath(sys.modules["course"].__file__))
-    course_dirs = tuple({course_dir, os.path.realpath(course_dir)})
+    course_dirs = _course_dirs()
     seen: set = set()
 
     def handed_in(depth: int = 2) -> bool:

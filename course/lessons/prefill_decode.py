@@ -272,16 +272,13 @@ def itl_slope_cause(fitted_s: float, theory_s: float, rise_s: float, scatter_s: 
 def itl_slope_explained(model, latency_model, decode_sweep, machine) -> str:
     """itl_slope_cause for the lesson's fit and sweep, timing the attention call where the slope is far above
     theory (about a second); records the resolve test's rise and scatter for cache_rise_clause."""
-    import math
-
     from course.measure.costs import dtype_bytes, kv_bytes_per_token
+    from course.measure.latency import itl_scatter
 
     per_token = kv_bytes_per_token(model.config, dtype_bytes(model.dtype))
     theory = per_token / machine.bytes_per_s
     lo, hi = min(decode_sweep.lengths), max(decode_sweep.lengths)
-    scatter = math.sqrt(sum((latency_model.itl(c) - s) ** 2 for c, s in zip(decode_sweep.lengths,
-                                                                             decode_sweep.seconds))
-                        / len(decode_sweep.lengths))  # as latency.itl_slope_sentence measures it
+    scatter = itl_scatter(latency_model, decode_sweep)  # as latency.itl_slope_sentence measures it
     fitted = latency_model.itl_coef[1]
     attention = attention_timing(model, lo, hi) if fitted > FAR_OFF * theory else None
     from course.measure.results import record

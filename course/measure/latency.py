@@ -94,6 +94,13 @@ class LatencyModel:
                 f"ITL(C)  = {d * 1e3:.2f} ms + {e * 1e6:.3f} µs·C")
 
 
+def itl_scatter(latency: LatencyModel, decode_: Sweep) -> float:
+    """The measured decode points' RMS scatter around the fitted ITL line, in seconds: the noise a rise across the
+    contexts must beat (twice over) before the fit can claim it."""
+    return math.sqrt(sum((latency.itl(c) - s) ** 2 for c, s in zip(decode_.lengths, decode_.seconds))
+                     / len(decode_.lengths))
+
+
 def itl_slope_sentence(latency: LatencyModel, decode_: Sweep, config, machine, dtype) -> str:
     """The fitted ITL slope beside the one theory expects, 2·L·H_kv·D_h·bytes ÷ bandwidth per cached token, and
     whether the measured contexts can resolve it: the rise theory predicts across them, against the scatter of
@@ -106,8 +113,7 @@ def itl_slope_sentence(latency: LatencyModel, decode_: Sweep, config, machine, d
     fitted = latency.itl_coef[1]
     lo, hi = min(decode_.lengths), max(decode_.lengths)
     rise = theory * (hi - lo)
-    scatter = math.sqrt(sum((latency.itl(c) - s) ** 2 for c, s in zip(decode_.lengths, decode_.seconds))
-                        / len(decode_.lengths))
+    scatter = itl_scatter(latency, decode_)
     head = (f"ITL slope: fitted {fitted * 1e6:.3f} µs per cached token; theory 2·L·H_kv·D_h·bytes ÷ bandwidth = "
             f"2·{config.n_layers}·{config.n_kv_heads}·{config.head_dim}·{size:g} B ÷ "
             f"{machine.bytes_per_s / 1e9:.1f} GB/s = {theory * 1e6:.3f} µs per cached token.")
