@@ -15,6 +15,25 @@ SOLUTIONS = (_NOWHERE if SEALED else PROJECT_ROOT) / "solutions"
 AUTOGRADE = (_NOWHERE if SEALED else PROJECT_ROOT) / "autograde"
 
 
+PROGRESS_VAR = "KVCOURSE_PROGRESS"
+PROGRESS_FILE = "progress.sqlite"
+
+
+def progress_path() -> Path:
+    """The learner's progress file: $KVCOURSE_PROGRESS (a file, or a folder for progress.sqlite), else
+    progress.sqlite in the user's data folder (platformdirs: ~/.local/share/kvcourse on Linux).
+
+    The machine profile (course.measure.machine) is kept beside it, so a reset of one folder resets both."""
+    env = os.environ.get(PROGRESS_VAR)
+    if env:
+        path = Path(env).expanduser()
+        # a trailing slash names a folder, made on the first write, even before it exists
+        return path / PROGRESS_FILE if path.is_dir() or env.endswith(("/", os.sep)) else path
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("kvcourse", appauthor=False)) / PROGRESS_FILE
+
+
 def state_dir() -> Path:
     """Jupyter's config/data/runtime for `kvcourse lab`: $KVCOURSE_STATE, else .state/ in the project.
 
