@@ -135,3 +135,48 @@ def check_run_time(nb_path, elapsed: float, executed_nb=None) -> str:
     if os.environ.get("KVCOURSE_STRICT_TIMES", "0") not in ("", "0"):
         assert elapsed <= 60 * minutes * factor, report
     return report
+
+
+def printed_text(nb) -> list[str]:
+    """What the code cells printed or displayed, as a learner reads it: stream text, and of each displayed
+    result its plain text (or its HTML with the tags taken out, where it has no plain text). Figures and
+    widgets are left out."""
+    import html as html_lib
+
+    parts = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                parts.append(out["text"] if isinstance(out["text"], str) else "".join(out["text"]))
+            data = out.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" in data:
+                continue
+            for mime in ("text/plain", "text/markdown", "text/html"):
+                if mime in data:
+                    text = data[mime] if isinstance(data[mime], str) else "".join(data[mime])
+                    if mime == "text/html":
+                        text = html_lib.unescape(re.sub(r"<[^>]+>", "\n", text))
+                    parts.append(text)
+                    break
+    return parts
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'“])|\n")
+
+
+def long_sentences(nb, limit: int = 35) -> list[str]:
+    """Every printed sentence of more than `limit` words (a line with no full stop counts as one sentence)."""
+    found = []
+    for text in printed_text(nb):
+        for sentence in _SENTENCE_END.split(text):
+            if len(sentence.split()) > limit:
+                found.append(" ".join(sentence.split()))
+    return found
+
+
+def deferrals(nb) -> list[str]:
+    """Places that send the learner to read another printout instead of saying the thing ("the line above says")."""
+    text = "\n".join(printed_text(nb)) + "\n" + "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return [m.group(0) for m in re.finditer(r"(?:the|a) (?:line|lines|printout|verdict|sentence)s? above (?:says|say|tells|shows)[^.\n]*", text, re.I)]

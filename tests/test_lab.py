@@ -75,6 +75,39 @@ def test_notebooks_open_with_the_kernel_header_jupyterlab_would_write():
     assert nb.metadata.language_info == IPythonKernel.language_info
 
 
+def test_the_learner_view_shows_lessons_and_exercises_only(tmp_path):
+    """The learner's file browser lists lessons/ and exercises/, not the instructor's material, and a saved
+    widget output becomes a one-line note instead of "Error displaying widget: model not found"."""
+    import asyncio
+
+    import nbformat
+    from tornado import web
+
+    from course.cli.jupyter_contents import WIDGET_MIME, WIDGET_NOTE, CourseContentsManager
+
+    for folder in ("lessons", "exercises", "solutions", "autograde", "course"):
+        (tmp_path / folder).mkdir()
+    cm = CourseContentsManager(root_dir=str(tmp_path))
+
+    async def scenario():
+        root = await cm.get("")
+        assert sorted(m["name"] for m in root["content"]) == ["exercises", "lessons"]
+        for hidden in ("solutions", "autograde/RUBRIC.md", "course"):
+            with pytest.raises(web.HTTPError) as err:
+                await cm.get(hidden)
+            assert err.value.status_code == 404
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("quiz()", outputs=[
+            nbformat.v4.new_output("display_data", data={WIDGET_MIME: {"model_id": "abc"}, "text/plain": "Quiz"}),
+            nbformat.v4.new_output("stream", text="kept\n")])])
+        await cm.save({"type": "notebook", "format": "json", "content": nb}, "lessons/x.ipynb")
+        saved = nbformat.read(tmp_path / "lessons" / "x.ipynb", as_version=4)
+        widget, stream = saved.cells[0].outputs
+        assert WIDGET_MIME not in widget["data"] and widget["data"]["text/plain"] == WIDGET_NOTE
+        assert stream["text"] == "kept\n"
+
+    asyncio.run(scenario())
+
+
 def test_a_taken_port_is_reported_loudly():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

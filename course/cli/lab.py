@@ -8,8 +8,8 @@ Self-paced mode (this command; `make start`) writes its settings into the course
   (front end and server), so nothing asks for an exchange folder a learner alone does not have. nbgrader's
   Validate button stays: with `kvcourse check`, it is how a self-paced learner checks an exercise. Classroom
   mode (JupyterHub, `course/grade/classroom.py`) has its own configuration and keeps them;
-* notebooks open unmodified (course.cli.jupyter_contents says why they did not);
-* the file browser starts at the course folder, so exercises/ is in view beside lessons/.
+* the learner's view (course.cli.jupyter_contents): the file browser shows lessons/ and exercises/ (not the
+  instructor's solutions/ and autograde/), a saved widget says how to bring it back, and notebooks open unmodified.
 
 Then the command *becomes* JupyterLab (os.execvpe): a signal sent to `kvcourse lab` (Ctrl-C, a spawner's or
 systemd's SIGTERM) reaches the server itself, which stops its kernels and exits; nothing is left behind.

@@ -73,3 +73,72 @@ def working(what: str, expect: str = ""):
     t0 = time.perf_counter()
     yield
     print(f"  done in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+HEADLINE_WORDS = 30  # a headline a learner reads in one glance
+
+
+def verdict(predicted: float, measured: float, tolerance: float) -> tuple[bool, str]:
+    """(within tolerance?, the words): how far `measured` landed from `predicted`, against ±tolerance."""
+    off = measured / predicted - 1
+    if abs(off) <= tolerance:
+        return True, f"within ±{tolerance:.0%} of the prediction"
+    return False, f"{abs(off):.0%} {'above' if off > 0 else 'below'} the prediction, outside ±{tolerance:.0%}"
+
+
+class Report:
+    """Predicted against measured, ONE headline, and the details folded under "How sure is this?".
+
+    rows: (what, predicted, measured, unit); a None predicted or measured shows as "—" (not measured, or
+    unreliable on a busy machine). The headline is the verdict a learner reads; the details are for the
+    curious (scatter, probes, caveats), one short sentence each."""
+
+    def __init__(self, rows, headline: str, details=(), title: str = "", key: str = ""):
+        if len(headline.split()) > HEADLINE_WORDS:
+            raise ValueError(f"a headline has at most {HEADLINE_WORDS} words; this has {len(headline.split())}: "
+                             f"{headline!r}")
+        self.rows, self.headline, self.details, self.title = list(rows), headline, [d for d in details if d], title
+        if key:  # the lesson tests find every timed section's headline under "headlines"
+            from course.measure.results import record, recorded
+
+            record("headlines", {**recorded().get("headlines", {}), key: headline})
+
+    @staticmethod
+    def _cell(x, unit: str = "") -> str:
+        if x is None:
+            return "—"
+        if isinstance(x, str):
+            return x
+        text = f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+        return f"{text} {unit}".strip()
+
+    def __str__(self) -> str:
+        width = max([len(r[0]) for r in self.rows] + [4])
+        lines = [self.title] if self.title else []
+        if self.rows:
+            lines.append(f"{'':{width}}  {'predicted':>12}  {'measured':>12}")
+            lines += [f"{w:{width}}  {self._cell(p, u):>12}  {self._cell(m, u):>12}" for w, p, m, u in self.rows]
+        lines.append(self.headline)
+        if self.details:
+            lines.append("How sure is this?")
+            lines += [f"  · {d}" for d in self.details]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        head = f"<b>{escape(self.title)}</b>" if self.title else ""
+        table = ""
+        if self.rows:
+            body = "".join(f"<tr><td style='text-align:left'>{escape(w)}</td><td>{escape(self._cell(p, u))}</td>"
+                           f"<td>{escape(self._cell(m, u))}</td></tr>" for w, p, m, u in self.rows)
+            table = (f"<table><thead><tr><th></th><th>predicted</th><th>measured</th></tr></thead>"
+                     f"<tbody>{body}</tbody></table>")
+        details = ""
+        if self.details:
+            items = "".join(f"<li>{escape(d)}</li>" for d in self.details)
+            details = f"<details><summary>How sure is this?</summary><ul>{items}</ul></details>"
+        return f"<div class='kvcourse-report'>{head}{table}<p><b>{escape(self.headline)}</b></p>{details}</div>"

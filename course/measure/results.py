@@ -28,6 +28,16 @@ def record(key: str, value):
     return value
 
 
+def record_gated(key: str, run, value=None):
+    """Record a gated measurement (course.measure.gates.Measured): its value when it passed its physics gate;
+    otherwise only its name, under "unreliable", so no recap, quiz or review card can quote it."""
+    if run.ok:
+        return record(key, run.value if value is None else value)
+    record("unreliable", sorted({*_recorded.get("unreliable", []), key}))
+    record("busy_notices", [*_recorded.get("busy_notices", []), run.notice])
+    return None
+
+
 def recorded() -> dict:
     return dict(_recorded)
 

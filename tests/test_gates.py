@@ -1,0 +1,101 @@
+"""Physics gates and the one machine profile: a number physics forbids never reaches a sentence."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from course.measure import gates, machine, results
+from course.measure.display import Report, verdict
+
+
+def test_each_rule_passes_what_is_possible_and_names_what_is_not():
+    assert gates.batch_gain(8, 7.9) is None
+    assert "more than 8×" in gates.batch_gain(8, 15.5)
+    assert gates.not_below_floor(31.0, 12.0) is None
+    assert "under its 12.0 ms bandwidth floor" in gates.not_below_floor(9.0, 12.0)
+    assert gates.not_cheaper(68.7, 70.0, "B = 1", "B = 8") is None
+    assert "less than B = 1" in gates.not_cheaper(68.7, 35.4, "B = 1", "B = 8")
+    assert gates.at_least(0.5, 0.03, "TTFT", "one decode step") is None
+    assert gates.at_least(0.01, 0.03, "TTFT", "one decode step")
+
+
+def test_a_violation_is_measured_again_then_flagged_and_kept_out_of_the_record(monkeypatch):
+    monkeypatch.setattr(results, "_recorded", {})
+    monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
+    monkeypatch.setattr(gates, "busy_cores", lambda: 1.6)
+    gains = iter([15.5, 14.0, 12.0])
+    run = gates.measured(lambda: next(gains), lambda g: [gates.batch_gain(8, g)], "the batch gain")
+    assert not run.ok and run.tries == 3 and run.value == 12.0
+    assert "1.6 of" in run.notice and "the batch gain is unreliable" in run.notice
+    assert all(len(sentence.split()) <= 35 for sentence in run.notice.split(". "))
+    assert results.record_gated("batch_gain", run) is None
+    assert "batch_gain" not in results.recorded() and results.recorded()["unreliable"] == ["batch_gain"]
+
+    gains = iter([15.5, 7.5])  # a burst of load passes: the second try is kept
+    run = gates.measured(lambda: next(gains), lambda g: [gates.batch_gain(8, g)], "the batch gain")
+    assert run.ok and run.tries == 2 and run.notice == ""
+    assert results.record_gated("batch_gain", run) == 7.5 and results.recorded()["batch_gain"] == 7.5
+
+
+def test_report_headline_is_short_and_details_fold_away(monkeypatch):
+    monkeypatch.setattr(results, "_recorded", {})
+    monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
+    ok, words = verdict(10.0, 12.0, 0.25)
+    assert ok and "within ±25%" in words
+    ok, words = verdict(10.0, 13.1, 0.25)
+    assert not ok and "31% above" in words
+    r = Report([("ms per token", 10.0, None, "ms")], f"Decode: {words}.", ["probe 16 to 18 GB/s"], key="decode")
+    assert "—" in str(r) and "<details><summary>How sure is this?" in r._repr_html_()
+    assert results.recorded()["headlines"] == {"decode": f"Decode: {words}."}
+    with pytest.raises(ValueError, match="at most 30 words"):
+        Report([], " ".join(["word"] * 31))
+
+
+def test_the_profile_is_measured_once_and_then_shared(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    monkeypatch.delenv("KVCOURSE_THREADS", raising=False)
+    calls = []
+
+    def fake_measure(model, device, dtype, tries=3):
+        calls.append(1)
+        return machine.Profile("cpu", dtype, 1, 2, 20.0, 100.0, 0.1, time.time(), host=machine._host(
+            __import__("torch").device("cpu")))
+
+    monkeypatch.setattr(machine, "measure_profile", fake_measure)
+    first = machine.profile(dtype="float32")
+    again = machine.profile(dtype="float32")
+    assert len(calls) == 1 and again.bandwidth_gb_s == first.bandwidth_gb_s == 20.0
+    saved = json.loads((tmp_path / "machine.json").read_text())
+    assert saved["cpu/float32"]["bandwidth_gb_s"] == 20.0
+    assert machine.profile(dtype="float32", refresh=True) and len(calls) == 2
+    assert first.floor_ms(20e9 * 0.012) == pytest.approx(12.0)
+
+    stale = dict(saved["cpu/float32"], measured_at=time.time() - machine.STALE_AFTER_S - 1)
+    (tmp_path / "machine.json").write_text(json.dumps({"cpu/float32": stale}))
+    machine.profile(dtype="float32")
+    assert len(calls) == 3  # older than a week: measured again
+    (tmp_path / "machine.json").write_text("not json")
+    machine.profile(dtype="float32")
+    assert len(calls) == 4  # an unreadable file is measured over, never a crash
+
+
+def test_a_profile_taken_busy_is_kept_until_the_machine_is_quiet(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    monkeypatch.delenv("KVCOURSE_THREADS", raising=False)
+    import torch
+
+    busy = machine.Profile("cpu", "float32", 1, 2, 5.0, 50.0, 1.5, time.time(), host=machine._host(torch.device("cpu")))
+    machine.save(busy)
+    monkeypatch.setattr(machine, "measure_profile", lambda *a, **k: machine.Profile(
+        "cpu", "float32", 1, 2, 20.0, 100.0, 0.0, time.time(), host=busy.host))
+    monkeypatch.setattr(machine.threads, "sample_others", lambda *a: 1.5)
+    assert machine.profile(dtype="float32").bandwidth_gb_s == 5.0  # still busy: every lesson quotes the same
+    monkeypatch.setattr(machine.threads, "sample_others", lambda *a: 0.0)
+    assert machine.profile(dtype="float32").bandwidth_gb_s == 20.0  # quiet now: measured again
+
+
+def test_eager_decode_is_timed_on_the_tiny_model(tiny):
+    ms = machine.eager_decode_ms(tiny, context=4, repeats=3)
+    assert 0 < ms < 5000
