@@ -80,3 +80,19 @@ def fresh_progress(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "_recorded", {})
     monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "default-progress.sqlite"))
+
+
+@pytest.fixture
+def cpu_burner():
+    """Keep every core busy with other programs while the test runs (a learner's busy machine): one spinning
+    process per core, started before the test and killed after it, whatever happens."""
+    import subprocess
+
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        yield len(spinners)
+    finally:
+        for p in spinners:
+            p.kill()
+        for p in spinners:
+            p.wait()
