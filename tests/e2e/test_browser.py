@@ -412,6 +412,48 @@ def test_review_answers_one_due_card(lab):
 
 
 # ------------------------------------------------------------------------------ self-paced `kvcourse lab`
+def reopened_widget_says_how_to_return(page, artifacts) -> None:
+    """A widget saved in a notebook and reopened after its kernel stopped says in one line how to bring it back
+    (not "Error displaying widget: model not found"), and running its cell brings it back."""
+    import nbformat
+
+    from course.cli.jupyter_contents import WIDGET_NOTE
+
+    scratch = LESSONS / "_reopen_check.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        'from course.teach.quiz import checkpoint\ncheckpoint("00_start_here")')])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, scratch)
+    run = "() => window.jupyterapp.commands.execute('notebook:run-all-cells')"
+    try:
+        page.evaluate("(p) => window.jupyterapp.commands.execute('docmanager:open', {path: p})",
+                      scratch.relative_to(PROJECT_ROOT).as_posix())
+        page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget; const s = w && w.sessionContext;"
+                               " return w && w.context && w.context.path.endsWith('_reopen_check.ipynb') && s &&"
+                               " s.session && s.session.kernel && s.session.kernel.status === 'idle'; }",
+                               timeout=240_000, polling=500)
+        page.evaluate(run)
+        quiz = page.locator(".jp-NotebookPanel:visible .kvcourse-quiz-question")
+        quiz.first.wait_for(state="visible", timeout=180_000)
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=60_000)
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:reload')")  # the file as saved
+        note = page.locator(".jp-NotebookPanel:visible .jp-OutputArea", has_text=WIDGET_NOTE)
+        note.first.wait_for(state="visible", timeout=120_000)
+        page.screenshot(path=str(artifacts / "reopened_widget.png"))
+        text = page.locator(".jp-NotebookPanel:visible").inner_text()
+        assert "model not found" not in text, "a reopened widget shows an error instead of how to bring it back"
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.changeKernel({name: 'python3'})")
+        page.wait_for_function("() => { const s = window.jupyterapp.shell.currentWidget.sessionContext;"
+                               " return s.session && s.session.kernel && s.session.kernel.status === 'idle'; }",
+                               timeout=240_000, polling=500)
+        page.evaluate(run)
+        quiz.first.wait_for(state="visible", timeout=180_000)  # run again: the widget is back
+    finally:
+        scratch.unlink(missing_ok=True)
+        (LESSONS / ".ipynb_checkpoints" / "_reopen_check-checkpoint.ipynb").unlink(missing_ok=True)
+
 @pytest.mark.slow
 def test_self_paced_lab_has_no_news_popup_no_instructor_tools_and_opens_clean(browser_context, tmp_path):
     """`kvcourse lab` as `make start` runs it (its own settings, not the suite's server): no news pop-up, no nbgrader
@@ -483,6 +525,9 @@ def test_self_paced_lab_has_no_news_popup_no_instructor_tools_and_opens_clean(br
         page.screenshot(path=str(ARTIFACTS / "self_paced_lab.png"))
         listing = page.locator(".jp-DirListing-itemName").all_inner_texts()
         assert "exercises" in listing and "lessons" in listing, f"file browser is not at the course folder: {listing}"
+        hidden = {"solutions", "autograde", "course", "tests"} & set(listing)
+        assert not hidden, f"the learner's file browser shows the instructor's material: {hidden}"
+        reopened_widget_says_how_to_return(page, ARTIFACTS)
     finally:
         page.close()
         proc.send_signal(signal.SIGTERM)
