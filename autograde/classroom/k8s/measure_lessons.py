@@ -8,7 +8,8 @@ are user + system time of the whole run, peak RSS is the largest single process'
 lessons share one fresh temporary home (progress file, Jupyter's folders, the course's cache), as one new
 learner going through the course in order would. An empty notebook is measured first: the Jupyter machinery
 alone. CPU-seconds hardly change with the machine's load; wall time does, so the load is recorded.
-Writes docs/bench-runs/capacity-lessons-<time>.json; the capacity plan in autograde/classroom/README.md quotes it.
+Writes docs/bench-runs/capacity-lessons-<time>.json after each lesson ("complete" once all ran); the capacity plan
+in autograde/classroom/README.md quotes it, and tests/test_k8s.py checks values.yaml's resources against it.
 """
 import json, os, platform, subprocess, sys, tempfile, time  # noqa: E401
 from pathlib import Path
@@ -40,25 +41,26 @@ def run(notebook: Path, home: Path, timeout_s: int) -> dict:
 
 def main(argv: list[str]) -> int:
     notebooks = [Path(a).resolve() for a in argv] or sorted((ROOT / "lessons").glob("*.ipynb"))
-    with tempfile.TemporaryDirectory(prefix="kvcourse-measure-") as tmp:
-        home = Path(tmp)
-        empty = home / "empty.ipynb"
-        empty.write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {"name": "python3", "language": "python",
-                         "display_name": "Python 3"}}, "nbformat": 4, "nbformat_minor": 5}))
-        rows = [run(empty, home, 600)]
-        for nb in notebooks:
-            rows.append(run(nb, home, 3600))
-            print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     stamp = time.strftime("%Y-%m-%dT%H%M")
     out = ROOT / "docs" / "bench-runs" / f"capacity-lessons-{stamp}.json"
-    out.write_text(json.dumps({"schema": "kvcourse-capacity-lessons/1", "started": stamp, "commit": commit.stdout.strip(),
-                               "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                               "empty_notebook": rows[0], "lessons": rows[1:]}, indent=1) + "\n")
+    record = {"schema": "kvcourse-capacity-lessons/1", "started": stamp, "commit": commit.stdout.strip(), "cpu": cpu,
+              "cores": os.cpu_count(), "python": platform.python_version(), "complete": False, "lessons": []}
+    with tempfile.TemporaryDirectory(prefix="kvcourse-measure-") as tmp:
+        home = Path(tmp)
+        empty = home / "empty.ipynb"
+        empty.write_text(json.dumps({"cells": [], "metadata": {"kernelspec": {"name": "python3", "language": "python",
+                         "display_name": "Python 3"}}, "nbformat": 4, "nbformat_minor": 5}))
+        record["empty_notebook"] = run(empty, home, 600)
+        for nb in notebooks:  # the file is rewritten after each lesson: a sweep stopped midway keeps what it measured
+            record["lessons"].append(run(nb, home, 3600))
+            record["complete"] = nb == notebooks[-1]
+            out.write_text(json.dumps(record, indent=1) + "\n")
+            print(json.dumps(record["lessons"][-1]), flush=True)
     print(f"wrote {out.relative_to(ROOT)}")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return 0 if all(r["ok"] for r in [record["empty_notebook"], *record["lessons"]]) else 1
 
 
 if __name__ == "__main__":
