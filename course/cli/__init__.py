@@ -19,7 +19,7 @@ COMMANDS = {
     "classroom": ("course.grade.classroom", "teach a class on JupyterHub: release, collect, grade, feedback, export"),
     "progress": ("course.cli.progress", "show (or --reset) your saved quiz and exercise progress"),
     "review": ("course.cli.review", "review what you missed: due questions and interview cards (spaced repetition)"),
-    "bench": ("course.cli.bench", "measure the engine against the hardware limits; writes JSON + Markdown"),
+    "bench": ("bench.cli", "measure the engine against the hardware limits; writes JSON + Markdown"),
 }
 
 
