@@ -90,23 +90,3 @@ def test_torch_threads_puts_the_count_back_even_after_an_error():
     with pytest.raises(ValueError, match="threads"):
         with torch_threads(0):
             pass
-
-
-def test_a_registered_bench_item_runs_and_renders(tmp_path):
-    from course.cli import bench as cli_bench
-    from course.measure.bench import REGISTRY, bench_item
-
-    @bench_item("probe_item", title="A probe", columns={"n": "{n}", "twice": lambda r: r["n"] * 2})
-    def probe(ctx):
-        return {"status": "ok", "rows": [{"n": 3}], "quick": ctx.quick}
-
-    try:
-        with pytest.raises(ValueError, match="twice"):
-            bench_item("probe_item", title="again")(lambda ctx: {})
-        result = cli_bench.run_suite(items=["probe_item"], quick=True, model="tiny", log=lambda *_: None)
-        assert result["items"]["probe_item"]["quick"] is True
-        assert result["items"]["decode"]["status"] == "skipped"  # not selected
-        markdown = cli_bench.render_markdown(result)
-        assert "A probe" in markdown and "| n | twice |" in markdown and "| 3 | 6 |" in markdown
-    finally:
-        REGISTRY.pop("probe_item", None)
