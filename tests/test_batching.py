@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from course.engine.generate import decode_one_token, generate
-from course.engine.kv_cache import BatchPositions, KVCache
-from course.engine.kv_quant import Int8KVCache
+from course.engine.kv_cache import KVCache
+from course.engine.positions import Positions
 
 
 def prompts_of(lengths, vocab, seed=0):
@@ -33,13 +33,13 @@ def batched_run(model, prompts, n, rows=None, forced=None):
     cache = KVCache(model.config, max(rows) + 1, max(map(len, prompts)) + n)
     tokens, logits = [[] for _ in prompts], [[] for _ in prompts]
     for b, p in enumerate(prompts):
-        out = model(torch.tensor([p]), BatchPositions([0], len(p), rows=[rows[b]]), cache, last_only=True)[0]
+        out = model(torch.tensor([p]), Positions.per_sequence([0], len(p), rows=[rows[b]]), cache, last_only=True)[0]
         logits[b].append(out)
         tokens[b].append(int(out.argmax()))
     pos = [len(p) for p in prompts]
     for i in range(n - 1):
         feed = [[t[-1]] for t in tokens] if forced is None else [[f[i]] for f in forced]
-        out = decode_one_token(model, torch.tensor(feed), BatchPositions(pos, 1, rows=rows), cache)  # [B, V]
+        out = decode_one_token(model, torch.tensor(feed), Positions.per_sequence(pos, 1, rows=rows), cache)  # [B, V]
         for b in range(B):
             logits[b].append(out[b])
             tokens[b].append(int(out[b].argmax()))
@@ -72,9 +72,9 @@ def test_positions_past_a_sequence_end_are_masked(tiny):
     for layer in cache.layers:  # garbage everywhere, then a real prefill overwrites positions 0..3 of row 1
         layer.k.normal_(0, 5)
         layer.v.normal_(0, 5)
-    tiny(torch.tensor([prompt]), BatchPositions([0], 4, rows=[1]), cache)
+    tiny(torch.tensor([prompt]), Positions.per_sequence([0], 4, rows=[1]), cache)
     long_prefix = prompts_of([20], c.vocab_size, seed=3)[0]
-    tiny(torch.tensor([long_prefix]), BatchPositions([0], 20, rows=[0]), cache)  # row 0 is longer
+    tiny(torch.tensor([long_prefix]), Positions.per_sequence([0], 20, rows=[0]), cache)  # row 0 is longer
     tok = torch.tensor([[7], [7]])
     out = tiny(tok, [20, 4], cache, last_only=True)  # [2, V]
     ref = KVCache(c, 1, 32)
@@ -85,7 +85,7 @@ def test_positions_past_a_sequence_end_are_masked(tiny):
 
 @torch.inference_mode()
 def test_batched_prefill_of_equal_positions_matches_int_path(tiny):
-    """A BatchPositions with every start equal is the old int start_pos call."""
+    """Per-sequence positions that are all equal give the int start_pos call's result."""
     ids = torch.randint(0, 256, (3, 7), generator=torch.Generator().manual_seed(2))
     a, b = KVCache(tiny.config, 3, 16), KVCache(tiny.config, 3, 16)
     tiny(ids[:, :4], 0, a)
@@ -97,20 +97,18 @@ def test_batched_prefill_of_equal_positions_matches_int_path(tiny):
 def test_bad_positions_are_refused_with_a_clear_error(tiny):
     cache = KVCache(tiny.config, 2, 8)
     tok = torch.zeros(2, 1, dtype=torch.long)
-    with pytest.raises(ValueError, match="one per sequence"):
+    with pytest.raises(ValueError, match="one start position per sequence"):
         tiny(tok, [0, 1, 2], cache)
     with pytest.raises(ValueError, match="overflow"):
         tiny(tok, [3, 8], cache)
     with pytest.raises(ValueError, match="need a KV cache"):
         tiny(tok, [0, 1], None)
     with pytest.raises(ValueError, match=">= 0"):
-        BatchPositions([-1], 1)
+        Positions.per_sequence([-1], 1)
     with pytest.raises(ValueError, match="rows"):
-        BatchPositions([0, 1], 1, rows=[0])
+        Positions.per_sequence([0, 1], 1, rows=[0])
     with pytest.raises(ValueError, match="do not exist"):
-        tiny(tok, BatchPositions([0, 0], 1, rows=[0, 5]), cache)
-    with pytest.raises(TypeError, match="per-sequence positions"):
-        tiny(tok, [0, 1], Int8KVCache(tiny.config, 2, 8))
+        tiny(tok, Positions.per_sequence([0, 0], 1, rows=[0, 5]), cache)
 
 
 @pytest.mark.slow
@@ -145,20 +143,18 @@ def test_real_model_batched_equals_solo(real):
 def test_packed_prompts_and_decode_tokens_in_one_pass(tiny, one_thread):
     """A prompt, a prompt's second half and a decode token of three sequences in one [1, N] row (selective
     batching) give each sequence the logits of its solo run."""
-    from course.engine.kv_cache import PackedPositions
-
     c = tiny.config
     prompts = prompts_of([5, 9, 3], c.vocab_size, seed=4)
     cache = KVCache(c, 4, 32)
-    tiny(torch.tensor([prompts[0][:2]]), BatchPositions([0], 2, rows=[3]), cache)  # seq 0: 2 tokens already in
-    tiny(torch.tensor([prompts[2][:2]]), BatchPositions([0], 2, rows=[1]), cache)  # seq 2: all but its last
-    at = PackedPositions([2, 0, 2], [3, 9, 1], rows=[3, 0, 1])
-    assert at.positions.tolist() == [2, 3, 4] + list(range(9)) + [2] and at.last_index.tolist() == [2, 11, 12]
+    tiny(torch.tensor([prompts[0][:2]]), Positions.per_sequence([0], 2, rows=[3]), cache)  # seq 0: 2 tokens already in
+    tiny(torch.tensor([prompts[2][:2]]), Positions.per_sequence([0], 2, rows=[1]), cache)  # seq 2: all but its last
+    at = Positions.pack([2, 0, 2], [3, 9, 1], rows=[3, 0, 1])
+    assert at.positions[0].tolist() == [2, 3, 4] + list(range(9)) + [2] and at.last.tolist() == [2, 11, 12]
     tokens = torch.tensor([prompts[0][2:] + prompts[1] + prompts[2][2:]])  # [1, 13]
     out = tiny(tokens, at, cache, last_only=True)  # [3, V]
     for b, p in enumerate(prompts):
         torch.testing.assert_close(out[b], solo_run(tiny, p, 1)[1][0], atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="one start and one n_new"):
-        PackedPositions([0, 1], [2])
-    with pytest.raises(ValueError, match="13 tokens"):
+        Positions.pack([0, 1], [2])
+    with pytest.raises(ValueError, match="positions shaped"):
         tiny(tokens[:, :5], at, cache)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course.engine.device import torch_threads
-from course.engine.generate import decode_loop, forward_uncached, generate, prompt_tensor, teacher_forced_logits
+from course.engine.generate import decode_loop, generate, prompt_tensor, teacher_forced_logits
 from course.engine.kv_cache import KVCache
 from course.engine.sampling import Sampler, probabilities, sample, sample_with_probs
 
@@ -64,7 +64,7 @@ def test_the_loop_feeds_what_it_is_sent_and_stops_where_asked(tiny):
         seen.append(loop.send(torch.tensor([token])))
     with pytest.raises(StopIteration):  # the 4th token needs no further pass
         loop.send(torch.tensor([10]))
-    torch.testing.assert_close(seen[-1], forward_uncached(tiny, torch.tensor([[1, 2, 3, 7, 8, 9]])),
+    torch.testing.assert_close(seen[-1], tiny(torch.tensor([[1, 2, 3, 7, 8, 9]]), last_only=True),
                                atol=1e-5, rtol=1e-4)
     uncached = decode_loop(tiny, ids, 2, use_cache=False)
     next(uncached)

@@ -129,7 +129,7 @@ def test_step_function_decodes_a_subset_of_cache_rows(one_thread):
 
 
 def test_fast_model_takes_the_serving_engines_batch_positions(one_thread):
-    from course.engine.kv_cache import BatchPositions
+    from course.engine.positions import Positions
 
     model = tiny_model(seed=2)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 10]]
@@ -138,7 +138,7 @@ def test_fast_model_takes_the_serving_engines_batch_positions(one_thread):
     batch = _stack(model, [c for _, c in solo])
     reference = _stack(model, [c for _, c in solo])
     tokens = torch.tensor([[7], [8]])
-    at = BatchPositions([len(prompts[0]), len(prompts[2])], 1, rows=[0, 2])
+    at = Positions.per_sequence([len(prompts[0]), len(prompts[2])], 1, rows=[0, 2])
     got = decode_one_token(fast, tokens, at, batch)  # the step, on cache rows 0 and 2
     want = decode_one_token(model, tokens, at, reference)  # the eager model's own batched path
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -11,6 +11,7 @@ from course.measure.cache_speed import SpeedComparison, check_equivalence
 from course.engine.config import PRESETS
 from course.engine.generate import generate
 from course.engine.kv_cache import KVCache, LayerKVCache
+from course.engine.positions import Positions
 from course.engine.kv_quant import (Int8KVCache, cache_bytes_by_dtype, compare_int8_cache, dequantize_int8,
                              int8_bytes_per_token, quantize_int8)
 from course.measure.costs import kv_cache_bytes, tensor_bytes
@@ -184,7 +185,7 @@ def test_by_hand_attention_equals_the_model_layer(tiny):
     attn = tiny.layers[0].attention
     x = torch.randn(2, 9, tiny.config.dim)
     cos, sin = tiny.rope_cos, tiny.rope_sin
-    ref = attn(x, cos[:9], sin[:9], 0, None)  # [B, T, d]
+    ref = attn(x, cos[:9], sin[:9], Positions.at(0, 9), None)  # [B, T, d]
     cache = LayerKVCache(2, attn.n_kv_heads, 9, attn.head_dim)
     for t in range(1, 10):
         a = attention_without_cache(attn, x[:, :t], cos, sin)

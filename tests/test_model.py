@@ -5,6 +5,7 @@ import torch
 from course.engine.config import ModelConfig
 from course.engine.kv_cache import KVCache
 from course.engine.model import Transformer, apply_rope, rope_tables, tiny_model
+from course.engine.positions import Positions
 
 
 def test_logits_shape(tiny):
@@ -85,7 +86,7 @@ def test_gqa_matches_explicit_head_repetition(tiny):
     c = tiny.config
     x = torch.randn(1, 5, c.dim)
     cos, sin = tiny.rope_cos[:5], tiny.rope_sin[:5]
-    out = attn(x, cos, sin, 0, None)
+    out = attn(x, cos, sin, Positions.at(0, 5), None)
     q = apply_rope(attn.wq(x).view(1, 5, c.n_heads, c.head_dim).transpose(1, 2), cos, sin)
     k = apply_rope(attn.wk(x).view(1, 5, c.n_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
     v = attn.wv(x).view(1, 5, c.n_kv_heads, c.head_dim).transpose(1, 2)

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from course.lessons import prefill_decode  # noqa: E402
 from course.measure import costs, latency, profile, roofline, sweeps, threads  # noqa: E402
 from course.engine.config import ModelConfig  # noqa: E402
-from course.engine.generate import decode_one_token, forward_uncached  # noqa: E402
+from course.engine.generate import decode_one_token  # noqa: E402
 from course.engine.kv_cache import KVCache  # noqa: E402
 from course.engine.model import Transformer, tiny_model  # noqa: E402
 from course.measure.timing import Timing  # noqa: E402
@@ -179,7 +179,7 @@ def test_the_timed_decode_step_attends_over_the_prefilled_context(tiny):
     assert ids.shape == (1, 10) and cache.max_seq_len == 11
     token = torch.ones(1, 1, dtype=torch.long)
     cached = decode_one_token(tiny, token, 10, cache)
-    uncached = forward_uncached(tiny, torch.cat([ids, token], dim=1))
+    uncached = tiny(torch.cat([ids, token], dim=1), last_only=True)
     torch.testing.assert_close(cached, uncached, atol=1e-5, rtol=1e-5)
 
 

@@ -148,7 +148,7 @@ def test_bad_input_is_refused_clearly(tiny):
         serve(tiny, good, clock="cpu", progress=False)
     with pytest.raises(ValueError, match="context"):
         serve(tiny, [Request(0, [1] * 100, 100)], progress=False)
-    with pytest.raises(ValueError, match="more blocks than the whole pool"):
+    with pytest.raises(ValueError, match="more than the whole pool"):
         serve(tiny, [Request(0, [1] * 20, 5)], cache=PagedKVCache(tiny.config, 2, 4), progress=False)
     with pytest.raises(ValueError, match="vocabulary of 256"):
         serve(tiny, [Request(0, [1, 300], 2)], progress=False)

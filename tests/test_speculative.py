@@ -9,6 +9,7 @@ from scipy.stats import chisquare
 
 from course.engine.generate import generate
 from course.engine.model import tiny_model
+from course.engine.positions import Positions
 from course.engine.speculative import (Draft, ModelDraft, PromptLookupDraft, accept_probability, empirical_distribution,
                                 expected_tokens_per_pass, predicted_speedup, residual_distribution, shallow_copy,
                                 shallow_draft, speculative_first_token, speculative_generate, total_variation,
@@ -238,7 +239,7 @@ def test_shallow_copy_shares_parameters(tiny):
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     with torch.inference_mode():
         x = tiny.tok_embeddings(ids)
-        x = tiny.layers[0](x, tiny.rope_cos[:5], tiny.rope_sin[:5], 0, None)
+        x = tiny.layers[0](x, tiny.rope_cos[:5], tiny.rope_sin[:5], Positions.at(0, 5), None)
         manual = tiny.output(tiny.norm(x))
         assert torch.allclose(draft(ids), manual, atol=1e-6)
     with pytest.raises(ValueError, match="n_layers"):

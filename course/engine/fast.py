@@ -53,9 +53,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from course.engine import row_product
-from course.engine.kv_cache import BatchPositions, KVCache
+from course.engine.kv_cache import KVCache
 from course.engine.model import Transformer, apply_rope
 from course.engine.paged import PagedBatch, gather_blocks, write_slots
+from course.engine.positions import Positions
 
 
 class GemvLinear(nn.Linear):
@@ -801,7 +802,7 @@ class FastModel:
     """Wraps a course Transformer with the model's call signature: decode steps run the compiled DecodeStep.
 
     A decode step is one token per sequence against a contiguous KVCache, at one position for all (an int) or
-    one per sequence (a list, a [B] tensor or a kv_cache.BatchPositions, whose rows pick the cache rows), or
+    one per sequence (a list, a [B] tensor or a positions.Positions, whose rows pick the cache rows), or
     against a paged batch (course.engine.paged.PagedBatch, one token per sequence), so `generate`,
     `decode_one_token` and the serving scheduler's batched step run compiled unchanged. Prefill (more than one
     token, or a packed row of prompts and decode tokens), calls without a cache and other caches (a single
@@ -832,7 +833,7 @@ class FastModel:
 
     def _step_call(self, tokens, start_pos=0, cache=None, last_only=False):
         rows = None
-        if isinstance(start_pos, BatchPositions):  # the serving engine's per-sequence positions and cache rows
+        if isinstance(start_pos, Positions):  # the serving engine's per-sequence positions and cache rows
             start_pos, rows = start_pos.start, start_pos.rows
         logits = self.step(tokens, start_pos, cache, rows=rows)  # [B, V]
         return logits if last_only else logits[:, None]  # [B, 1, V] like the model's full output

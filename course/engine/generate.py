@@ -21,53 +21,40 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from course.engine.device import synchronize
-from course.engine.kv_cache import KVCache
-from course.engine.sampling import Sampler
 
 # step(tokens [B, n], start_pos, cache) -> next-token logits [B, V]: one forward pass against the cache.
 Step = Callable[[torch.Tensor, int, object], torch.Tensor]
+# This module imports the caches (course.engine.kv_cache) and the sampler (course.engine.sampling) only where a call
+# needs one of its own: a graded exercise's reference module may be absent from the grading sandbox.
 
 
 # ---------------------------------------------------------------------- the phases
 @torch.inference_mode()
-def prefill(model, prompt_ids: torch.Tensor, cache: KVCache | None, start_pos: int = 0,
-            last_only: bool = True) -> torch.Tensor:
-    """Run the prompt [B, T] at positions start_pos..start_pos+T-1, filling the cache; return next-token logits
-    [B, V] (with last_only=False, the logits at every position: [B, T, V])."""
+def prefill(model, prompt_ids: torch.Tensor, cache, start_pos: int = 0, last_only: bool = True) -> torch.Tensor:
+    """Run the prompt [B, T] at positions start_pos..start_pos+T-1, filling the cache (None: no cache, the whole
+    sequence from position 0); return next-token logits [B, V] (last_only=False: every position's, [B, T, V])."""
     return model(prompt_ids, start_pos=start_pos, cache=cache, last_only=last_only)
 
 
 @torch.inference_mode()
-def decode_one_token(model, token: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
-    """Run one token per sequence ([B, 1]) at position `pos` against the cache; return logits [B, V]."""
+def decode_one_token(model, token: torch.Tensor, pos, cache) -> torch.Tensor:
+    """Run one token per sequence ([B, 1]) at position `pos` (one int, or one per sequence) against the cache;
+    return logits [B, V]."""
     return model(token, start_pos=pos, cache=cache, last_only=True)
-
-
-@torch.inference_mode()
-def forward_uncached(model, ids: torch.Tensor) -> torch.Tensor:
-    """No cache: recompute every position's K and V to get the next-token logits [B, V]."""
-    return model(ids, start_pos=0, cache=None, last_only=True)
-
-
-# ---------------------------------------------------------------------- checks, once per call
-def check_context(config, prompt_len: int, max_new_tokens: int) -> None:
-    """The one context-length check: a prompt of at least one token, and room for max_new_tokens after it."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
-    if prompt_len == 0:
-        raise ValueError("the prompt is empty: give at least one token")
-    limit = config.max_seq_len
-    if prompt_len + max_new_tokens > limit:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
-                         f"{limit} tokens; shorten the prompt or ask for fewer tokens")
 
 
 def prompt_tensor(model, prompt_ids, max_new_tokens: int = 0) -> torch.Tensor:
     """A prompt (list of ids, [T] or [B, T] tensor, or B equal-length lists) as a [B, T] long tensor on the model's
-    device, checked against the context."""
+    device, with room in the context for max_new_tokens after it."""
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.device)
     ids = ids.view(1, -1) if ids.dim() <= 1 else ids
-    check_context(model.config, ids.shape[1], max_new_tokens)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    if ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if ids.shape[1] + max_new_tokens > model.config.max_seq_len:
+        raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context of "
+                         f"{model.config.max_seq_len} tokens; shorten the prompt or ask for fewer tokens")
     return ids
 
 
@@ -89,54 +76,39 @@ def decode_loop(model, ids: torch.Tensor, max_new_tokens: int, *, cache=None, us
     use_cache=False re-runs the whole sequence every step. step: the forward pass of a decode step.
     """
     B, T = ids.shape
-    if use_cache and cache is None:
-        cache = KVCache(model.config, batch=B, max_seq_len=start_pos + T + max_new_tokens, dtype=model.dtype,
-                        device=ids.device)
     if not use_cache and start_pos:
         raise ValueError("start_pos needs a cache (use_cache=True): without one every step starts at position 0")
+    if use_cache and cache is None:
+        from course.engine.kv_cache import KVCache
+
+        cache = KVCache(model.config, batch=B, max_seq_len=start_pos + T + max_new_tokens, dtype=model.dtype,
+                        device=ids.device)
     step = step or (lambda tokens, pos, c: decode_one_token(model, tokens, pos, c))
-    if first_logits is not None:
-        logits = first_logits
-    elif use_cache:
-        logits = prefill(model, ids, cache, start_pos)
-    else:
-        logits = forward_uncached(model, ids)
     seq, pos = ids, start_pos + T  # seq: the whole sequence (the uncached path); pos: where the next token goes
+    logits = first_logits if first_logits is not None else prefill(model, ids, cache if use_cache else None, start_pos)
     for i in range(max_new_tokens):
         fed = yield logits
         if fed is None or i == max_new_tokens - 1:
             return
-        rows = None
-        if isinstance(fed, tuple):
-            fed, rows = fed
+        fed, rows = fed if isinstance(fed, tuple) else (fed, None)
         tokens = torch.as_tensor(fed, dtype=torch.long, device=ids.device).view(B, 1)  # [B, 1]
-        if use_cache:
-            if rows is not None:
-                reorder_rows(cache, rows, pos)
-            logits = step(tokens, pos, cache)
-        else:
+        if not use_cache:  # <-- no cache: the whole sequence again, every step
             seq = torch.cat([seq if rows is None else seq[rows], tokens], dim=1)
-            logits = forward_uncached(model, seq)
+            logits = prefill(model, seq, None)
+        else:
+            if rows is not None:  # row i of every cached tensor (K, V and any scales) becomes old row rows[i]
+                for t in (t for layer in cache.layers for t in layer.tensors()):
+                    t[:, :, :pos] = t[rows, :, :pos]  # advanced indexing copies, so overlapping rows are safe
+            logits = step(tokens, pos, cache)
         pos += 1
-
-
-def reorder_rows(cache, rows: torch.Tensor, end: int) -> None:
-    """Row i of every cached tensor (K, V and any scales) becomes old row rows[i], positions 0..end-1."""
-    for layer in cache.layers:
-        for t in layer.tensors():
-            t[:, :, :end] = t[rows, :, :end]  # advanced indexing copies, so overlapping rows are safe
 
 
 @torch.inference_mode()
 def teacher_forced_logits(model, prompt_ids, tokens: Sequence[int], cache=None) -> torch.Tensor:
     """The logits [n, V] that predict each of n known tokens after the prompt, feeding the known tokens (not the
     model's own picks) through the decode loop: step i sees the prompt and tokens[:i]."""
-    ids = prompt_tensor(model, prompt_ids, len(tokens))
-    loop = decode_loop(model, ids, len(tokens), cache=cache)
-    out = [next(loop)]
-    for token in tokens[:-1]:
-        out.append(loop.send(torch.tensor([token])))
-    return torch.cat(out)  # [n, V]
+    loop = decode_loop(model, prompt_tensor(model, prompt_ids, len(tokens)), len(tokens), cache=cache)
+    return torch.cat([next(loop)] + [loop.send(torch.tensor([token])) for token in tokens[:-1]])  # [n, V]
 
 
 # ---------------------------------------------------------------------- one call, timed
@@ -177,7 +149,7 @@ class Generation:
 def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
              use_cache: bool = True, on_token: Callable[[int], None] | None = None, cache=None,
-             sampler: Sampler | None = None, prefix_cache=None, prefix_len: int | None = None,
+             sampler=None, prefix_cache=None, prefix_len: int | None = None,
              keep_logits: bool = False, step: Step | None = None) -> Generation:
     """Generate up to max_new_tokens for one prompt (a list of ids or a [1, T] tensor).
 
@@ -188,7 +160,10 @@ def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float 
     the clock starts before it, so time_to_first_token compares directly with a plain call. keep_logits=True
     keeps each step's logits in Generation.logits.
     """
-    sampler = sampler or Sampler(temperature, top_k, top_p, seed=seed, device=model.device, dtype=model.dtype)
+    if sampler is None:
+        from course.engine.sampling import Sampler
+
+        sampler = Sampler(temperature, top_k, top_p, seed=seed, device=model.device, dtype=model.dtype)
     ids = prompt_tensor(model, prompt_ids, max_new_tokens)  # [1, T]
     T = ids.shape[1]
     result = Generation(prompt_ids=ids[0].tolist(), computed_tokens=T)

@@ -46,22 +46,22 @@ class Int8LayerKVCache(LayerKVCache):
 
     def __init__(self, batch: int, n_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        shape = (batch, n_kv_heads, max_seq_len, head_dim)  # [B, H_kv, T_max, D_h]
-        self.k = torch.zeros(shape, dtype=torch.int8, device=device)
-        self.v = torch.zeros(shape, dtype=torch.int8, device=device)
-        self.k_scale = torch.zeros(shape[:3] + (1,), dtype=SCALE_DTYPE, device=device)  # [B, H_kv, T_max, 1]
-        self.v_scale = torch.zeros(shape[:3] + (1,), dtype=SCALE_DTYPE, device=device)
+        super().__init__(batch, n_kv_heads, max_seq_len, head_dim, torch.int8, device)
+        self.k_scale = torch.zeros(self.k.shape[:3] + (1,), dtype=SCALE_DTYPE, device=device)  # [B, H_kv, T_max, 1]
+        self.v_scale = torch.zeros_like(self.k_scale)
         self.dtype = dtype  # what attention reads back
 
-    def update(self, start_pos: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Quantize and store k, v ([B, H_kv, T_new, D_h]) at start_pos; return every position so far, dequantized."""
-        end = self.check_fits(start_pos, k.shape[2])
-        self.k[:, :, start_pos:end], self.k_scale[:, :, start_pos:end] = quantize_int8(k)
-        self.v[:, :, start_pos:end], self.v_scale[:, :, start_pos:end] = quantize_int8(v)
-        # Dequantize on read: the bytes stay int8 in memory, attention sees floats.
-        k_all = dequantize_int8(self.k[:, :, :end], self.k_scale[:, :, :end], self.dtype)  # [B, H_kv, end, D_h]
-        v_all = dequantize_int8(self.v[:, :, :end], self.v_scale[:, :, :end], self.dtype)
-        return k_all, v_all
+    def update(self, pos, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize and store k, v ([B, H_kv, T_new, D_h]); return every position so far, dequantized on read: the
+        bytes stay int8 in memory, attention sees floats."""
+        end = self.check(pos, k.shape[2])
+        out = []
+        for values, scales, x in ((self.k, self.k_scale, k), (self.v, self.v_scale, v)):
+            q, scale = quantize_int8(x)
+            self.write(values, pos, q)
+            self.write(scales, pos, scale)
+            out.append(dequantize_int8(self.read(values, pos, end), self.read(scales, pos, end), self.dtype))
+        return out[0], out[1]  # [B, H_kv, end, D_h]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return self.k, self.v, self.k_scale, self.v_scale

@@ -2,28 +2,23 @@
 
 Read it top to bottom in one sitting. Shapes use the lesson's letters:
 B batch, T tokens in this call, H query heads, H_kv key/value heads, D_h head dim, d hidden size.
-The KV cache is an explicit argument (see course/kv_cache.py); with cache=None the model
+The KV cache is an explicit argument (course/engine/kv_cache.py); with cache=None the model
 recomputes attention over every token it is given, which is how we measure what the cache saves.
 
-Batches of different lengths: pass `start_pos` as one position per sequence (a list, a [B] tensor or a
-kv_cache.BatchPositions) instead of one int. RoPE then rotates each sequence by its own positions and
-attention masks each sequence's keys past its own end — the marked lines in Attention.forward and
-Transformer.forward are the whole difference. Sequences that bring different numbers of new tokens (a new
-prompt next to running requests' decode tokens) go packed in one row [1, N] with a kv_cache.PackedPositions:
-no padding, every matmul reads the weights once for all N rows, and a block-diagonal mask keeps each
-sequence's attention to its own keys. Decode steps, bound by reading the weights, are where batching pays;
-a prompt is already a matrix-matrix product, so packing it with others buys less.
+Where the new tokens sit is one object, course.engine.positions.Positions, built once per call from `start_pos`
+(an int: every row at the same positions; one int per sequence: a batch of requests at different lengths; or a
+Positions, e.g. prompts of different lengths packed in one row [1, N]). It carries each token's absolute position
+(RoPE's angle), where its K/V go in the cache, and the attention mask, so one forward serves all three cases.
+Decode steps, bound by reading the weights, are where batching pays; a prompt is already a matrix-matrix product.
 """
 from __future__ import annotations
-
-import operator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from course.engine.config import ModelConfig
-from course.engine.kv_cache import BatchPositions, KVCache, LayerKVCache, PackedPositions
+from course.engine.positions import Positions
 
 
 class RMSNorm(nn.Module):
@@ -48,10 +43,10 @@ def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Te
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x ([B, heads, T, D_h]) by its positions' angles (cos, sin: [T, D_h]).
+    """Rotate x ([B, heads, T, D_h]) by its positions' angles (cos, sin: [T, D_h], or [B, 1, T, D_h] per sequence).
 
     Half-split convention (as in Hugging Face): dimension i pairs with i + D_h/2.
-    course/weights.py undoes llama.cpp's row permutation so GGUF weights fit this convention.
+    course/engine/weights.py undoes llama.cpp's row permutation so GGUF weights fit this convention.
     """
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
@@ -67,8 +62,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.wo = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start_pos: int | BatchPositions,
-                cache: LayerKVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, at: Positions, cache) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D_h]
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D_h]
@@ -76,19 +70,12 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         if cache is not None:  # <-- the KV cache: keep this step's K/V, attend over every step's
-            k, v = cache.update(start_pos, k, v)  # [B, H_kv, start_pos + T, D_h]
+            k, v = cache.update(at.cache_pos, k, v)  # [B, H_kv, T_k, D_h], T_k = start_pos + T
 
-        T_k = k.shape[2]
-        if isinstance(start_pos, (BatchPositions, PackedPositions)):  # <-- batched: own keys, own positions
-            mask, causal = start_pos.mask, False  # [B, 1, T, T_k] (packed: [1, 1, N, B·kv_len])
-        elif T == 1:
-            mask, causal = None, False  # one new query may see every key so far
-        elif T_k == T:
-            mask, causal = None, True  # a fresh sequence: the plain causal triangle
-        else:  # T new queries after start_pos cached keys: query i sees keys 0..start_pos+i
-            mask, causal = torch.ones(T, T_k, dtype=torch.bool, device=x.device).tril(T_k - T), False
-        # enable_gqa: each KV head serves n_heads // n_kv_heads query heads, without copying K and V.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+        # The mask keeps each query to its own sequence's keys up to its own position (None: the plain causal
+        # triangle, or one query that may see every key). enable_gqa: each KV head serves n_heads // n_kv_heads
+        # query heads, without copying K and V.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=at.mask, is_causal=at.causal,
                                              enable_gqa=self.n_kv_heads != self.n_heads)  # [B, H, T, D_h]
         return self.wo(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # [B, T, d]
 
@@ -114,8 +101,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(config.dim, config.norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x, cos, sin, start_pos, cache):
-        x = x + self.attention(self.attention_norm(x), cos, sin, start_pos, cache)
+    def forward(self, x, cos, sin, at, cache):
+        x = x + self.attention(self.attention_norm(x), cos, sin, at, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -143,78 +130,28 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.tok_embeddings.weight.dtype
 
-    def forward(self, tokens: torch.Tensor, start_pos=0, cache: KVCache | None = None,
-                last_only: bool = False) -> torch.Tensor:
-        """tokens [B, T] at positions start_pos..start_pos+T-1 → logits [B, T, V] ([B, V] if last_only).
+    def forward(self, tokens: torch.Tensor, start_pos=0, cache=None, last_only: bool = False) -> torch.Tensor:
+        """tokens [B, T] → logits [B, T, V] in float32 ([B, V] with last_only: each sequence's next-token logits).
 
-        With a cache, the model attends over the cached positions 0..start_pos-1 too; without one,
-        start_pos must be 0 and the tokens are the whole sequence. start_pos may also be one position
-        per sequence (list of ints, [B] tensor or BatchPositions): sequence b's tokens go at
-        start_pos[b].. and attend over its own cached positions only (needs a cache that accepts
-        BatchPositions: KVCache or a paged batch).
+        start_pos: an int (every row at start_pos .. start_pos+T-1), one int per sequence (a list or [B] tensor:
+        sequence b at start_pos[b] ..), or a course.engine.positions.Positions. With a cache the model attends over
+        the cached positions too; without one the tokens are the whole sequence, from position 0.
         """
-        B, T = tokens.shape
-        if not isinstance(start_pos, int):
-            if isinstance(start_pos, PackedPositions):
-                return self._forward_packed(tokens, start_pos, cache, last_only)
-            if isinstance(start_pos, (BatchPositions, list, tuple)) or \
-                    (isinstance(start_pos, torch.Tensor) and start_pos.dim() == 1):  # <-- batched: one per sequence
-                return self._forward_batched(tokens, start_pos, cache, last_only)
-            start_pos = operator.index(start_pos)  # a numpy or 0-dim tensor integer: the one-position path
-        if cache is None and start_pos != 0:
-            raise ValueError("start_pos > 0 needs a KV cache holding the earlier positions")
-        if start_pos + T > self.config.max_seq_len:
-            raise ValueError(
-                f"{start_pos + T} tokens exceed the model's context of {self.config.max_seq_len}; "
-                "shorten the prompt or ask for fewer new tokens"
-            )
-        cos = self.rope_cos[start_pos:start_pos + T].to(self.dtype)  # [T, D_h]
-        sin = self.rope_sin[start_pos:start_pos + T].to(self.dtype)
+        at = Positions.of(start_pos, tokens.shape, self.device)  # the one conversion, shared by every layer
+        if at.kv_len > self.config.max_seq_len:
+            raise ValueError(f"{at.kv_len} tokens exceed the model's context of {self.config.max_seq_len}; "
+                             "shorten the prompt or ask for fewer new tokens")
+        if cache is None and at.cache_pos != 0:  # without a cache attention sees only these tokens
+            raise ValueError("start_pos > 0 or per-sequence positions need a KV cache holding the earlier tokens; "
+                             "pass cache=")
+        cos = self.rope_cos[at.positions][:, None].to(self.dtype)  # [B or 1, 1, T, D_h]: each token its own angle
+        sin = self.rope_sin[at.positions][:, None].to(self.dtype)
         x = self.tok_embeddings(tokens)  # [B, T, d]
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, start_pos, None if cache is None else cache[i])
+            x = layer(x, cos, sin, at, None if cache is None else cache[i])
         if last_only:
-            x = x[:, -1]  # [B, d]: generation needs only the next-token logits
+            x = at.last_tokens(x)  # [B, d]: generation needs only the next-token logits
         return self.output(self.norm(x)).float()  # logits in float32 whatever the model dtype
-
-    def _forward_batched(self, tokens: torch.Tensor, start_pos, cache, last_only: bool) -> torch.Tensor:
-        """forward() with one start position per sequence: RoPE angles and the key mask per sequence."""
-        B, T = tokens.shape
-        if cache is None:
-            raise ValueError("per-sequence positions need a KV cache holding each sequence's earlier tokens")
-        at = BatchPositions.of(start_pos, T, self.device)
-        if at.batch != B:
-            raise ValueError(f"{at.batch} start positions for a batch of {B} sequences; give one per sequence")
-        if at.kv_len > self.config.max_seq_len:
-            raise ValueError(f"{at.kv_len} tokens exceed the model's context of {self.config.max_seq_len}; "
-                             "shorten the prompt or ask for fewer new tokens")
-        cos = self.rope_cos[at.positions].to(self.dtype)[:, None]  # [B, 1, T, D_h]: each sequence its own angles
-        sin = self.rope_sin[at.positions].to(self.dtype)[:, None]
-        x = self.tok_embeddings(tokens)  # [B, T, d]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, at, cache[i])
-        if last_only:
-            x = x[:, -1]  # [B, d]
-        return self.output(self.norm(x)).float()
-
-    def _forward_packed(self, tokens: torch.Tensor, at: PackedPositions, cache, last_only: bool) -> torch.Tensor:
-        """tokens [1, N] of B packed sequences → logits [1, N, V], or [B, V] at each sequence's last token."""
-        if cache is None:
-            raise ValueError("packed sequences need a KV cache holding each sequence's earlier tokens")
-        if tokens.shape != (1, at.n_tokens):
-            raise ValueError(f"packed positions describe {at.n_tokens} tokens in one row; tokens are "
-                             f"{list(tokens.shape)}")
-        if at.kv_len > self.config.max_seq_len:
-            raise ValueError(f"{at.kv_len} tokens exceed the model's context of {self.config.max_seq_len}; "
-                             "shorten the prompt or ask for fewer new tokens")
-        cos = self.rope_cos[at.positions].to(self.dtype)  # [N, D_h]: each token its own angle
-        sin = self.rope_sin[at.positions].to(self.dtype)
-        x = self.tok_embeddings(tokens)  # [1, N, d]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, at, cache[i])
-        if last_only:
-            x = x[0, at.last_index]  # [B, d]
-        return self.output(self.norm(x)).float()
 
 
 def tiny_model(seed: int = 0, config: ModelConfig | None = None) -> Transformer:

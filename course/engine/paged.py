@@ -29,10 +29,11 @@ Use with the model:
     cache.free_sequence("a")                               # its blocks back to the free list
 
 `cache.sequence(seq_id)` is a one-sequence adapter with the interface of KVCache (`cache[i].update(start_pos,
-k, v)`), so generate() and the exercises run on a paged cache unchanged.
+k, v)`), so generate() runs on a paged cache unchanged.
 """
 from __future__ import annotations
 
+import operator
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Hashable, Sequence
@@ -40,7 +41,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from course.engine.config import ModelConfig
-from course.engine.kv_cache import BatchPositions, PackedPositions, side_by_side
+from course.engine.positions import Positions
 
 
 class PoolExhausted(RuntimeError):
@@ -50,7 +51,7 @@ class PoolExhausted(RuntimeError):
 class BlockAllocator:
     """Block ids 0..num_blocks-1: a free list, a reference count per block, and a table of full shareable blocks.
 
-    It holds no tensors: the same allocator serves every layer's pool (and the exercise's own pool).
+    It holds no tensors: the same allocator serves every layer's pool.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
@@ -66,10 +67,6 @@ class BlockAllocator:
     @property
     def num_free(self) -> int:
         return len(self.free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self.free)
 
     def allocate(self) -> int:
         """A fresh block with reference count 1; PoolExhausted if none is free."""
@@ -96,26 +93,18 @@ class BlockAllocator:
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
             self.free.append(block)  # keeps its contents and key until allocate() hands it out again
-            return True
-        return False
-
-    def lookup(self, key: tuple) -> int | None:
-        """The full block holding exactly the prefix `key` (all tokens up to the block's end), or None."""
-        return self.block_of.get(key)
+        return self.ref_count[block] == 0
 
     def register(self, block: int, key: tuple) -> None:
         """Mark `block` as full, holding the prefix `key`, so later sequences with that prefix can share it."""
-        if key in self.block_of and self.block_of[key] != block:
-            return  # the same prefix already has a block; keep the first
-        self._forget(block)
-        self.key_of[block], self.block_of[key] = key, block
+        if key not in self.block_of:  # the same prefix already has a block: keep the first
+            self._forget(block)
+            self.key_of[block], self.block_of[key] = key, block
 
     def _forget(self, block: int) -> None:
-        key = self.key_of[block]
-        if key is not None:
-            self.key_of[block] = None
-            if self.block_of.get(key) == block:
-                del self.block_of[key]
+        key, self.key_of[block] = self.key_of[block], None
+        if key is not None and self.block_of.get(key) == block:
+            del self.block_of[key]
 
 
 @dataclass
@@ -137,12 +126,10 @@ class PagedKVCache:
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layers)]
         self.sequences: dict[Hashable, SequenceState] = {}
-        self.peak_blocks = 0  # most blocks held at once since creation (or reset_peak)
         # called with the number of blocks missing when the pool runs short; returns True if it freed some
         # (a prefix store unpins its least recently used prefix), False to give up and raise PoolExhausted
         self.make_room: Callable[[int], bool] | None = None
 
-    # ------------------------------------------------------------------ sizes
     @classmethod
     def for_budget(cls, config: ModelConfig, budget_bytes: int, block_size: int = 16,
                    dtype: torch.dtype = torch.float32, device="cpu") -> "PagedKVCache":
@@ -152,6 +139,7 @@ class PagedKVCache:
             raise ValueError(f"a budget of {budget_bytes:,} bytes holds no block of {per_block:,} bytes; raise it")
         return cls(config, budget_bytes // per_block, block_size, dtype, device)
 
+    # ------------------------------------------------------------------ sizes
     @property
     def bytes_per_token(self) -> int:
         """2 · L · H_kv · D_h · dtype_bytes: one position of K and V in every layer."""
@@ -165,26 +153,16 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the whole pool (allocated up front, like vLLM's gpu_memory_utilization share)."""
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        return self.allocator.num_blocks * self.block_bytes
+
+    @property
+    def blocks_held(self) -> int:
+        return self.allocator.num_blocks - self.allocator.num_free
 
     @property
     def bytes_reserved(self) -> int:
         """Bytes of the blocks held by some sequence now."""
         return self.blocks_held * self.block_bytes
-
-    @property
-    def blocks_held(self) -> int:
-        return self.allocator.num_used
-
-    def _filled(self) -> tuple[dict[int, int], dict[int, list]]:
-        """Positions written in each held block (a shared block: its fullest holder), and each block's holders."""
-        filled: dict[int, int] = {}
-        holders: dict[int, list] = {}
-        for seq_id, s in self.sequences.items():
-            for i, block in enumerate(s.table):
-                filled[block] = max(filled.get(block, 0), min(self.block_size, s.length - i * self.block_size))
-                holders.setdefault(block, []).append(seq_id)
-        return filled, holders
 
     @property
     def bytes_used(self) -> int:
@@ -196,22 +174,28 @@ class PagedKVCache:
         """Bytes the sequences would hold with no sharing: Σ lengths · bytes_per_token."""
         return sum(s.length for s in self.sequences.values()) * self.bytes_per_token
 
-    @property
-    def bytes_shared(self) -> int:
-        """Bytes saved by sharing: positions that sit in one block but belong to several sequences."""
-        return self.bytes_logical - self.bytes_used
-
-    def reset_peak(self) -> None:
-        self.peak_blocks = self.blocks_held
-
-    def _note_peak(self) -> None:
-        self.peak_blocks = max(self.peak_blocks, self.blocks_held)
+    def _filled(self) -> tuple[dict[int, int], dict[int, list]]:
+        """Positions written in each held block (a shared block: its fullest holder), and each block's holders."""
+        filled: dict[int, int] = {}
+        holders: dict[int, list] = {}
+        for seq_id, s in self.sequences.items():
+            for i, block in enumerate(s.table):
+                filled[block] = max(filled.get(block, 0), min(self.block_size, s.length - i * self.block_size))
+                holders.setdefault(block, []).append(seq_id)
+        return filled, holders
 
     def blocks_needed(self, seq_id, n_new: int) -> int:
         """New blocks an append of n_new tokens to seq_id would take (0 for a sequence not added yet)."""
         s = self.sequences.get(seq_id)
         length, have = (0, 0) if s is None else (s.length, len(s.table))
         return max(0, -(-(length + n_new) // self.block_size) - have)
+
+    def pool_picture(self) -> list[dict]:
+        """Each block's state, for drawing the pool: holders (sequence ids), ref count, tokens filled."""
+        filled, holders = self._filled()
+        return [{"block": b, "ref_count": self.allocator.ref_count[b], "holders": holders.get(b, []),
+                 "filled": filled.get(b, 0), "cached": self.allocator.key_of[b] is not None}
+                for b in range(self.allocator.num_blocks)]
 
     # ------------------------------------------------------------------ sequences
     def add_sequence(self, seq_id: Hashable, prompt_ids: Sequence[int] | None = None, share: bool = True,
@@ -226,18 +210,17 @@ class PagedKVCache:
         if seq_id in self.sequences:
             raise ValueError(f"sequence {seq_id!r} is already in the cache; free it first or use another id")
         tokens = None if prompt_ids is None else [int(t) for t in prompt_ids]
-        state = SequenceState(table=[], length=0, tokens=[] if tokens is not None else None)
+        state = SequenceState(table=[], length=0, tokens=None if tokens is None else [])
         if tokens and share:
             bs = self.block_size
             for end in range(bs, len(tokens) + (0 if leave_last else 1), bs):  # full blocks (before the last token)
-                block = self.allocator.lookup(tuple(tokens[:end]))
+                block = self.allocator.block_of.get(tuple(tokens[:end]))
                 if block is None:
                     break
                 state.table.append(self.allocator.share(block))
                 state.length = end
             state.tokens = tokens[:state.length]
         self.sequences[seq_id] = state
-        self._note_peak()
         return state.length
 
     def fork(self, parent: Hashable, child: Hashable) -> None:
@@ -252,10 +235,22 @@ class PagedKVCache:
 
     def free_sequence(self, seq_id: Hashable) -> int:
         """Drop a finished sequence; its blocks lose one holder. Returns how many went back to the free list."""
-        state = self.sequences.pop(seq_id, None)
-        if state is None:
+        if seq_id not in self.sequences:
             raise KeyError(f"no sequence {seq_id!r} in the cache")
-        return sum(self.allocator.release(b) for b in reversed(state.table))
+        return sum(self.allocator.release(b) for b in reversed(self.sequences.pop(seq_id).table))
+
+    def truncate(self, seq_id: Hashable, length: int) -> None:
+        """Forget positions from `length` on (blocks past it return to the pool)."""
+        s = self._get(seq_id)
+        if not 0 <= length <= s.length:
+            raise ValueError(f"cannot truncate sequence {seq_id!r} of length {s.length} to {length}")
+        keep = -(-length // self.block_size)
+        for block in s.table[keep:]:
+            self.allocator.release(block)
+        del s.table[keep:]
+        s.length = length
+        if s.tokens is not None:
+            del s.tokens[length:]
 
     def length(self, seq_id: Hashable) -> int:
         return self._get(seq_id).length
@@ -263,57 +258,63 @@ class PagedKVCache:
     def block_table(self, seq_id: Hashable) -> list[int]:
         return list(self._get(seq_id).table)
 
+    def slots(self, seq_id: Hashable, positions: Sequence[int]) -> list[int]:
+        """Flat pool slots of a sequence's positions: table[p // bs] · bs + p % bs."""
+        s, bs = self._get(seq_id), self.block_size
+        return [s.table[p // bs] * bs + p % bs for p in positions]
+
     def _get(self, seq_id) -> SequenceState:
         if seq_id not in self.sequences:
             raise KeyError(f"no sequence {seq_id!r} in the cache; add_sequence() it first")
         return self.sequences[seq_id]
 
+    def sequence(self, seq_id: Hashable = 0) -> "PagedSequence":
+        """A one-sequence view with KVCache's interface (adds the sequence if it is new)."""
+        if seq_id not in self.sequences:
+            self.add_sequence(seq_id)
+        return PagedSequence(self, seq_id)
+
     # ------------------------------------------------------------------ writing
     def append(self, seq_ids: Sequence[Hashable], token_ids: Sequence[Sequence[int]] | None = None,
                n_new: int | None = None) -> "PagedBatch":
-        """Reserve the next n_new positions of each sequence (token_ids[b] gives them, and their number).
-
-        Allocates a block where a sequence crosses a block boundary and copies a still-shared block before
-        it is written (copy-on-write). All or nothing: PoolExhausted before any change if the pool is short.
-        Returns the batch to pass to the model as `cache=` with `start_pos=batch.positions`.
-        """
+        """Reserve the next positions of each sequence (token_ids[b] gives them, or n_new each) and return the batch
+        to pass to the model: `model(tokens, start_pos=batch.positions, cache=batch)`."""
         seq_ids, start, n_new = self.reserve(seq_ids, token_ids, n_new)
         return PagedBatch(self, seq_ids, start, n_new)
 
     def reserve(self, seq_ids: Sequence[Hashable], token_ids: Sequence[Sequence[int]] | None = None,
                 n_new: int | None = None) -> tuple[list, list[int], int | list[int]]:
-        """append() without building the model's view: the block bookkeeping alone (sequence ids, the start
-        positions reserved, n_new: one int, or one per sequence when they differ). For sizing too."""
+        """append()'s block bookkeeping alone: (sequence ids, start positions, n_new: one int, or one per sequence
+        when they differ). Allocates a block where a sequence crosses a block boundary and copies a still-shared
+        block before it is written (copy-on-write). All or nothing: PoolExhausted before any change."""
         seq_ids = list(seq_ids)
         if token_ids is not None:
             token_ids = [[int(t) for t in ids] for ids in token_ids]
             if len(token_ids) != len(seq_ids):
                 raise ValueError(f"give one list of token ids per sequence: {len(token_ids)} lists for "
                                  f"{len(seq_ids)} sequences")
-            counts = [len(ids) for ids in token_ids]
-        else:
-            counts = [n_new] * len(seq_ids)
+        counts = [len(ids) for ids in token_ids] if token_ids is not None else [n_new] * len(seq_ids)
         if not counts or any(not n or n <= 0 for n in counts):
             raise ValueError(f"append needs n_new > 0 new positions per sequence, got {counts}")
         states = [self._get(s) for s in seq_ids]
         start = [s.length for s in states]
-        self._reserve(seq_ids, start, counts)
+        self._make_private(states, start, counts)
+        bs = self.block_size
         for i, s in enumerate(states):
             s.length += counts[i]
-            if s.tokens is not None and token_ids is not None:
-                s.tokens.extend(token_ids[i])
-                self._register_full_blocks(s, start[i])
-            else:
+            if s.tokens is None or token_ids is None:
                 s.tokens = None  # positions of unknown tokens: this sequence can no longer share its blocks
-        self._note_peak()
+                continue
+            s.tokens.extend(token_ids[i])
+            for b in range(start[i] // bs, s.length // bs):  # blocks that became full with this write
+                self.allocator.register(s.table[b], tuple(s.tokens[:(b + 1) * bs]))
         return seq_ids, start, counts[0] if len(set(counts)) == 1 else counts
 
-    def _reserve(self, seq_ids, start: list[int], counts: list[int]) -> None:
-        """Make sure positions start[b]..start[b]+counts[b]-1 have private blocks (all or nothing)."""
+    def _make_private(self, states: list[SequenceState], start: list[int], counts: list[int]) -> None:
+        """Make sure positions start[b] .. start[b]+counts[b]-1 have blocks of their own (all or nothing)."""
         bs, plan, need = self.block_size, [], 0
-        for seq_id, p0, n_new in zip(seq_ids, start, counts):
-            s = self.sequences[seq_id]
-            first, last = p0 // bs, (p0 + n_new - 1) // bs
+        for s, p0, n in zip(states, start, counts):
+            first, last = p0 // bs, (p0 + n - 1) // bs
             cow = [i for i in range(first, min(last + 1, len(s.table))) if self.allocator.ref_count[s.table[i]] > 1]
             grow = max(0, last + 1 - len(s.table))
             plan.append((s, cow, grow))
@@ -334,51 +335,6 @@ class PagedKVCache:
                 self.allocator.release(old)
                 s.table[i] = new
             s.table.extend(self.allocator.allocate() for _ in range(grow))
-
-    def _register_full_blocks(self, s: SequenceState, old_length: int) -> None:
-        bs = self.block_size
-        for i in range(old_length // bs, s.length // bs):  # blocks that became full with this write
-            self.allocator.register(s.table[i], tuple(s.tokens[:(i + 1) * bs]))
-
-    def sequence(self, seq_id: Hashable = 0) -> "PagedSequence":
-        """A one-sequence view with KVCache's interface (adds the sequence if it is new)."""
-        if seq_id not in self.sequences:
-            self.add_sequence(seq_id)
-        return PagedSequence(self, seq_id)
-
-    def truncate(self, seq_id: Hashable, length: int) -> None:
-        """Forget positions from `length` on (blocks past it return to the pool)."""
-        s = self._get(seq_id)
-        if not 0 <= length <= s.length:
-            raise ValueError(f"cannot truncate sequence {seq_id!r} of length {s.length} to {length}")
-        keep = -(-length // self.block_size)
-        for block in s.table[keep:]:
-            self.allocator.release(block)
-        del s.table[keep:]
-        s.length = length
-        if s.tokens is not None:
-            del s.tokens[length:]
-
-    # ------------------------------------------------------------------ reading
-    def slots(self, seq_id: Hashable, positions: Sequence[int]) -> list[int]:
-        """Flat pool slots of a sequence's positions: table[p // bs] · bs + p % bs."""
-        s, bs = self._get(seq_id), self.block_size
-        return [s.table[p // bs] * bs + p % bs for p in positions]
-
-    def gather(self, layer: int, seq_id: Hashable) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's K and V in position order: two [1, H_kv, length, D_h] tensors."""
-        s = self._get(seq_id)
-        table = torch.tensor(s.table, dtype=torch.long, device=self.k[layer].device)
-        k = self.k[layer][table].flatten(0, 1)[:s.length]  # [n_blocks·bs, H_kv, D_h] → [length, H_kv, D_h]
-        v = self.v[layer][table].flatten(0, 1)[:s.length]
-        return k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-
-    def pool_picture(self) -> list[dict]:
-        """Each block's state, for drawing the pool: holders (sequence ids), ref count, tokens filled."""
-        filled, holders = self._filled()
-        return [{"block": b, "ref_count": self.allocator.ref_count[b], "holders": holders.get(b, []),
-                 "filled": filled.get(b, 0), "cached": self.allocator.key_of[b] is not None}
-                for b in range(self.allocator.num_blocks)]
 
     def __repr__(self) -> str:
         a = self.allocator
@@ -404,76 +360,64 @@ def gather_blocks(pool: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return pool[table].flatten(1, 2).transpose(1, 2)
 
 
+class _Layer:
+    """cache[i] of a paged view: what one layer's attention calls."""
+
+    def __init__(self, view, layer: int):
+        self.view, self.layer = view, layer
+
+    def update(self, pos, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.view.update(self.layer, pos, k, v)
+
+
 class PagedBatch:
     """One model call's view of the paged cache: B sequences, each writing n_new positions from its length.
 
-    Built by PagedKVCache.append; pass it as the model's cache with start_pos=batch.positions. The slot
-    indices (where to write) and the padded block table (what to gather) are computed once and shared by
-    every layer. When the sequences write different numbers of tokens (a prompt next to decode steps),
-    positions is a PackedPositions and the tokens go in one row [1, N].
+    Built by PagedKVCache.append; pass it as the model's cache with start_pos=batch.positions. The slots to write
+    and the padded block table to gather are computed once and shared by every layer. When the sequences write
+    different numbers of tokens (a prompt next to decode steps), the positions are packed: tokens in one row [1, N].
     """
 
     def __init__(self, cache: PagedKVCache, seq_ids: list, start: list[int], n_new: int | list[int]):
-        self.cache, self.seq_ids, self.n_new = cache, seq_ids, n_new
+        self.cache, self.seq_ids, self.n_new = cache, list(seq_ids), n_new
         device = cache.k[0].device
-        counts = n_new if isinstance(n_new, list) else [n_new] * len(seq_ids)
         self.packed = isinstance(n_new, list)
-        self.positions = (PackedPositions(start, n_new, device) if self.packed
-                          else BatchPositions(start, n_new, device))
-        bs = cache.block_size
-        write = [slot for s, p, n in zip(seq_ids, start, counts) for slot in cache.slots(s, range(p, p + n))]
+        self.positions = (Positions.pack(start, n_new, device=device) if self.packed
+                          else Positions.per_sequence(start, n_new, device=device))
+        write = [slot for s, p, n in zip(seq_ids, start, self.positions.n_new) for slot in cache.slots(s, range(p, p + n))]
         self.write_slots = torch.tensor(write, dtype=torch.long, device=device)  # [B·T] or [N]
-        kv_len = self.positions.kv_len
-        n_blocks = -(-kv_len // bs)
+        self.kv_len = self.positions.kv_len
+        n_blocks = -(-self.kv_len // cache.block_size)
         tables = [cache.sequences[s].table[:n_blocks] for s in seq_ids]
         padded = [t + [t[0]] * (n_blocks - len(t)) for t in tables]  # padding reads any block; the mask hides it
         self.block_table = torch.tensor(padded, dtype=torch.long, device=device)  # [B, n_blocks]
-        self.kv_len = kv_len
 
-    def check_call(self, start_pos, n_tokens: int) -> None:
-        """The model must write exactly the positions this batch reserved (start_pos: its positions, one per
-        sequence, or one int for all)."""
+    def check_call(self, pos, n_tokens: int) -> None:
+        """The model must write exactly the positions this batch reserved (pos: its Positions, one int for all, or
+        one per sequence)."""
+        given = pos.start if isinstance(pos, Positions) else torch.as_tensor(pos).flatten().tolist()
         expected = self.positions.start
-        if isinstance(start_pos, (BatchPositions, PackedPositions)):
-            given = start_pos.start
-        elif isinstance(start_pos, torch.Tensor) and start_pos.dim() > 0:
-            given = start_pos.flatten().tolist()
-        elif isinstance(start_pos, (list, tuple)):
-            given = [int(p) for p in start_pos]
-        else:
-            given = [int(start_pos)] * len(expected)
-        n_expected = self.positions.n_tokens if self.packed else self.n_new
-        if given != expected or n_tokens != n_expected:
+        if len(given) == 1:
+            given = given * len(expected)
+        if given != expected or n_tokens != (self.positions.n_tokens if self.packed else self.n_new):
             raise ValueError(f"this paged batch reserved positions {expected} × {self.n_new} tokens, the model wrote "
                              f"{given} × {n_tokens}; pass start_pos=batch.positions")
 
-    def __getitem__(self, layer: int) -> "PagedLayerView":
-        return PagedLayerView(self, layer)
+    def update(self, layer: int, pos, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v: [B, H_kv, T, D_h] (packed: [1, H_kv, N, D_h]) → every position of each sequence so far."""
+        self.check_call(pos, k.shape[2])
+        B, H_kv, T, D_h = k.shape
+        out = []
+        for pool, x in ((self.cache.k[layer], k), (self.cache.v[layer], v)):  # pool: [N_blocks, bs, H_kv, D_h]
+            write_slots(pool, self.write_slots, x.transpose(1, 2).reshape(B * T, H_kv, D_h))
+            out.append(self.positions.arrange(gather_blocks(pool, self.block_table)[:, :, :self.kv_len]))
+        return out[0], out[1]  # [B, H_kv, kv_len, D_h] (packed: side by side, [1, H_kv, B·kv_len, D_h])
+
+    def __getitem__(self, layer: int) -> _Layer:
+        return _Layer(self, layer)
 
     def __len__(self) -> int:
         return len(self.cache.k)
-
-
-class PagedLayerView:
-    """What one layer's attention sees: update() writes into the pool's slots and gathers the batch's blocks."""
-
-    def __init__(self, batch: PagedBatch, layer: int):
-        self.batch, self.layer = batch, layer
-
-    def update(self, start_pos, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v: [B, H_kv, T, D_h] → every position of each sequence so far, [B, H_kv, kv_len, D_h]."""
-        b = self.batch
-        b.check_call(start_pos, k.shape[2])  # packed: the N tokens of one row
-        B, H_kv, T, D_h = k.shape
-        k_pool, v_pool = b.cache.k[self.layer], b.cache.v[self.layer]  # [N_blocks, bs, H_kv, D_h]
-        write_slots(k_pool, b.write_slots, k.transpose(1, 2).reshape(B * T, H_kv, D_h))
-        write_slots(v_pool, b.write_slots, v.transpose(1, 2).reshape(B * T, H_kv, D_h))
-        # each sequence's blocks in table order, then its first kv_len positions: [B, H_kv, kv_len, D_h]
-        k_all = gather_blocks(k_pool, b.block_table)[:, :, :b.kv_len]
-        v_all = gather_blocks(v_pool, b.block_table)[:, :, :b.kv_len]
-        if b.packed:  # every sequence's keys in one row, for the packed queries' block-diagonal mask
-            return side_by_side(k_all), side_by_side(v_all)
-        return k_all, v_all
 
 
 class PagedSequence:
@@ -487,38 +431,19 @@ class PagedSequence:
         self.cache, self.seq_id = cache, seq_id
         self._batch: PagedBatch | None = None
 
-    def __getitem__(self, layer: int) -> "_SequenceLayer":
-        return _SequenceLayer(self, layer)
+    def update(self, layer: int, start_pos: int, k: torch.Tensor, v: torch.Tensor):
+        if k.shape[0] != 1:
+            raise ValueError(f"a PagedSequence holds one sequence; got a batch of {k.shape[0]}")
+        if layer == 0:
+            start_pos, length = operator.index(start_pos), self.cache.length(self.seq_id)
+            if start_pos > length:
+                raise ValueError(f"sequence {self.seq_id!r} holds {length} positions; cannot write at {start_pos}")
+            self.cache.truncate(self.seq_id, start_pos)
+            self._batch = self.cache.append([self.seq_id], n_new=k.shape[2])
+        return self._batch.update(layer, start_pos, k, v)
+
+    def __getitem__(self, layer: int) -> _Layer:
+        return _Layer(self, layer)
 
     def __len__(self) -> int:
         return len(self.cache.k)
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.cache.config.max_seq_len
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.cache.block_table(self.seq_id)) * self.cache.block_bytes
-
-    def _reserve(self, start_pos: int, n_new: int) -> PagedBatch:
-        length = self.cache.length(self.seq_id)
-        if start_pos > length:
-            raise ValueError(f"sequence {self.seq_id!r} holds {length} positions; cannot write at {start_pos}")
-        if start_pos < length:
-            self.cache.truncate(self.seq_id, start_pos)
-        self._batch = self.cache.append([self.seq_id], n_new=n_new)
-        return self._batch
-
-
-class _SequenceLayer:
-    def __init__(self, seq: PagedSequence, layer: int):
-        self.seq, self.layer = seq, layer
-
-    def update(self, start_pos, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if k.shape[0] != 1:
-            raise ValueError(f"a PagedSequence holds one sequence; got a batch of {k.shape[0]}")
-        if isinstance(start_pos, BatchPositions):
-            start_pos = start_pos.start[0]
-        batch = self.seq._reserve(int(start_pos), k.shape[2]) if self.layer == 0 else self.seq._batch
-        return batch[self.layer].update(start_pos, k, v)

@@ -7,7 +7,7 @@ A server holds at most `max_batch` running requests (its slots). Every iteration
                                                                               batch has finished)
     2. runs ONE forward pass for the admitted requests' prompts and every   (decode_one_token; prompts of
        running request's next token: the weights are read once for all       different lengths are packed
-       of them (Orca's "selective batching")                                 in one row, kv_cache.PackedPositions)
+       of them (Orca's "selective batching")                                 in one row, Positions.pack)
     3. retires requests that reached their token limit or EOS, freeing their slot and cache blocks
 
 Static batching is what a plain `generate` over a padded batch does: slots of requests that finished early
@@ -19,23 +19,31 @@ request is preempted (its blocks freed, restarted later from its prompt, as vLLM
 The clock: requests arrive at `arrival` seconds on a serving clock that advances by each iteration's
 measured duration (clock="wall") or by 1 per iteration (clock="steps", deterministic, for tests). An idle
 server jumps to the next arrival. Decoding is greedy, so every request's tokens equal its solo run.
+
+serve() checks every request before the first iteration, and refuses, naming the request, one that could never
+finish: a field of the wrong kind, a token outside the vocabulary, more positions than the model's context or than
+the cache it is given can ever hold. A server that cannot make progress raises instead of waiting forever.
 """
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Hashable, Sequence
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from course.engine.device import synchronize
 from course.engine.generate import decode_one_token, generate
-from course.engine.kv_cache import BatchPositions, KVCache, PackedPositions
+from course.engine.kv_cache import KVCache
 from course.engine.paged import PagedBatch, PagedKVCache, PoolExhausted
+from course.engine.positions import Positions
 
 POLICIES = ("continuous", "static")
 
@@ -43,19 +51,28 @@ POLICIES = ("continuous", "static")
 @dataclass(frozen=True)
 class Request:
     """One request: its prompt's token ids, how many tokens it may generate, when it arrives (seconds or steps)."""
-    id: int
+    id: Hashable
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     arrival: float = 0.0
 
     def __post_init__(self):
-        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        try:
+            hash(self.id)
+            object.__setattr__(self, "prompt_ids", tuple(operator.index(t) for t in self.prompt_ids))
+        except TypeError as exc:
+            raise ValueError(f"request {self.id!r}: the id must be hashable (an int or a str) and prompt_ids a "
+                             f"sequence of whole-number token ids ({exc})") from None
         if not self.prompt_ids:
-            raise ValueError(f"request {self.id}: the prompt is empty; give at least one token")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"request {self.id}: max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.arrival < 0:
-            raise ValueError(f"request {self.id}: arrival must be >= 0, got {self.arrival}")
+            raise ValueError(f"request {self.id!r}: the prompt is empty; give at least one token")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, numbers.Integral) \
+                or self.max_new_tokens < 1:
+            raise ValueError(f"request {self.id!r}: max_new_tokens must be a whole number >= 1, "
+                             f"got {self.max_new_tokens!r}")
+        if isinstance(self.arrival, bool) or not isinstance(self.arrival, numbers.Real) \
+                or not math.isfinite(self.arrival) or self.arrival < 0:
+            raise ValueError(f"request {self.id!r}: arrival must be a finite number >= 0 (seconds, or steps with "
+                             f"clock='steps'), got {self.arrival!r}")
 
     @property
     def max_len(self) -> int:
@@ -83,10 +100,6 @@ class Completion:
     def latency(self) -> float:
         """Arrival to last token."""
         return self.finished - self.request.arrival
-
-    @property
-    def queue_time(self) -> float:
-        return self.admitted - self.request.arrival
 
 
 @dataclass
@@ -184,13 +197,8 @@ class ServeResult:
 
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile with linear interpolation (numpy's default), without numpy."""
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    k = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    """The q-th percentile with linear interpolation (numpy's default); nan for no values."""
+    return float(np.percentile(values, q)) if len(values) else math.nan
 
 
 # ---------------------------------------------------------------------------------------------- traces
@@ -239,6 +247,60 @@ class _Running:
         self.start = 0  # the position of feed[0]
 
 
+def _whole(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, clock, eos_id) -> list[Request]:
+    """serve()'s arguments, checked before the first iteration: a request that could never finish is refused here,
+    by name, instead of waiting in the queue forever."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if clock not in ("wall", "steps"):
+        raise ValueError(f"clock must be 'wall' or 'steps', got {clock!r}")
+    _whole("max_batch", max_batch), _whole("block_size", block_size)
+    if num_blocks is not None:
+        _whole("num_blocks", num_blocks)
+    if eos_id is not None:
+        _whole("eos_id", eos_id, minimum=0)
+    requests = list(requests)
+    if not requests:
+        raise ValueError("no requests to serve")
+    odd = next((r for r in requests if not isinstance(r, Request)), None)
+    if odd is not None:
+        raise ValueError(f"requests must be Request objects (Request(id, prompt_ids, max_new_tokens, arrival)); got "
+                         f"a {type(odd).__name__}: {odd!r:.80}")
+    if len({r.id for r in requests}) != len(requests):
+        raise ValueError("request ids must be unique; two requests share an id")
+    config = model.config
+    for r in requests:
+        if max(r.prompt_ids) >= config.vocab_size or min(r.prompt_ids) < 0:
+            raise ValueError(f"request {r.id!r} holds token ids outside the model's vocabulary of {config.vocab_size}; "
+                             f"make the trace with vocab_size={config.vocab_size}")
+        if r.max_len > config.max_seq_len:
+            raise ValueError(f"request {r.id!r} needs {r.max_len} positions, beyond the model's context of "
+                             f"{config.max_seq_len}; shorten its prompt or max_new_tokens")
+    free, bs = (num_blocks, block_size) if cache == "paged" else (None, None)
+    if isinstance(cache, PagedKVCache):
+        c = cache.config
+        if (c.n_layers, c.n_kv_heads, c.head_dim) != (config.n_layers, config.n_kv_heads, config.head_dim):
+            raise ValueError(f"the PagedKVCache was made for {c.name} (L={c.n_layers}, H_kv={c.n_kv_heads}, "
+                             f"D_h={c.head_dim}), not for this model's shapes; create it with the model's config")
+        taken = [r.id for r in requests if r.id in cache.sequences]
+        if taken:
+            raise ValueError(f"requests {taken} are already sequences in the given cache; free them or use other ids")
+        free, bs = cache.allocator.num_free, cache.block_size
+    elif cache not in ("paged", "contiguous"):
+        raise ValueError(f"cache must be 'paged', 'contiguous' or a PagedKVCache, got {cache!r:.80}")
+    for r in requests if free else ():
+        if -(-r.max_len // bs) > free:
+            raise ValueError(f"request {r.id!r} needs {-(-r.max_len // bs)} blocks of {bs} tokens, more than the whole "
+                             f"pool's {free} free blocks, so it could never finish; create the cache with more blocks")
+    return sorted(requests, key=lambda r: r.arrival)  # stable: requests arriving together keep their order
+
+
 @torch.inference_mode()
 def serve(model, requests: Sequence[Request], policy: str = "continuous", max_batch: int = 8, *,
           cache: PagedKVCache | str = "paged", block_size: int = 16, num_blocks: int | None = None,
@@ -249,43 +311,19 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
     cache: "paged" (a PagedKVCache of num_blocks, default enough for every request at its longest),
     "contiguous" (a preallocated KVCache: max_batch rows × the longest request), or a PagedKVCache (it keeps
     the full blocks it has cached between calls: a second run over it starts with a warm prefix cache).
+    ValueError, naming the request, for anything that could never be served (see the module's docstring).
     """
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if clock not in ("wall", "steps"):
-        raise ValueError(f"clock must be 'wall' or 'steps', got {clock!r}")
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    requests = sorted(requests, key=lambda r: (r.arrival, r.id))
-    if not requests:
-        raise ValueError("no requests to serve")
-    if len({r.id for r in requests}) != len(requests):
-        raise ValueError("request ids must be unique")
+    requests = _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, clock, eos_id)
     longest = max(r.max_len for r in requests)
-    if longest > model.config.max_seq_len:
-        raise ValueError(f"a request needs {longest} positions, beyond the model's context of "
-                         f"{model.config.max_seq_len}; shorten it")
-    vocab = model.config.vocab_size
-    outside = [r.id for r in requests if max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0]
-    if outside:
-        raise ValueError(f"requests {outside} hold token ids outside the model's vocabulary of {vocab}; "
-                         f"make the trace with vocab_size={vocab}")
     device, dtype = model.device, model.dtype
+    paged, rows = None, None
     if isinstance(cache, PagedKVCache):
-        paged, kind = cache, "paged"
+        paged = cache
     elif cache == "paged":
         blocks = num_blocks or sum(-(-r.max_len // block_size) for r in requests)
-        paged, kind = PagedKVCache(model.config, blocks, block_size, dtype, device), "paged"
-    elif cache == "contiguous":
-        paged, kind = None, "contiguous"
-        rows = KVCache(model.config, batch=max_batch, max_seq_len=longest, dtype=dtype, device=device)
+        paged = PagedKVCache(model.config, blocks, block_size, dtype, device)
     else:
-        raise ValueError(f"cache must be 'paged', 'contiguous' or a PagedKVCache, got {cache!r}")
-    if paged is not None:
-        too_big = [r.id for r in requests if -(-r.max_len // paged.block_size) > paged.allocator.num_blocks]
-        if too_big:
-            raise ValueError(f"requests {too_big} need more blocks than the whole pool of "
-                             f"{paged.allocator.num_blocks}; create the cache with more blocks")
+        rows = KVCache(model.config, batch=max_batch, max_seq_len=longest, dtype=dtype, device=device)
 
     completions = {r.id: Completion(r) for r in requests}
     pending = deque(requests)  # not arrived yet
@@ -311,9 +349,11 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
 
     def admit(req: Request) -> _Running | None:
         """Give a waiting request the first free slot and reserve its prompt's positions (None: no room)."""
-        prompt = list(req.prompt_ids)
-        cached = 0
+        prompt, cached = list(req.prompt_ids), 0
         if paged is not None:
+            # admit when the prompt fits with one block to spare per running request (their next decode step)
+            if -(-len(prompt) // paged.block_size) + len(running) > paged.allocator.num_free:
+                return None
             cached = paged.add_sequence(req.id, prompt, share=share_prefix)  # shared full blocks of its prefix
             try:
                 paged.reserve([req.id], [prompt[cached:]])
@@ -326,15 +366,6 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
         running.append(r)
         return r
 
-    def can_admit(req: Request) -> bool:
-        if not free_slots:
-            return False
-        if paged is None:
-            return True
-        # admit when the prompt fits with one block to spare per running request (their next decode step)
-        need = -(-len(req.prompt_ids) // paged.block_size) + len(running)
-        return need <= paged.allocator.num_free
-
     while pending or waiting or running:
         while pending and pending[0].arrival <= now:
             waiting.append(pending.popleft())
@@ -345,20 +376,20 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
         phase: dict[int, tuple[int, str]] = {}
         admitted: list[_Running] = []
         if policy == "continuous" or not running:
-            while waiting and can_admit(waiting[0]):
-                r = admit(waiting[0])
-                if r is None:
-                    break
+            while waiting and free_slots and (r := admit(waiting[0])) is not None:
                 waiting.popleft()
                 admitted.append(r)
                 phase[r.slot] = (r.completion.request.id, "prefill")
+        if not running:  # nothing runs and the first in line cannot be admitted: waiting would never end
+            raise RuntimeError(f"request {waiting[0].id!r} cannot be admitted into an idle server: its prompt needs "
+                               "more KV blocks than the pool has free; create the cache with more blocks")
         decoding = [r for r in running if r not in admitted and not r.completion.stop_reason]
         decoding = _reserve_decoders(decoding, paged, waiting, release)
         for r in decoding:
             phase[r.slot] = (r.completion.request.id, "decode")
         step = admitted + decoding
         if step:
-            _step(model, step, paged, rows if paged is None else None, device)
+            _step(model, step, paged, rows, device)
             t_tok = sync_now(t0)
             for r in step:
                 _emit(r, t_tok, eos_id)
@@ -380,6 +411,7 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
         now += elapsed
     bar.close()
     cache_bytes = paged.nbytes if paged is not None else rows.nbytes
+    kind = "contiguous" if paged is None else "paged"
     return ServeResult(policy, max_batch, kind, [completions[r.id] for r in requests], timeline, cache_bytes)
 
 
@@ -409,7 +441,7 @@ def _reserve_decoders(decoding: list[_Running], paged: PagedKVCache | None, wait
         except PoolExhausted:
             if len(decoding) == 1:
                 raise
-            victim = max(decoding, key=lambda r: (r.completion.admitted, r.completion.request.id))
+            victim = max(decoding, key=lambda r: r.completion.admitted)  # the newest (the last of equals)
             decoding.remove(victim)
             release(victim)  # recompute preemption: its blocks and slot go back; it starts again later
             c = victim.completion
@@ -423,7 +455,7 @@ def _step(model, step: list[_Running], paged: PagedKVCache | None, rows: KVCache
     """ONE forward pass for every request in the iteration: new prompts and running requests' next tokens.
 
     All feeding one token (a pure decode step): a [B, 1] batch. Otherwise the feeds are packed in one row
-    [1, N] (kv_cache.PackedPositions): the weights are read once for the prompts and the decode tokens together
+    [1, N] (Positions.pack): the weights are read once for the prompts and the decode tokens together
     (Orca's selective batching), attention keeps the sequences apart.
     """
     counts = [len(r.feed) for r in step]
@@ -435,8 +467,7 @@ def _step(model, step: list[_Running], paged: PagedKVCache | None, rows: KVCache
         at = kv.positions
     else:
         slots = [r.slot for r in step]
-        at = (BatchPositions(starts, n_new, device, rows=slots) if uniform
-              else PackedPositions(starts, n_new, device, rows=slots))
+        at = (Positions.per_sequence(starts, n_new, slots, device) if uniform else Positions.pack(starts, n_new, slots, device))
         kv = rows
     feeds = [r.feed for r in step] if uniform else [[t for r in step for t in r.feed]]
     tokens = torch.tensor(feeds, dtype=torch.long, device=device)  # [B, T] or packed [1, N]

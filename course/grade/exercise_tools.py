@@ -25,13 +25,13 @@ def attention_replaced(model: Transformer, attention_fn):
     for block in model.layers:
         attn = block.attention
 
-        def forward(x, cos, sin, start_pos, cache, attn=attn):
+        def forward(x, cos, sin, at, cache, attn=attn):
             B, T, _ = x.shape
             q = attn.wq(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)  # [B, H, T, D_h]
             k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # [B, H_kv, T, D_h]
             v = attn.wv(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)  # [B, H_kv, T, D_h]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            out = attention_fn(q, k, v, cache, start_pos)  # [B, H, T, D_h]
+            out = attention_fn(q, k, v, cache, at.cache_pos)  # [B, H, T, D_h]; the int start_pos of a plain call
             if tuple(out.shape) != (B, attn.n_heads, T, attn.head_dim):
                 raise ValueError(f"attention must return [B, H, T, D_h] = {[B, attn.n_heads, T, attn.head_dim]}, "
                                  f"got {list(out.shape)}")

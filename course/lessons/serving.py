@@ -24,7 +24,8 @@ from typing import Sequence
 import torch
 
 from course.engine.config import ModelConfig
-from course.engine.kv_cache import BatchPositions, KVCache
+from course.engine.kv_cache import KVCache
+from course.engine.positions import Positions
 from course.measure.costs import GB, Cost, GiB, decode_cost, kv_bytes_per_token, weights_bytes, weights_read_bytes
 from course.measure.roofline import Machine
 from course.measure.timing import Stopwatch, Timing
@@ -312,7 +313,7 @@ def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
 
     One cache of max(B) rows per context, filled with random keys and values (a step's time does not depend on
     what the cache holds, only on how much of it is read); batch B decodes its first B rows, each sequence at its
-    own position (course.engine.kv_cache.BatchPositions), exactly as the serving loop does. Steps are timed in
+    own position (course.engine.positions.Positions), exactly as the serving loop does. Steps are timed in
     rounds, every B once per round, so a change in the machine's load hits every batch size alike.
     """
     from tqdm.auto import tqdm
@@ -334,7 +335,7 @@ def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
             layer.v.normal_()
         steps = []
         for B in batches:
-            at = BatchPositions([C] * B, 1, dev, rows=list(range(B)))
+            at = Positions.per_sequence([C] * B, 1, rows=list(range(B)), device=dev)
             token = torch.ones(B, 1, dtype=torch.long, device=dev)
             steps.append(lambda at=at, token=token: model(token, start_pos=at, cache=cache, last_only=True))
         timings = [Timing() for _ in batches]
@@ -648,13 +649,13 @@ def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
 
 
 def plot_batch_mask(lengths: Sequence[int] = (5, 9, 3, 7)):
-    """One decode step for sequences of different lengths, drawn from the real BatchPositions mask: row b is
+    """One decode step for sequences of different lengths, drawn from the real Positions.per_sequence mask: row b is
     sequence b's one new query, columns are cache positions; it sees its own keys (blue) and its new token
     (red), while the positions past its own end (grey: left from longer rows, or never written) are masked."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    at = BatchPositions(list(lengths), 1)
+    at = Positions.per_sequence(list(lengths), 1)
     mask = at.mask[:, 0, 0]  # [B, kv_len]: True where the query may attend
     fig, ax = plt.subplots(figsize=(0.42 * at.kv_len + 2.2, 0.42 * at.batch + 1.2))
     for b, n in enumerate(lengths):
