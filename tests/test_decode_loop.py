@@ -8,7 +8,7 @@ import torch
 from course.engine.device import torch_threads
 from course.engine.generate import decode_loop, generate, prompt_tensor, teacher_forced_logits
 from course.engine.kv_cache import KVCache
-from course.engine.sampling import Sampler, probabilities, sample, sample_with_probs
+from course.engine.sampling import Sampler, probabilities, sample
 
 
 def test_sampler_returns_the_distribution_it_drew_from():
@@ -20,7 +20,7 @@ def test_sampler_returns_the_distribution_it_drew_from():
     # the same seed, the same draws as the plain function
     again = sample(logits, 0.8, 10, 0.9, generator=torch.Generator().manual_seed(1))
     assert torch.equal(ids, again)
-    greedy_ids, one_hot = sample_with_probs(logits, temperature=0)
+    greedy_ids, one_hot = Sampler(temperature=0)(logits)
     assert torch.equal(greedy_ids, logits.argmax(-1)) and torch.equal(one_hot.argmax(-1), greedy_ids)
     assert torch.equal(one_hot.sum(-1), torch.ones(3))
 

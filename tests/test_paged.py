@@ -241,8 +241,9 @@ def test_block_table_prefix_store_is_a_drop_in_for_generate(tiny, one_thread):
     gc.collect()  # the requests' caches are gone: only the pinned prefix holds blocks
     assert store.pool.blocks_held == 3 and len(store) == 1 and store.nbytes == 3 * store.pool.block_bytes
     s = store.stats
-    assert (s.hits, s.misses, s.tokens_reused, s.seconds_copying) == (2, 1, 96, 0.0)
+    assert (s.hits, s.misses, s.tokens_reused, s.tokens_computed) == (2, 1, 96, 58 + 2 * 10)
     assert store.entry_bytes(50) == 4 * store.pool.block_bytes
+    assert store.match(prefix + [1]).n_tokens == 50 and store.match(ids_of(60, seed=15)) is None
 
 
 def test_prefix_store_unpins_the_oldest_when_the_pool_is_full(tiny, one_thread):
@@ -258,8 +259,33 @@ def test_prefix_store_unpins_the_oldest_when_the_pool_is_full(tiny, one_thread):
     assert store.pool.blocks_held == 2
     with pytest.raises(ValueError, match="max_bytes"):
         store.add(ids_of(40, seed=23))
-    with pytest.raises(ValueError, match="max_bytes"):
-        PagedPrefixCache(tiny, max_bytes=0)
+    for bad in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="max_bytes"):
+            PagedPrefixCache(tiny, max_bytes=bad)
+    with pytest.raises(ValueError, match="empty"):
+        store.prefill([])
+    with pytest.raises(ValueError, match="prefix_len"):
+        store.prefill([1, 2, 3], prefix_len=4)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        store.prefill([1, 2, 3], max_seq_len=2)
+
+
+@pytest.mark.slow
+def test_system_prompt_reuse_on_the_real_model(real_model, tokenizer):
+    from course.engine.paged_prefix import PagedPrefixCache
+
+    system = ("You are the help desk of the Harbour Library. Answer in one short sentence. "
+              "Opening hours: Monday to Friday 9:00-18:00, Saturday 10:00-14:00, closed on Sunday.")
+    prefix = tokenizer.encode(tokenizer.apply_chat_template([{"role": "system", "content": system}],
+                                                            add_generation_prompt=False), add_bos=False)
+    store = PagedPrefixCache(real_model, max_bytes=64 << 20)
+    for question in ("When do you open on Saturday?", "Are you open on Sunday?"):
+        prompt = tokenizer.chat_ids(question, system=system)
+        assert prompt[:len(prefix)] == prefix  # the system turn is a token prefix of every request
+        got = generate(real_model, prompt, 12, prefix_cache=store, prefix_len=len(prefix))
+        assert got.tokens == generate(real_model, prompt, 12).tokens
+    assert got.reused_tokens == len(prefix) // 16 * 16  # the prefix's whole blocks
+    assert store.stats.hits == 1 and store.stats.misses == 1
 
 
 @torch.inference_mode()

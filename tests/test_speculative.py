@@ -13,7 +13,7 @@ from course.engine.positions import Positions
 from course.engine.speculative import (Draft, ModelDraft, PromptLookupDraft, accept_probability, empirical_distribution,
                                 expected_tokens_per_pass, predicted_speedup, residual_distribution, shallow_copy,
                                 shallow_draft, speculative_first_token, speculative_generate, total_variation,
-                                verify_greedy, verify_sampled)
+                                verify_sampled)
 
 
 
@@ -77,12 +77,12 @@ def test_verify_sampled_hand_cases():
         verify_sampled(p, q, [1])
 
 
-def test_verify_greedy():
-    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]])  # argmax 1, 0, 2
-    assert verify_greedy(logits, [1, 0]) == (2, 2)
-    assert verify_greedy(logits, [1, 2]) == (1, 0)
-    assert verify_greedy(logits, [0, 0]) == (0, 1)
-    assert verify_greedy(logits[:1], []) == (0, 1)
+def test_greedy_verification_is_the_one_hot_case():
+    p = torch.nn.functional.one_hot(torch.tensor([1, 0, 2]), 3).float()  # the target's argmax: 1, 0, 2
+    assert verify_sampled(p, None, [1, 0]) == (2, 2)
+    assert verify_sampled(p[:2], None, [1]) == (1, 0)
+    assert verify_sampled(p[:2], None, [0]) == (0, 1)
+    assert verify_sampled(p[:1], None, []) == (0, 1)
 
 
 # --- distribution preservation, by statistics ---------------------------------------------------

@@ -155,8 +155,8 @@ def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float 
 
     temperature 0 is greedy (or pass a ready `sampler`). `on_token(id)` is called as each token is produced
     (streaming). Without the cache every step re-runs the whole sequence: the O(T²) baseline. `cache`: the cache
-    object to fill (e.g. course.engine.kv_quant.Int8KVCache). `prefix_cache` (a course.engine.prefix_cache
-    .PrefixCache): the prefill reuses its longest stored prefix (on a miss it first stores prompt[:prefix_len]);
+    object to fill (e.g. course.engine.kv_quant.Int8KVCache). `prefix_cache` (a course.engine.paged_prefix
+    .PagedPrefixCache): the prefill reuses its longest stored prefix (on a miss it pins prompt[:prefix_len]);
     the clock starts before it, so time_to_first_token compares directly with a plain call. keep_logits=True
     keeps each step's logits in Generation.logits.
     """

@@ -25,14 +25,12 @@ import numbers
 import torch
 
 
-def _check_logits(logits: torch.Tensor, dtype: torch.dtype | None = None, temperature: float = 0.0) -> bool:
+def _check_logits(logits: torch.Tensor, dtype: torch.dtype | None = None) -> None:
     """Shape and type (free), then one reduction and one device sync: every row's largest logit must be finite.
 
     The row maxima catch all three faults at once (a NaN anywhere makes its row's max NaN, a +inf makes it +inf,
     a row of only -inf has max -inf); the slower diagnosis below runs only when something is wrong. `dtype`: the
-    dtype the model computed in (the logits may have been upcast since), for the message. With a temperature > 0
-    the same sync also says whether logits / T overflows float32 (division is monotonic, so the largest scaled
-    logit is the scaled largest one): the return value, for _scale.
+    dtype the model computed in (the logits may have been upcast since), for the message.
     """
     if not isinstance(logits, torch.Tensor):
         raise ValueError(f"logits must be a torch.Tensor of shape [V] or [B, V], got {type(logits).__name__}")
@@ -41,14 +39,8 @@ def _check_logits(logits: torch.Tensor, dtype: torch.dtype | None = None, temper
                          "for a model's [B, T, V] output take the last position: logits[:, -1]")
     if not logits.is_floating_point():
         raise ValueError(f"logits must be floating point, got {logits.dtype}; convert with logits.float()")
-    row_max = logits.amax(dim=-1)  # [B] or []: the one reduction over V
-    if temperature > 0:
-        ok, overflow = torch.stack([torch.isfinite(row_max).all(),
-                                    torch.isposinf(row_max.float() / temperature).any()]).tolist()  # the one sync
-    else:
-        ok, overflow = bool(torch.isfinite(row_max).all()), False
-    if ok:
-        return bool(overflow)
+    if bool(torch.isfinite(logits.amax(dim=-1)).all()):  # the one reduction over V, the one sync
+        return
     dtype = dtype or logits.dtype
     name = str(dtype).replace("torch.", "")
     why = ("float16 overflowed (its largest value is 65504): run the model in bfloat16 or float32"
@@ -79,18 +71,15 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     if temperature == 0:
         raise ValueError("temperature 0 means greedy decoding: take argmax(logits) instead of rescaling "
                          "(sample() and probabilities() do that for you)")
-    return _scale(logits, temperature, overflow=None)
+    return _scale(logits, temperature)
 
 
-def _scale(logits: torch.Tensor, temperature: float, overflow: bool | None) -> torch.Tensor:
-    """logits / T; overflow=None looks (a device sync), True/False says whether a tiny T overflows float32."""
+def _scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / T; in a row where a tiny T overflows float32, the gaps to the row's max / T instead (softmax
+    ignores a constant shift). Chosen per row on the device: no sync."""
     scaled = logits / temperature
-    if overflow is None:
-        overflow = bool(torch.isposinf(scaled).any())
-    if overflow:
-        # A tiny T overflowed float32. Softmax ignores a constant shift, so divide the gaps to the max instead.
-        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
-    return scaled
+    gaps = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    return torch.where(torch.isposinf(scaled).any(dim=-1, keepdim=True), gaps, scaled)
 
 
 def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
@@ -113,35 +102,24 @@ def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     stays, so a tiny p is greedy; tokens tied with the last kept one stay too.
     """
     check_params(top_p=p)
-    return _top_p(logits, p, already_sorted=None)
+    return _top_p(logits, p)
 
 
-def _top_p(logits: torch.Tensor, p: float | None, already_sorted: bool | None) -> torch.Tensor:
-    """already_sorted=None looks whether the logits are most likely first (a widget caches them sorted; a device
-    sync); False always sorts (the same result, no sync: the decode loop's choice)."""
+def _top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     if p is None or p >= 1.0:
         return logits
-    if already_sorted is None:
-        already_sorted = bool((logits[..., 1:] <= logits[..., :-1]).all())
-    if already_sorted:
-        sorted_logits = logits  # skip the sort
-    else:
-        sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # [..., V]
-    probs = sorted_logits.softmax(dim=-1)
-    cum = probs.cumsum(dim=-1)
+    sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # [..., V]
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     mass_before = torch.cat([torch.zeros_like(cum[..., :1]), cum[..., :-1]], dim=-1)  # mass ranked above
     n_keep = (mass_before < p).sum(dim=-1, keepdim=True).clamp_min(1)  # [..., 1] the nucleus size
     threshold = sorted_logits.gather(-1, n_keep - 1)  # [..., 1] the smallest logit the nucleus needs
     return logits.masked_fill(logits < threshold, float("-inf"))
 
 
-def _transform(logits: torch.Tensor, temperature: float, top_k, top_p, overflow: bool | None = None,
-               already_sorted: bool | None = None) -> torch.Tensor:
+def _transform(logits: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
     """Temperature, then top-k, then top-p, on logits and settings already checked."""
     logits = logits.float()
-    if temperature > 0:
-        logits = _scale(logits, temperature, overflow)
-    return _top_p(_top_k(logits, top_k), top_p, already_sorted)
+    return _top_p(_top_k(_scale(logits, temperature) if temperature > 0 else logits, top_k), top_p)
 
 
 def transform_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -166,10 +144,10 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     return _probabilities(logits, temperature, top_k, top_p)
 
 
-def _probabilities(logits, temperature, top_k, top_p, overflow=None, already_sorted=None) -> torch.Tensor:
+def _probabilities(logits, temperature, top_k, top_p) -> torch.Tensor:
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return _transform(logits, temperature, top_k, top_p, overflow, already_sorted).softmax(dim=-1)
+    return _transform(logits, temperature, top_k, top_p).softmax(dim=-1)
 
 
 def kept_mask(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -215,8 +193,8 @@ class Sampler:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a call would draw from (same shape as logits)."""
-        overflow = _check_logits(logits, self.dtype, self.temperature)
-        return _probabilities(logits, self.temperature, self.top_k, self.top_p, overflow, already_sorted=False)
+        _check_logits(logits, self.dtype)
+        return _probabilities(logits, self.temperature, self.top_k, self.top_p)
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = self.probs(logits)
@@ -227,22 +205,15 @@ class Sampler:
         return ids.reshape(probs.shape[:-1]), probs
 
 
-def sample_with_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                      top_p: float | None = None, generator: torch.Generator | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw token ids and return them with the distribution they were drawn from: (ids [B], probs [B, V])."""
-    return Sampler(temperature, top_k, top_p, generator)(logits)
-
-
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw token ids: [V] → scalar tensor, [B, V] → [B].
 
     temperature 0 is argmax and uses no randomness. Otherwise each row draws from `probabilities(...)`;
     pass a seeded torch.Generator to repeat the same draws (on the same machine and library versions).
-    sample_with_probs (or a Sampler) also returns the distribution, as speculative decoding needs.
+    A Sampler also returns the distribution, as speculative decoding needs.
     """
-    return sample_with_probs(logits, temperature, top_k, top_p, generator)[0]
+    return Sampler(temperature, top_k, top_p, generator)(logits)[0]
 
 
 def entropy_bits(probs: torch.Tensor) -> torch.Tensor:

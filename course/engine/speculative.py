@@ -12,7 +12,8 @@ small prefill) and keep the longest run it agrees with, so one weight read yield
 
 Every emitted token is distributed exactly as the target alone would have sampled it
 (Leviathan et al. 2023, Chen et al. 2023). Greedy decoding is the special case where p and q are
-one-hot: keep drafted tokens while they equal the target's argmax, then take the target's argmax.
+one-hot (the same verify_sampled): keep drafted tokens while they equal the target's argmax, then take
+the target's argmax.
 
 Rejected positions need no clean-up in either KV cache: the next pass writes at the first rejected
 position, and attention only reads keys up to start_pos + T (see KVCache.update).
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course.engine.device import synchronize
@@ -57,13 +59,6 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, residual / mass.clamp_min(1e-30), p)
 
 
-def one_hot(token: int, vocab_size: int, like: torch.Tensor) -> torch.Tensor:
-    """The draft 'distribution' of a deterministic draft (greedy model or n-gram lookup)."""
-    q = torch.zeros(vocab_size, dtype=like.dtype, device=like.device)
-    q[token] = 1.0
-    return q
-
-
 def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, drafted: list[int],
                    generator: torch.Generator | None = None,
                    uniforms: list[float] | None = None) -> tuple[int, int]:
@@ -80,26 +75,13 @@ def verify_sampled(p: torch.Tensor, q: torch.Tensor | None, drafted: list[int],
     if q is not None and tuple(q.shape) != (m, p.shape[1]):
         raise ValueError(f"q must be [len(drafted), V] = [{m}, {p.shape[1]}], got {tuple(q.shape)}")
     for i, x in enumerate(drafted):
-        q_i = q[i] if q is not None else one_hot(x, p.shape[1], p)
+        q_i = q[i] if q is not None else F.one_hot(torch.tensor(x, device=p.device), p.shape[1]).to(p.dtype)
         u = uniforms[i] if uniforms is not None else float(torch.rand((), generator=generator))
         if u < accept_probability(p[i], q_i, x):
             continue  # keep x_i, test the next one
         residual = residual_distribution(p[i], q_i)
         return i, int(torch.multinomial(residual, 1, generator=generator))
     return m, int(torch.multinomial(p[m], 1, generator=generator))  # every draft kept: a bonus token
-
-
-def verify_greedy(target_logits: torch.Tensor, drafted: list[int]) -> tuple[int, int]:
-    """Greedy speculative decoding: keep drafted tokens while they equal the target's argmax.
-
-    target_logits: [m+1, V]. Returns (n_accepted, next_token) where next_token is the target's
-    argmax at the first disagreement (or after the last drafted token).
-    """
-    best = target_logits.argmax(-1).tolist()  # [m+1]
-    for i, x in enumerate(drafted):
-        if x != best[i]:
-            return i, best[i]
-    return len(drafted), best[len(drafted)]
 
 
 def speculative_first_token(p: torch.Tensor, q: torch.Tensor, n: int, generator: torch.Generator | None = None,
@@ -271,7 +253,6 @@ class SpeculativeStats:
     draft_passes: int = 0  # draft model forward passes (0 for prompt lookup)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
-    target_seconds: float = 0.0  # verification passes only
     wall_seconds: float = 0.0  # the whole call, prefill included
     accepted_per_pass: list[int] = field(default_factory=list)
     proposed_per_pass: list[int] = field(default_factory=list)
@@ -285,8 +266,7 @@ class SpeculativeStats:
     def agreement(self) -> float:
         """Per-token acceptance α: kept / tested. A round stops testing at its first rejection, so
         the drafts after it are proposed but never tested; α counts only tested ones."""
-        rejections = sum(1 for a, p in zip(self.accepted_per_pass, self.proposed_per_pass) if a < p)
-        tested = self.accepted + rejections
+        tested = self.accepted + sum(a < p for a, p in zip(self.accepted_per_pass, self.proposed_per_pass))
         return self.accepted / tested if tested else float("nan")
 
     @property
@@ -297,11 +277,6 @@ class SpeculativeStats:
     @property
     def decode_seconds(self) -> float:
         return self.wall_seconds - self.prefill_seconds
-
-    def summary(self) -> str:
-        return (f"{self.draft_name}, k={self.k}: acceptance {self.acceptance_rate:.0%}, "
-                f"{self.tokens_per_target_pass:.2f} tokens per target pass over {self.target_passes} passes, "
-                f"{self.wall_seconds:.2f} s (draft {self.draft_seconds:.2f} s, verify {self.target_seconds:.2f} s)")
 
 
 @dataclass
@@ -334,55 +309,38 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
     prompt = ids[0].tolist()
     capacity = min(len(prompt) + max_new_tokens + k + 1, target.config.max_seq_len)
     stats = SpeculativeStats(k=k, draft_name=getattr(draft, "name", type(draft).__name__))
-    result = SpeculativeGeneration(prompt_ids=prompt, stats=stats)
+    result = SpeculativeGeneration(prompt_ids=prompt, stats=stats, stop_reason="length")
     cache = KVCache(target.config, batch=1, max_seq_len=capacity, dtype=target.dtype, device=target.device)
     draft.reset(prompt, capacity)
-
-    def emit(tokens) -> bool:
-        """Append tokens (timestamped now); True when generation must stop."""
-        now = time.perf_counter() - t0
-        for token in tokens:
+    synchronize(target.device)
+    t0 = time.perf_counter()
+    new = [int(sampler(prefill(target, ids, cache)[0])[0])]  # the prefill pass, and its token
+    stats.prefill_seconds = time.perf_counter() - t0
+    seq = prompt + new  # invariant: the target's cache holds K/V for seq[:-1]
+    while True:
+        for token in new:  # emit, timestamped now
             result.tokens.append(token)
-            result.token_times.append(now)
+            result.token_times.append(time.perf_counter() - t0)
             if on_token is not None:
                 on_token(token)
             if eos_id is not None and token == eos_id:
                 result.stop_reason = "eos"
-                return True
-            if len(result.tokens) >= max_new_tokens:
-                result.stop_reason = "length"
-                return True
-        return False
-
-    synchronize(target.device)
-    t0 = time.perf_counter()
-    first = int(sampler(prefill(target, ids, cache)[0])[0])  # the prefill pass, and its token
-    stats.prefill_seconds = time.perf_counter() - t0
-    seq = prompt + [first]  # invariant: the target's cache holds K/V for seq[:-1]
-    done = emit([first])
-    while not done:
-        k_step = min(k, max_new_tokens - len(result.tokens) - 1)  # never draft past the token limit
+                break
+        if result.stop_reason == "eos" or len(result.tokens) >= max_new_tokens:
+            break
         t_draft = time.perf_counter()
-        drafted, q = draft.propose(seq, k_step, temperature, top_k, top_p, generator)
-        t_verify = time.perf_counter()
-        stats.draft_seconds += t_verify - t_draft
-        pos = len(seq) - 1
+        drafted, q = draft.propose(seq, min(k, max_new_tokens - len(result.tokens) - 1),  # never past the limit
+                                   temperature, top_k, top_p, generator)
+        stats.draft_seconds += time.perf_counter() - t_draft
         x = torch.tensor([[seq[-1]] + drafted], dtype=torch.long, device=target.device)  # [1, m+1]
-        logits = prefill(target, x, cache, start_pos=pos, last_only=False)[0]  # [m+1, V]: ONE pass scores them all
-        if sampler.greedy:
-            n_ok, nxt = verify_greedy(logits, drafted)
-        else:
-            n_ok, nxt = verify_sampled(sampler.probs(logits), q, drafted, generator)  # the sampler's own p
-        stats.target_seconds += time.perf_counter() - t_verify
+        logits = prefill(target, x, cache, start_pos=len(seq) - 1, last_only=False)[0]  # [m+1, V]: ONE pass, all m+1
+        n_ok, nxt = verify_sampled(sampler.probs(logits), q, drafted, generator)  # one-hot p and q when greedy
         new = drafted[:n_ok] + [nxt]
-        stats.target_passes += 1
-        stats.proposed += len(drafted)
-        stats.accepted += n_ok
-        stats.emitted += len(new)
+        stats.target_passes, stats.proposed = stats.target_passes + 1, stats.proposed + len(drafted)
+        stats.accepted, stats.emitted = stats.accepted + n_ok, stats.emitted + len(new)
         stats.accepted_per_pass.append(n_ok)
         stats.proposed_per_pass.append(len(drafted))
         seq += new
-        done = emit(new)
     synchronize(target.device)
     stats.wall_seconds = time.perf_counter() - t0
     stats.draft_passes = getattr(draft, "passes", 0)
