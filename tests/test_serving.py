@@ -140,24 +140,43 @@ def test_memory_on_the_mix(tiny):
     assert m["preallocated_over_used"] > m["paged_over_used"]
 
 
-def test_bad_input_is_refused_clearly(tiny):
+@pytest.mark.timeout(20)
+def test_malformed_requests_and_caches_are_refused_never_waited_on(tiny):
+    """Every bad field, and every request the cache it is given can never hold, is a ValueError naming it."""
     good = [Request(0, [1, 2], 3)]
-    with pytest.raises(ValueError, match="policy"):
-        serve(tiny, good, "fifo", progress=False)
-    with pytest.raises(ValueError, match="clock"):
-        serve(tiny, good, clock="cpu", progress=False)
-    with pytest.raises(ValueError, match="context"):
-        serve(tiny, [Request(0, [1] * 100, 100)], progress=False)
-    with pytest.raises(ValueError, match="more than the whole pool"):
-        serve(tiny, [Request(0, [1] * 20, 5)], cache=PagedKVCache(tiny.config, 2, 4), progress=False)
-    with pytest.raises(ValueError, match="vocabulary of 256"):
-        serve(tiny, [Request(0, [1, 300], 2)], progress=False)
-    with pytest.raises(ValueError, match="unique"):
-        serve(tiny, good + good, progress=False)
-    with pytest.raises(ValueError, match="empty"):
-        Request(1, [], 3)
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        Request(1, [1], 0)
+    bad_requests = {  # the Request itself refuses these
+        "arrival": [(0, [1], 2, float("nan")), (0, [1], 2, float("inf")), (0, [1], 2, -1.0), (0, [1], 2, "0")],
+        "max_new_tokens": [(0, [1], 0), (0, [1], 2.5), (0, [1], True), (0, [1], "3")],
+        "prompt": [(0, [], 3), (0, [1.5], 3), (0, ["a"], 3), ([0], [1], 3)],
+    }
+    for words, cases in bad_requests.items():
+        for args in cases:
+            with pytest.raises(ValueError, match=words if words != "prompt" else "prompt|empty|hashable"):
+                Request(*args)
+    small = PagedKVCache(tiny.config, 2, 4)  # 8 positions in all
+    held = PagedKVCache(tiny.config, 4, 4)
+    held.add_sequence("other")
+    held.append(["other"], n_new=9)  # 3 of its 4 blocks belong to a sequence outside this call
+    other_model = PagedKVCache(tiny.config.with_(n_layers=3), 8, 4)
+    refused = [  # (what serve() is given, words the error must contain)
+        (dict(policy="fifo"), "policy"), (dict(clock="cpu"), "clock"), (dict(max_batch=0), "max_batch"),
+        (dict(max_batch=2.0), "max_batch"), (dict(block_size=0), "block_size"), (dict(num_blocks=0), "num_blocks"),
+        (dict(eos_id=-1), "eos_id"), (dict(cache="gpu"), "cache must be"), (dict(requests=[]), "no requests"),
+        (dict(requests=[{"id": 0}]), "Request objects"), (dict(requests=good + good), "unique"),
+        (dict(requests=[Request(0, [1] * 100, 100)]), "request 0 needs 200 positions"),
+        (dict(requests=[Request("x", [1, 300], 2)]), "request 'x' holds token ids outside"),
+        (dict(requests=[Request(7, [1] * 6, 5)], cache=small), "request 7 needs 3 blocks"),
+        (dict(requests=[Request(7, [1] * 6, 5)], num_blocks=2, block_size=4), "request 7 needs 3 blocks"),
+        (dict(cache=held), "request 0 needs 2 blocks of 4 tokens, more than the whole pool's 1 free"),
+        (dict(cache=other_model), "made for"),
+        (dict(requests=[Request("other", [1], 1)], cache=held), "already sequences"),
+    ]
+    for kwargs, words in refused:
+        kwargs = {"requests": good, **kwargs}
+        with pytest.raises(ValueError, match=words):
+            serve(tiny, progress=False, **kwargs)
+    mixed = [Request("a", [5, 6, 7], 3), Request(1, [8, 9], 4, arrival=0.5)]  # ids of two types: no ordering needed
+    assert run(tiny, mixed, "continuous").outputs() == solo_outputs(tiny, mixed, progress=False)
     with pytest.raises(ValueError, match="range"):
         make_trace(3, prompt_len=(5, 2))
 

@@ -48,6 +48,12 @@ from course.engine.positions import Positions
 POLICIES = ("continuous", "static")
 
 
+def _whole(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Request:
     """One request: its prompt's token ids, how many tokens it may generate, when it arrives (seconds or steps)."""
@@ -65,10 +71,7 @@ class Request:
                              f"sequence of whole-number token ids ({exc})") from None
         if not self.prompt_ids:
             raise ValueError(f"request {self.id!r}: the prompt is empty; give at least one token")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, numbers.Integral) \
-                or self.max_new_tokens < 1:
-            raise ValueError(f"request {self.id!r}: max_new_tokens must be a whole number >= 1, "
-                             f"got {self.max_new_tokens!r}")
+        _whole(f"request {self.id!r}: max_new_tokens", self.max_new_tokens)
         if isinstance(self.arrival, bool) or not isinstance(self.arrival, numbers.Real) \
                 or not math.isfinite(self.arrival) or self.arrival < 0:
             raise ValueError(f"request {self.id!r}: arrival must be a finite number >= 0 (seconds, or steps with "
@@ -92,14 +95,8 @@ class Completion:
     preemptions: int = 0
     stop_reason: str = ""
 
-    @property
-    def time_to_first_token(self) -> float:
-        return self.first_token - self.request.arrival
-
-    @property
-    def latency(self) -> float:
-        """Arrival to last token."""
-        return self.finished - self.request.arrival
+    time_to_first_token = property(lambda self: self.first_token - self.request.arrival)
+    latency = property(lambda self: self.finished - self.request.arrival)  # arrival to last token
 
 
 @dataclass
@@ -148,28 +145,13 @@ class ServeResult:
         Meaningless for a GPU run (the device's time is not CPU time)."""
         return self.generated_tokens / sum(s.cpu_seconds for s in self.timeline)
 
-    def ttfts(self) -> list[float]:
-        return [c.time_to_first_token for c in self.completions]
-
-    def latencies(self) -> list[float]:
-        return [c.latency for c in self.completions]
-
-    ttft_p50 = property(lambda self: percentile(self.ttfts(), 50))  # seconds
-    ttft_p95 = property(lambda self: percentile(self.ttfts(), 95))
-    latency_p50 = property(lambda self: percentile(self.latencies(), 50))
-    latency_p95 = property(lambda self: percentile(self.latencies(), 95))
-
-    @property
-    def peak_bytes_reserved(self) -> int:
-        return max((s.bytes_reserved for s in self.timeline), default=0)
-
-    @property
-    def peak_bytes_used(self) -> int:
-        return max((s.bytes_used for s in self.timeline), default=0)
-
-    @property
-    def peak_bytes_shared(self) -> int:
-        return max((s.bytes_logical - s.bytes_used for s in self.timeline), default=0)
+    ttft_p50 = property(lambda self: percentile([c.time_to_first_token for c in self.completions], 50))  # seconds
+    ttft_p95 = property(lambda self: percentile([c.time_to_first_token for c in self.completions], 95))
+    latency_p50 = property(lambda self: percentile([c.latency for c in self.completions], 50))
+    latency_p95 = property(lambda self: percentile([c.latency for c in self.completions], 95))
+    peak_bytes_reserved = property(lambda self: max((s.bytes_reserved for s in self.timeline), default=0))
+    peak_bytes_used = property(lambda self: max((s.bytes_used for s in self.timeline), default=0))
+    peak_bytes_shared = property(lambda self: max((s.bytes_logical - s.bytes_used for s in self.timeline), default=0))
 
     @property
     def slot_occupancy(self) -> float:
@@ -185,15 +167,11 @@ class ServeResult:
         return {c.request.id: list(c.tokens) for c in self.completions}
 
     def summary(self) -> dict:
-        return {"policy": self.policy, "cache": self.cache_kind, "max_batch": self.max_batch,
-                "requests": len(self.completions), "generated_tokens": self.generated_tokens,
-                "makespan": self.makespan, "throughput": self.throughput, "cpu_throughput": self.cpu_throughput,
-                "ttft_p50": self.ttft_p50, "ttft_p95": self.ttft_p95,
-                "latency_p50": self.latency_p50, "latency_p95": self.latency_p95,
-                "slot_occupancy": self.slot_occupancy, "iterations": len(self.timeline),
-                "preemptions": self.preemptions, "cache_bytes": self.cache_bytes,
-                "peak_bytes_reserved": self.peak_bytes_reserved, "peak_bytes_used": self.peak_bytes_used,
-                "peak_bytes_shared": self.peak_bytes_shared}
+        names = ("max_batch", "generated_tokens", "makespan", "throughput", "cpu_throughput", "ttft_p50", "ttft_p95",
+                 "latency_p50", "latency_p95", "slot_occupancy", "preemptions", "cache_bytes", "peak_bytes_reserved",
+                 "peak_bytes_used", "peak_bytes_shared")
+        return {"policy": self.policy, "cache": self.cache_kind, "requests": len(self.completions),
+                "iterations": len(self.timeline), **{name: getattr(self, name) for name in names}}
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -245,12 +223,6 @@ class _Running:
         self.completion, self.slot, self.last = completion, slot, None
         self.feed: list[int] = []  # the tokens this iteration runs for it (its prompt, or its last token)
         self.start = 0  # the position of feed[0]
-
-
-def _whole(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, clock, eos_id) -> list[Request]:

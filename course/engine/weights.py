@@ -12,12 +12,11 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import sys
 import tempfile
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
@@ -77,56 +76,38 @@ def open_gguf(path: str | os.PathLike):
 
 
 def _field(reader, key, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+    value = reader.fields.get(key)
+    return default if value is None else value.contents()
 
 
 def config_from_gguf(reader, name: str | None = None) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch != "llama":
         raise ValueError(f"course.engine.model runs Llama-architecture GGUF files; this one is {arch!r}.")
-    n_heads = int(_field(reader, "llama.attention.head_count"))
-    dim = int(_field(reader, "llama.embedding_length"))
-    n_vocab = _field(reader, "llama.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    tensor_names = {t.name for t in reader.tensors}
+    get = lambda key, default=None: _field(reader, f"llama.{key}", default)  # noqa: E731
+    n_heads, dim = int(get("attention.head_count")), int(get("embedding_length"))
     return ModelConfig(
         name=name or str(_field(reader, "general.name", "gguf-model")).lower().replace(" ", "-"),
-        n_layers=int(_field(reader, "llama.block_count")),
-        n_heads=n_heads,
-        n_kv_heads=int(_field(reader, "llama.attention.head_count_kv", n_heads)),
-        head_dim=int(_field(reader, "llama.attention.key_length", dim // n_heads)),
-        dim=dim,
-        ffn_dim=int(_field(reader, "llama.feed_forward_length")),
-        vocab_size=int(n_vocab),
-        max_seq_len=int(_field(reader, "llama.context_length")),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10_000.0)),
-        norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        tie_embeddings="output.weight" not in tensor_names,
-        source="GGUF metadata",
-    )
+        n_layers=int(get("block_count")), n_heads=n_heads, n_kv_heads=int(get("attention.head_count_kv", n_heads)),
+        head_dim=int(get("attention.key_length", dim // n_heads)), dim=dim, ffn_dim=int(get("feed_forward_length")),
+        vocab_size=int(get("vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)),
+        max_seq_len=int(get("context_length")), rope_theta=float(get("rope.freq_base", 10_000.0)),
+        norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_embeddings="output.weight" not in {t.name for t in reader.tensors}, source="GGUF metadata")
 
 
-_NAMES = [
-    (r"token_embd\.weight", "tok_embeddings.weight"),
-    (r"output_norm\.weight", "norm.weight"),
-    (r"output\.weight", "output.weight"),
-    (r"blk\.(\d+)\.attn_norm\.weight", r"layers.\1.attention_norm.weight"),
-    (r"blk\.(\d+)\.attn_q\.weight", r"layers.\1.attention.wq.weight"),
-    (r"blk\.(\d+)\.attn_k\.weight", r"layers.\1.attention.wk.weight"),
-    (r"blk\.(\d+)\.attn_v\.weight", r"layers.\1.attention.wv.weight"),
-    (r"blk\.(\d+)\.attn_output\.weight", r"layers.\1.attention.wo.weight"),
-    (r"blk\.(\d+)\.ffn_norm\.weight", r"layers.\1.ffn_norm.weight"),
-    (r"blk\.(\d+)\.ffn_gate\.weight", r"layers.\1.feed_forward.w_gate.weight"),
-    (r"blk\.(\d+)\.ffn_up\.weight", r"layers.\1.feed_forward.w_up.weight"),
-    (r"blk\.(\d+)\.ffn_down\.weight", r"layers.\1.feed_forward.w_down.weight"),
-]
+# GGUF tensor names → ours: blk.N.<block name>.weight → layers.N.<ours>.weight, and the three outside the blocks
+_BLOCK = {"attn_norm": "attention_norm", "attn_q": "attention.wq", "attn_k": "attention.wk", "attn_v": "attention.wv",
+          "attn_output": "attention.wo", "ffn_norm": "ffn_norm", "ffn_gate": "feed_forward.w_gate",
+          "ffn_up": "feed_forward.w_up", "ffn_down": "feed_forward.w_down"}
+_TOP = {"token_embd": "tok_embeddings", "output_norm": "norm", "output": "output"}
 
 
 def _our_name(gguf_name: str) -> str | None:
-    for pattern, target in _NAMES:
-        if re.fullmatch(pattern, gguf_name):
-            return re.sub(pattern, target, gguf_name)
-    return None  # e.g. rope_freqs: we compute RoPE ourselves
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _BLOCK:
+        return f"layers.{parts[1]}.{_BLOCK[parts[2]]}.{parts[3]}"
+    return f"{_TOP[parts[0]]}.{parts[1]}" if len(parts) == 2 and parts[0] in _TOP else None  # None: e.g. rope_freqs
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -152,30 +133,10 @@ def state_dict_from_gguf(reader, config: ModelConfig) -> dict[str, torch.Tensor]
             continue
         w = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
         w = w.reshape([int(n) for n in reversed(tensor.shape)])  # GGUF lists dims innermost first
-        if name.endswith("attention.wq.weight"):
-            w = unpermute_qk(w, config.n_heads)
-        elif name.endswith("attention.wk.weight"):
-            w = unpermute_qk(w, config.n_kv_heads)
+        if name.endswith(("wq.weight", "wk.weight")):
+            w = unpermute_qk(w, config.n_heads if "wq" in name else config.n_kv_heads)
         state[name] = torch.from_numpy(np.ascontiguousarray(w))
     return state
-
-
-def _fingerprint(path: Path) -> str:
-    """Cheap identity of a model file: its size plus its first and last MiB."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    h.update(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
-        f.seek(max(0, size - (1 << 20)))
-        h.update(f.read(1 << 20))
-    h.update(str(FORMAT_VERSION).encode())
-    return h.hexdigest()[:16]
-
-
-def cached_weights_path(gguf_path: str | os.PathLike) -> Path:
-    gguf_path = Path(gguf_path)
-    return cache_dir() / f"{gguf_path.stem}-{_fingerprint(gguf_path)}.safetensors"
 
 
 def check_model_path(path: Path) -> Path:
@@ -190,32 +151,30 @@ def check_model_path(path: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- the verified cache
-# Each cached tensor carries a CRC-32 of its bytes in the file's metadata, written with it and checked on every
-# load. CRC-32 is the checksum zip and PNG use against accidental damage (a bad disk, a half-finished copy, a
+# The dequantized weights are kept as safetensors, named by a cheap fingerprint of the GGUF (its size and its first
+# and last MiB). Each cached tensor carries a CRC-32 of its bytes in the file's metadata, written with it and checked
+# on every load. CRC-32 is the checksum zip and PNG use against accidental damage (a bad disk, a half-finished copy, a
 # stray write), and it runs at memory speed (zlib's is SIMD): on a 2-core CPU it checks the 538 MB cache in a
 # fraction of a second, about twice as fast as SHA-256 (`kvcourse doctor` measures it on your machine). It is
 # not a defence against someone who edits the file on purpose, and need not be: the GGUF is the source of truth.
 DIGEST = "crc32"
 
 
+def cached_weights_path(gguf_path: str | os.PathLike) -> Path:
+    gguf_path = Path(gguf_path)
+    h, size = hashlib.sha256(), gguf_path.stat().st_size
+    h.update(str(size).encode())
+    with open(gguf_path, "rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    h.update(str(FORMAT_VERSION).encode())
+    return cache_dir() / f"{gguf_path.stem}-{h.hexdigest()[:16]}.safetensors"
+
+
 def tensor_digest(t: torch.Tensor) -> str:
     """CRC-32 of a tensor's bytes, as 8 hex digits (no copy: a memory-mapped tensor is read in place)."""
-    data = t.detach().reshape(-1).view(torch.uint8).numpy()
-    return f"{zlib.crc32(data):08x}"
-
-
-def cache_problem(state: dict[str, torch.Tensor], meta: dict) -> str | None:
-    """Why a loaded cache must not be trusted (None: every tensor matches the checksum written with it)."""
-    if meta.get("digest") != DIGEST or "digests" not in meta:
-        return "has no checksums (an older version of the course wrote it)"
-    digests = json.loads(meta["digests"])
-    if set(digests) != set(state):
-        return "does not hold the tensors it was written with"
-    bad = [name for name, t in state.items() if tensor_digest(t) != digests[name]]
-    if bad:
-        return (f"failed its CRC-32 check ({len(bad)} of {len(state)} tensors changed on disk since it was written, "
-                f"e.g. {bad[0]})")
-    return None
+    return f"{zlib.crc32(t.detach().reshape(-1).view(torch.uint8).numpy()):08x}"
 
 
 @dataclass
@@ -224,55 +183,44 @@ class CacheCheck:
     problem: str | None  # None: verified
     seconds: float  # time to read and check every byte
     nbytes: int
+    config: ModelConfig | None = field(default=None, repr=False)
+    state: dict | None = field(default=None, repr=False)
 
     @property
     def ok(self) -> bool:
         return self.problem is None
 
 
-def _read_cache(cached: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict]:
+def _verify(cached: Path) -> CacheCheck:
+    """Read the cache and check every tensor against the checksum written with it."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    with safe_open(str(cached), "pt") as f:
-        meta = f.metadata() or {}
-    config = ModelConfig(**json.loads(meta["config"]))
-    return config, load_file(str(cached)), meta
+    t0, config, state = time.perf_counter(), None, None
+    try:
+        with safe_open(str(cached), "pt") as f:
+            meta = f.metadata() or {}
+        config, state = ModelConfig(**json.loads(meta["config"])), load_file(str(cached))
+        digests = json.loads(meta["digests"]) if meta.get("digest") == DIGEST and "digests" in meta else None
+        if digests is None:
+            problem = "has no checksums (an older version of the course wrote it)"
+        elif set(digests) != set(state):
+            problem = "does not hold the tensors it was written with"
+        else:
+            bad = [name for name, t in state.items() if tensor_digest(t) != digests[name]]
+            problem = (f"failed its CRC-32 check ({len(bad)} of {len(state)} tensors changed on disk since it was "
+                       f"written, e.g. {bad[0]})") if bad else None
+    except Exception as exc:  # a damaged header, a cut-off file, a foreign file
+        problem = f"could not be read ({type(exc).__name__}: {exc})"
+    if problem is not None:
+        config, state = None, None  # drop the memory map before the file is replaced
+    return CacheCheck(cached, problem, time.perf_counter() - t0, cached.stat().st_size, config, state)
 
 
 def check_cache(path: str | os.PathLike | None = None) -> CacheCheck | None:
     """Read and verify the cache of a GGUF model without rebuilding it (None when there is no cache yet)."""
-    path = check_model_path(Path(path) if path is not None else default_gguf_path())
-    cached = cached_weights_path(path)
-    if not cached.exists():
-        return None
-    t0 = time.perf_counter()
-    try:
-        _, state, meta = _read_cache(cached)
-        problem = cache_problem(state, meta)
-    except Exception as exc:
-        problem = f"could not be read ({type(exc).__name__}: {exc})"
-    return CacheCheck(cached, problem, time.perf_counter() - t0, cached.stat().st_size)
-
-
-def _notice(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def _write_cache(cached: Path, state: dict[str, torch.Tensor], config: ModelConfig) -> None:
-    from safetensors.torch import save_file
-
-    meta = {"config": json.dumps(dict(config.__dict__)), "digest": DIGEST,
-            "digests": json.dumps({name: tensor_digest(t) for name, t in state.items()})}
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(state, tmp, metadata=meta)
-        os.replace(tmp, cached)  # atomic: a half-written cache is never seen
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    cached = cached_weights_path(check_model_path(Path(path) if path is not None else default_gguf_path()))
+    return _verify(cached) if cached.exists() else None
 
 
 def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True
@@ -285,27 +233,32 @@ def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True
     path = check_model_path(Path(path) if path is not None else default_gguf_path())
     cached = cached_weights_path(path) if use_cache else None
     if cached is not None and cached.exists():
-        try:
-            config, state, meta = _read_cache(cached)
-            problem = cache_problem(state, meta)
-        except Exception as exc:  # a damaged header, a cut-off file, a foreign file
-            problem = f"could not be read ({type(exc).__name__})"
-        if problem is None:
-            return config, state
-        state = None  # drop the memory map before the file is replaced
-        _notice(f"kvcourse: the weight cache {cached} {problem}; rebuilding it from {path.name}.")
+        check = _verify(cached)
+        if check.ok:
+            return check.config, check.state
+        print(f"kvcourse: the weight cache {cached} {check.problem}; rebuilding it from {path.name}.", file=sys.stderr)
         cached.unlink(missing_ok=True)
-
     reader = open_gguf(path)
-    name = "smollm2-135m" if "smollm2-135m" in path.name.lower() else None
-    config = config_from_gguf(reader, name=name)
+    config = config_from_gguf(reader, name="smollm2-135m" if "smollm2-135m" in path.name.lower() else None)
     state = state_dict_from_gguf(reader, config)
     if cached is not None:
+        from safetensors.torch import save_file
+
+        meta = {"config": json.dumps(dict(config.__dict__)), "digest": DIGEST,
+                "digests": json.dumps({name: tensor_digest(t) for name, t in state.items()})}
         try:
-            _write_cache(cached, state, config)
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.name + ".", suffix=".tmp")
+            os.close(fd)
+            try:
+                save_file(state, tmp, metadata=meta)
+                os.replace(tmp, cached)  # atomic: a half-written cache is never seen
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         except OSError as exc:
-            _notice(f"kvcourse: could not write the weight cache in {cached.parent} ({exc.strerror or exc}); "
-                    f"the model loads from the GGUF each time (set KVCOURSE_CACHE to a writable folder).")
+            print(f"kvcourse: could not write the weight cache in {cached.parent} ({exc.strerror or exc}); the model "
+                  "loads from the GGUF each time (set KVCOURSE_CACHE to a writable folder).", file=sys.stderr)
     return config, state
 
 
