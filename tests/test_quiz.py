@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from course.teach import quiz
+from course.teach import questions, quiz
 from course.paths import LESSONS, PROJECT_ROOT
-from course.teach.progress import LEVELS, ProgressStore
+from course.teach.progress import ProgressStore
+from course.teach.questions import LEVELS
 from course.teach.quiz_widget import CheckpointQuiz, FlipCard, QuestionWidget, SelfAssessmentWidget
 
 LESSON_IDS = ["00_start_here", "01_prefill_decode", "02_kv_cache", "03_sampling", "04_speculative_prefix", "05_serving"]
@@ -80,7 +81,7 @@ def test_worked_numbers_in_the_questions_match_course_memory():
 def _valid_data():
     import yaml
 
-    return yaml.safe_load(quiz.QUESTIONS_PATH.read_text())
+    return yaml.safe_load(questions.QUESTIONS_PATH.read_text())
 
 
 def _first(data, qid):
@@ -104,10 +105,10 @@ def _first(data, qid):
 ])
 def test_validator_catches_broken_data(break_it, message):
     data = _valid_data()
-    assert quiz.validate(data) == []
+    assert questions.validate(data) == []
     broken = copy.deepcopy(data)
     break_it(broken)
-    problems = quiz.validate(broken)
+    problems = questions.validate(broken)
     assert any(message in p for p in problems), problems
 
 
@@ -119,11 +120,11 @@ def test_loading_a_broken_file_names_every_problem(tmp_path):
     data["questions"][0]["lesson"] = "nope"
     path = tmp_path / "q.yaml"
     path.write_text(yaml.safe_dump(data))
-    with pytest.raises(quiz.QuestionDataError, match=r"2 problem\(s\)") as err:
+    with pytest.raises(questions.QuestionDataError, match=r"2 problem\(s\)") as err:
         quiz.load_questions(path)
     assert "lesson 'nope'" in str(err.value) and "answer 'Z'" in str(err.value)
     path.write_text("questions: [unclosed")
-    with pytest.raises(quiz.QuestionDataError, match="not valid YAML"):
+    with pytest.raises(questions.QuestionDataError, match="not valid YAML"):
         quiz.load_questions(path)
 
 
@@ -135,18 +136,18 @@ def test_fill_numbers_inline_and_clauses():
     assert quiz.fill_numbers("{decode_ms_per_token*1000:,.0f} µs", values) == "12,345 µs"
     assert quiz.fill_numbers("{nested.256:.0f}", values) == "900"
     assert quiz.fill_numbers("{missing:.1f|a few} ms", values) == "a few ms"
-    assert quiz.fill_numbers("{missing:.1f} ms", values) == f"{quiz.MISSING_TEXT} ms"
+    assert quiz.fill_numbers("{missing:.1f} ms", values) == f"{questions.MISSING_TEXT} ms"
     assert quiz.fill_numbers("{nan:.1f|unknown}", values) == "unknown"
     text = "Fast.[[ You measured {decode_ms_per_token:.1f} ms at {bw/1e9:.0f} GB/s.]] Done."
     assert quiz.fill_numbers(text, values) == "Fast. You measured 12.3 ms at 25 GB/s. Done."
     assert quiz.fill_numbers(text, {"decode_ms_per_token": 1.0}) == "Fast. Done."  # one key missing
     assert quiz.fill_numbers("A[[ {missing}|, roughly]] B", values) == "A, roughly B"
-    assert quiz.fill_numbers("{decode_ms_per_token:.1f}", {"decode_ms_per_token": "n/a"}) == quiz.MISSING_TEXT
+    assert quiz.fill_numbers("{decode_ms_per_token:.1f}", {"decode_ms_per_token": "n/a"}) == questions.MISSING_TEXT
 
 
 def test_every_text_reads_cleanly_with_and_without_measurements(bank):
     keys = {k for q in bank.questions for t in [q.prompt, *(o.explanation for o in q.options)]
-            for k in quiz.placeholder_keys(t)} | {k for c in bank.cards for k in quiz.placeholder_keys(c.answer)}
+            for k in questions.placeholder_keys(t)} | {k for c in bank.cards for k in questions.placeholder_keys(c.answer)}
     assert keys, "some explanations should cite the learner's measurements"
     full = {k: 0.5 for k in keys}
     texts = [q.prompt for q in bank.questions] + [o.explanation for q in bank.questions for o in q.options] \
@@ -155,7 +156,7 @@ def test_every_text_reads_cleanly_with_and_without_measurements(bank):
         for text in texts:
             out = quiz.fill_numbers(text, values)
             assert not re.search(r"[{}]|\[\[|\]\]", out), out
-            assert quiz.MISSING_TEXT not in out, text  # every placeholder is in a clause or has a fallback
+            assert questions.MISSING_TEXT not in out, text  # every placeholder is in a clause or has a fallback
             assert "  " not in out.strip() and " ." not in out and " ," not in out, out
 
 
@@ -179,7 +180,7 @@ def test_cited_measurements_are_recorded_by_the_lesson(bank, lesson):
         pytest.skip(f"lessons/{lesson}.ipynb does not exist yet")
     texts = [t for q in bank.for_lesson(lesson) for t in [q.prompt, *(o.explanation for o in q.options)]]
     texts += [c.answer for c in bank.cards_for(lesson)]
-    keys = {k for t in texts for k in quiz.placeholder_keys(t)}
+    keys = {k for t in texts for k in questions.placeholder_keys(t)}
     haystack = source + _recording_sources()
     missing = sorted(k for k in keys if not _is_recorded(k, haystack))
     assert not missing, f"{lesson} cites {missing}, which neither the notebook nor course/ records"
@@ -294,8 +295,10 @@ def test_checkpoint_quiz_scores_saves_and_remembers(bank, store):
     # A new widget (a restarted kernel) shows what was saved.
     again = quiz.checkpoint("03_sampling", store=ProgressStore(store.path), show=False)
     assert all("Saved from earlier" in qw.feedback.value for qw in again.questions)
-    summary = {s.lesson: s for s in store.summary(quiz.load_questions()).lessons}["03_sampling"]
-    assert summary.answered == summary.right == summary.first_try == n
+    from course.teach.review import progress
+
+    row = {r.lesson: r for r in progress(store)}["03_sampling"]
+    assert row.answered == row.right == n and row.in_review == 0
 
 
 def test_flip_cards_reveal_the_answer_and_are_remembered(bank, store):
@@ -307,6 +310,8 @@ def test_flip_cards_reveal_the_answer_and_are_remembered(bank, store):
     assert w.button.description == "Hide answer"
     assert w.flip() is False and w.answer_text == ""
     assert store.cards_seen("02_kv_cache") == {"interview-3"}
+    w.missed.click()  # after turning it over: "I missed it" brings it back in review
+    assert store.rows("card_ratings")[-1]["knew"] is False and "comes back in review" in w.said.value
     deck = quiz.interview_cards(store=store, show=False)
     assert len(deck.cards) == len(bank.cards)
     with pytest.raises(ValueError, match="lesson_id must be one of"):
@@ -500,9 +505,9 @@ def test_the_package_holds_no_graded_question_or_answer(graded):
     package = PROJECT_ROOT / "course"
     texts = {p: p.read_text(encoding="utf-8", errors="replace") for p in package.rglob("*")
              if p.is_file() and p.suffix in (".py", ".yaml", ".yml", ".md", ".json", ".txt", ".ipynb")}
-    assert quiz.QUESTIONS_PATH in texts
+    assert questions.QUESTIONS_PATH in texts
     assert _leaks(texts, graded) == []
-    data = yaml.safe_load(quiz.QUESTIONS_PATH.read_text())
+    data = yaml.safe_load(questions.QUESTIONS_PATH.read_text())
     assert not [q["id"] for q in data["questions"] if q.get("autograded")]
 
 
@@ -510,12 +515,12 @@ def test_the_leak_check_catches_a_graded_question_put_back_in_the_bank(graded):
     """The check can fail: a graded question (answer included) copied into the package's bank is found."""
     import yaml
 
-    data = yaml.safe_load(quiz.QUESTIONS_PATH.read_text())
+    data = yaml.safe_load(questions.QUESTIONS_PATH.read_text())
     q = graded[-1]
     data["questions"].append({"id": q.id, "lesson": q.lesson, "prompt": q.prompt, "answer": q.answer,
                               "options": [{"key": o.key, "text": o.text, "explanation": o.explanation}
                                           for o in q.options]})
-    leaked = _leaks({quiz.QUESTIONS_PATH: yaml.safe_dump(data, allow_unicode=True, sort_keys=False)}, graded)
+    leaked = _leaks({questions.QUESTIONS_PATH: yaml.safe_dump(data, allow_unicode=True, sort_keys=False)}, graded)
     assert {n for _, n in leaked} >= {q.id, re.sub(r"\s+", " ", q.correct.text)[:60]}
 
 
@@ -527,7 +532,7 @@ def test_make_quiz_refuses_a_graded_id_that_is_in_the_package_bank(tmp_path):
     data["questions"][0]["id"] = "prefill-ab"
     path = tmp_path / "quiz.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
-    with pytest.raises(quiz.QuestionDataError, match="graded ids must be new"):
+    with pytest.raises(questions.QuestionDataError, match="graded ids must be new"):
         make_quiz.graded_questions(path)
 
 

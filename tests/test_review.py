@@ -1,19 +1,18 @@
-"""Review (spaced repetition): the Leitner intervals, what comes back first, two writers, the terminal session,
-the widget, the progress view, and lessons/review.ipynb run headless."""
+"""Review: only what was missed is in it (once, even if then answered right), it leaves when answered right in review;
+questions, cards and predictions; two writers; the terminal; the widget; the progress table; the notebook headless."""
 from __future__ import annotations
 
 import io
 import multiprocessing as mp
-import time
 from pathlib import Path
 
 import pytest
 
 from course.paths import EXERCISES, LESSONS
 from course.teach import review
-from course.teach.progress import LEVELS, ProgressStore
+from course.teach.progress import ProgressStore
 from course.teach.questions import fill_numbers, load_questions, placeholder_keys
-from course.teach.review import DAY_S, INTERVALS_DAYS, ReviewSession, due_items, replay
+from course.teach.review import RULE, ReviewSession, due_items
 
 
 @pytest.fixture(scope="module")
@@ -30,127 +29,93 @@ def _ids(items):
     return [i.id for i in items]
 
 
-# ---------------------------------------------------------------------- the schedule
-def test_leitner_intervals_for_a_scripted_history():
-    t0 = 1_000_000.0
-    day = DAY_S
-    script = [  # (time, right?) → (box, due) after it
-        (t0, True, 1, t0 + INTERVALS_DAYS[1] * day),                  # first right answer: box 1
-        (t0 + 3600, True, 1, t0 + INTERVALS_DAYS[1] * day),           # again before it is due: no change
-        (t0 + 1 * day, True, 2, t0 + day + INTERVALS_DAYS[2] * day),  # due: up one box, interval doubles
-        (t0 + 3 * day, True, 3, t0 + 3 * day + INTERVALS_DAYS[3] * day),
-        (t0 + 8 * day, False, 0, t0 + 8 * day),                       # a miss: back to box 0, due at once
-        (t0 + 8 * day + 60, True, 1, t0 + 8 * day + 60 + INTERVALS_DAYS[1] * day),  # interval starts over
-    ]
-    events = []
-    for at, right, box, due in script:
-        events.append((at, right))
-        s = replay(list(reversed(events)))  # order of the rows must not matter
-        assert (s.box, s.due_at) == (box, due), (at - t0) / day
-    assert (s.reviews, s.lapses, s.last_correct) == (6, 1, True)
-    assert INTERVALS_DAYS == tuple(sorted(set(INTERVALS_DAYS))) and INTERVALS_DAYS[0] == 0
-
-    # right every time it is due: the box climbs to the last one and stays there
-    at, history = t0, []
-    for _ in range(len(INTERVALS_DAYS) + 3):
-        history.append((at, True))
-        at = replay(history).due_at
-    assert replay(history).box == len(INTERVALS_DAYS) - 1
-    assert replay([]).due_at is None
-    with pytest.raises(ValueError, match="intervals_days must start at 0 and grow"):
-        replay([(t0, True)], intervals_days=(1, 2))
+def _wrong(q):
+    return next(o.key for o in q.options if o.key != q.answer)
 
 
-def test_a_missed_question_returns_before_an_answered_one(store, bank):
-    kv = [q.id for q in bank.for_lesson("02_kv_cache")]
-    missed, answered = kv[0], kv[1]
-    q_missed, q_answered = bank.question(missed), bank.question(answered)
-    store.record_answer("02_kv_cache", missed, next(o.key for o in q_missed.options if o.key != q_missed.answer), False)
-    store.record_answer("02_kv_cache", answered, q_answered.answer, True)
-    now = time.time()
-    due_now = _ids(due_items(store, bank, now=now))
-    assert due_now[0] == missed and answered not in due_now
-    later = _ids(due_items(store, bank, now=now + 2 * DAY_S))  # both due by now: the miss still comes first
-    assert later.index(missed) < later.index(answered)
-    # skipped questions of the lesson are due too, between the two
-    skipped = kv[2]
-    assert later.index(missed) < later.index(skipped) < later.index(answered)
-    # a lesson not started yet asks nothing
-    assert not [i for i in due_items(store, bank, now=now) if i.lesson == "04_speculative_prefix"]
+# ---------------------------------------------------------------------- what is in review
+def test_only_what_was_missed_is_in_review_and_wrong_then_right_counts_once(store, bank):
+    """After one answer review said '31 items due': every question never answered counted. And an answer that was
+    wrong, then right, was saved as right and never came back."""
+    right, retried = bank.for_lesson("02_kv_cache")[:2]
+    store.record_answer(right.lesson, right.id, right.answer, True)
+    assert due_items(store, bank) == []
+    store.record_answer(retried.lesson, retried.id, _wrong(retried), False)
+    store.record_answer(retried.lesson, retried.id, _wrong(retried), False)
+    store.record_answer(retried.lesson, retried.id, retried.answer, True)  # the checkpoint's "try another option"
+    (item,) = due_items(store, bank)
+    assert (item.id, item.kind, item.misses) == (retried.id, "question", 2)
+    assert "1 item in review" in review.progress_text(store, bank) and RULE in review.progress_text(store, bank)
+
+    session = ReviewSession(store, bank)
+    assert session.answer(_wrong(retried)).correct is False  # a miss in review keeps it
+    assert _ids(due_items(store, bank)) == [retried.id] and due_items(store, bank)[0].misses == 3
+    assert ReviewSession(store, bank).answer(retried.answer).correct  # right in review: it leaves
+    assert due_items(store, bank) == []
+    assert len(store.answers()) == 4  # review answers are kept apart: the checkpoint's saved answers stay as they were
+
+    store.record_answer(retried.lesson, retried.id, _wrong(retried), False)  # missed again, later, in the lesson
+    assert _ids(due_items(store, bank)) == [retried.id]
 
 
-def test_low_self_assessment_comes_first(store, bank):
-    store.record_self_assessment("01_prefill_decode", LEVELS[2])  # Confident
-    store.record_self_assessment("03_sampling", LEVELS[0])        # New to it
+def test_cards_and_predictions_come_back_when_missed(store, bank):
+    card = bank.cards_for("03_sampling")[0]
+    store.record_card_view(card.lesson, card.id)  # turned over, never rated: not in review
+    store.record_card_rating(card.lesson, card.id, True)
+    assert due_items(store, bank) == []
+    store.record_card_rating(card.lesson, card.id, False)
+    store.record_prediction("01_prefill_decode", "decode_ms", "ms per decode token", 10, 30, 0.3, "ms")
+    store.record_prediction("01_prefill_decode", "ttft_ms", "ms to the first token", 95, 100, 0.3, "ms")  # within
     items = due_items(store, bank)
-    lessons = [i.lesson for i in items]
-    assert set(lessons) == {"01_prefill_decode", "03_sampling"}
-    assert lessons.index("03_sampling") == 0 and max(
-        i for i, lid in enumerate(lessons) if lid == "03_sampling") < lessons.index("01_prefill_decode")
-    assert {i.reason for i in items} == {"skipped"}
-    assert review.due_items(store, bank, limit=3) == items[:3]
+    assert [(i.kind, i.id) for i in items] == [("prediction", "01_prefill_decode/decode_ms"), ("card", card.id)]
+    assert items[0].prediction["measured"] == 30 and items[0].prediction["unit"] == "ms"
+
+    session = ReviewSession(store, bank)
+    assert "ms per decode token (in ms)" in session.front_text(session.current)
+    result = session.answer("20")  # off by 33 %: outside ±30 %
+    assert not result.correct and "off by 33 %, outside ±30 %: it stays in review" in result.explanation
+    assert session.reveal() == fill_numbers(card.answer, {})
+    session.rate(True)
+    assert _ids(due_items(store, bank)) == ["01_prefill_decode/decode_ms"]
+    assert ReviewSession(store, bank).answer(28).correct and due_items(store, bank) == []
+
+
+def test_most_missed_first_then_course_order_and_reset_empties_review(store, bank):
+    a, b = bank.for_lesson("03_sampling")[:2]
+    early = bank.for_lesson("00_start_here")[0]
+    for q, misses in ((a, 1), (b, 2), (early, 1)):
+        for _ in range(misses):
+            store.record_answer(q.lesson, q.id, _wrong(q), False)
+    assert _ids(due_items(store, bank)) == [b.id, early.id, a.id]
+    assert _ids(due_items(store, bank, lesson="03_sampling", limit=1)) == [b.id]
     with pytest.raises(ValueError, match="limit must be a whole number >= 1"):
         due_items(store, bank, limit=0)
-
-
-def test_cards_follow_their_self_ratings(store, bank):
-    card = bank.cards_for("02_kv_cache")[0]
-    store.record_card_view(card.lesson, card.id)
-    (item,) = [i for i in review.all_items(store, bank) if i.id == card.id]
-    assert item.reason == "unrated" and item.is_due(time.time())
-    store.record_card_rating(card.lesson, card.id, True)
-    (item,) = [i for i in review.all_items(store, bank) if i.id == card.id]
-    assert item.box == 1 and not item.is_due(time.time()) and item.is_due(time.time() + DAY_S + 1)
-    store.record_card_rating(card.lesson, card.id, False)
-    assert due_items(store, bank)[0].id == card.id  # a missed card leads the next session
-
-
-def test_reset_starts_the_schedule_over_and_keeps_the_answers(store, bank):
-    q = bank.for_lesson("00_start_here")[0]
-    store.record_answer(q.lesson, q.id, q.answer, True)
-    assert q.id not in _ids(due_items(store, bank))
     store.record_review_reset()
-    (item,) = [i for i in due_items(store, bank) if i.id == q.id]
-    assert item.reason == "reset" and item.box == 0
-    assert len(store.answers()) == 1
+    assert due_items(store, bank) == [] and len(store.answers()) == 4
 
 
 def test_explanations_quote_the_learners_own_numbers(store, bank):
-    """A card or question that cites a measurement shows the value saved in the progress file."""
-    cited = [c for c in bank.cards if [k for k in placeholder_keys(c.answer) if "." not in k]]
-    assert cited, "no interview card cites a measured number"
-    card = cited[0]
+    card = next(c for c in bank.cards if [k for k in placeholder_keys(c.answer) if "." not in k])
     values = {k: 1234.5678 for k in placeholder_keys(card.answer)}
     store.record_measurements(card.lesson, values)
     store.record_card_rating(card.lesson, card.id, False)
-    session = ReviewSession(store, bank, limit=1)
-    assert session.current.id == card.id
-    shown = session.reveal()
+    shown = ReviewSession(store, bank).reveal()
     assert shown == fill_numbers(card.answer, values) != fill_numbers(card.answer, {})
-    assert "1234" in shown or "1235" in shown
 
 
-# ---------------------------------------------------------------------- two writers
 def _reviewer(path: str, lesson: str, start) -> None:
-    store = ProgressStore(path)
-    session = ReviewSession(store, load_questions(), limit=None, lesson=lesson)
-    start.wait()  # every session has picked its items before anyone answers: all of them write every item
+    session = ReviewSession(ProgressStore(path), load_questions(), limit=None, lesson=lesson)
+    start.wait()  # every sitting has its items before anyone answers
     while not session.done:
-        item = session.current
-        if item.kind == "question":
-            session.answer(session.bank.question(item.id).answer)
-        else:
-            session.reveal()
-            session.rate(True)
+        session.answer(session.bank.question(session.current.id).answer)
 
 
 def test_two_writers_lose_nothing(tmp_path, bank):
-    """Two kernels reviewing the same lessons at the same moment: every answer and rating is kept."""
-    path = tmp_path / "shared.sqlite"
-    lessons = ["02_kv_cache", "03_sampling"]
-    seed = ProgressStore(path)
-    for lesson in lessons:
-        seed.record_self_assessment(lesson, LEVELS[0])
+    """Two kernels reviewing the same lessons at the same moment: every answer is kept."""
+    path, lessons = tmp_path / "shared.sqlite", ["02_kv_cache", "03_sampling"]
+    store = ProgressStore(path)
+    for q in (q for lid in lessons for q in bank.for_lesson(lid)):
+        store.record_answer(q.lesson, q.id, _wrong(q), False)
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     start = ctx.Barrier(2 * len(lessons))
     procs = [ctx.Process(target=_reviewer, args=(str(path), lesson, start)) for lesson in lessons * 2]
@@ -159,13 +124,8 @@ def test_two_writers_lose_nothing(tmp_path, bank):
     for p in procs:
         p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0] * len(procs)
-    store = ProgressStore(path)
-    n_questions = sum(len(bank.for_lesson(lid)) for lid in lessons)
-    n_cards = sum(len(bank.cards_for(lid)) for lid in lessons)
-    assert len(store.answers()) == 2 * n_questions  # each of the two writers per lesson answered all of them
-    assert len(store.card_ratings()) == 2 * n_cards
-    assert not due_items(store, bank)  # every item moved to box 1
-    assert {i.box for i in review.all_items(store, bank) if i.lesson in lessons} == {1}
+    n = sum(len(bank.for_lesson(lid)) for lid in lessons)
+    assert len(store.rows("reviews")) == 2 * n and due_items(store, bank) == []
 
 
 # ---------------------------------------------------------------------- the terminal
@@ -178,49 +138,38 @@ def _cli(monkeypatch, capsys, argv, stdin: str = ""):
     return rc, out, err
 
 
-def test_kvcourse_review_reads_answers_from_stdin(monkeypatch, capsys, tmp_path, bank):
+def test_kvcourse_review_asks_each_kind_and_lists_without_asking(monkeypatch, capsys, tmp_path, bank):
     store = ProgressStore(tmp_path / "default-progress.sqlite")
-    q = bank.for_lesson("03_sampling")[0]
-    wrong = next(o.key for o in q.options if o.key != q.answer)
-    store.record_answer(q.lesson, q.id, wrong, False)
-    card = bank.cards_for("03_sampling")[0]
-    store.record_card_rating(card.lesson, card.id, False)
-    first = _ids(due_items(store, bank, limit=2))
-    assert set(first) == {q.id, card.id}
-    replies = {q.id: f"x\n{q.answer.lower()}\n", card.id: "\nmaybe\ny\n"}  # a bad letter and a bad y/n first
-    rc, out, err = _cli(monkeypatch, capsys, ["--limit", "2"], "".join(replies[i] for i in first))
-    assert rc == 0, err
-    assert "Type one of" in out and "Did you know it?" in out and "Reviewed 2 of 2: 2 right, 0 missed" in out
-    assert store.answers()[-1]["question_id"] == q.id and store.answers()[-1]["correct"]
-    assert store.card_ratings()[-1]["knew"] is True
-    assert not {q.id, card.id} & set(_ids(due_items(store, bank)))
-
-    # the input ends mid-session: what was answered is kept, and it says so
-    rc, out, _ = _cli(monkeypatch, capsys, ["--limit", "3"], "")
-    assert rc == 0 and "Stopped; everything answered so far is saved." in out
-
-
-def test_kvcourse_review_list_asks_nothing(monkeypatch, capsys, tmp_path, bank):
     rc, out, _ = _cli(monkeypatch, capsys, ["--list"])
-    assert rc == 0 and "Nothing to review yet" in out
-    store = ProgressStore(tmp_path / "default-progress.sqlite")
-    store.record_self_assessment("00_start_here", LEVELS[0])
-    rc, out, _ = _cli(monkeypatch, capsys, ["--list", "--lesson", "00_start_here"])
-    n = len(bank.for_lesson("00_start_here")) + len(bank.cards_for("00_start_here"))
-    assert rc == 0 and out.startswith(f"{n} items due now")
-    assert all(f" {i.id} " in out for i in due_items(store, bank))
-    assert store.counts()["answers"] == 0
+    assert rc == 0 and "Nothing to review" in out
+    q, card = bank.for_lesson("03_sampling")[0], bank.cards_for("03_sampling")[0]
+    store.record_answer(q.lesson, q.id, _wrong(q), False)
+    store.record_card_rating(card.lesson, card.id, False)
+    store.record_prediction("03_sampling", "top_k_kept", "tokens top-k keeps", 10, 50, 0.2, "tokens")
+    rc, out, _ = _cli(monkeypatch, capsys, ["--list"])
+    assert rc == 0 and out.startswith("3 items to review") and RULE in out
+    assert all(f" {i.id} " in out for i in due_items(store, bank)) and store.rows("reviews") == []
+
+    replies = {q.id: f"x\n{q.answer.lower()}\n", card.id: "\nmaybe\ny\n", "03_sampling/top_k_kept": "lots\n45\n"}
+    order = _ids(due_items(store, bank))
+    rc, out, err = _cli(monkeypatch, capsys, [], "".join(replies[i] for i in order))
+    assert rc == 0, err
+    assert "Type one of" in out and "Did you know it?" in out and "Type a number" in out
+    assert "within ±20 %: well predicted, so it leaves review" in out and "Reviewed 3 of 3: 3 right, 0 missed" in out
+    assert due_items(store, bank) == []
+
+    store.record_answer(q.lesson, q.id, _wrong(q), False)
+    rc, out, _ = _cli(monkeypatch, capsys, [], "")  # the input ends at once
+    assert rc == 0 and "Stopped; everything answered so far is saved." in out
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--limit", "0"], "must be at least 1"),
-    (["--limit", "many"], "a whole number is needed"),
     (["--lesson", "99_nope"], "--lesson must be one of"),
     (["--yes"], "--yes only goes with --reset"),
     (["--reset", "--list"], "either --reset or --list"),
-    (["--file", "."], "is a folder"),
     (["--file", "missing.sqlite"], "does not exist"),
-    (["--file", __file__], "is not a progress file"),  # never moved aside as a "corrupt" progress file
+    (["--file", __file__], "is not a progress file"),  # never moved aside as a damaged progress file
 ])
 def test_bad_arguments_exit_2_with_one_line(monkeypatch, capsys, argv, message):
     try:
@@ -231,82 +180,96 @@ def test_bad_arguments_exit_2_with_one_line(monkeypatch, capsys, argv, message):
     assert not list(Path(__file__).parent.glob("*.corrupt-*"))
 
 
-def test_progress_refuses_a_file_that_is_not_a_progress_file(tmp_path, capsys):
-    from course.cli import main
-
-    other = tmp_path / "notes.txt"
-    other.write_text("my notes")
-    with pytest.raises(SystemExit) as exc:
-        main(["progress", "--file", str(other)])
-    assert exc.value.code == 2 and "is not a progress file" in capsys.readouterr().err
-    assert other.read_text() == "my notes" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-
-
-@pytest.mark.parametrize("reply, changed", [("yes", True), ("no", False), ("", False)])
-def test_reset_asks_first(monkeypatch, capsys, tmp_path, bank, reply, changed):
+@pytest.mark.parametrize("reply, emptied", [("yes", True), ("no", False)])
+def test_reset_asks_first(monkeypatch, capsys, tmp_path, bank, reply, emptied):
     store = ProgressStore(tmp_path / "default-progress.sqlite")
     q = bank.for_lesson("00_start_here")[0]
-    store.record_answer(q.lesson, q.id, q.answer, True)
-    asked = []
-    monkeypatch.setattr("builtins.input", lambda prompt: asked.append(prompt) or reply)
-    rc = _cli(monkeypatch, capsys, ["--reset"])[0]
-    assert asked and str(store.path) in asked[0]
-    assert rc == (0 if changed else 1)
-    assert (store.review_reset_at() is not None) == changed
-    assert len(store.answers()) == 1  # answers are never deleted by a review reset
-
-    monkeypatch.setattr("builtins.input", lambda _p: pytest.fail("must not ask with --yes"))
-    assert _cli(monkeypatch, capsys, ["--reset", "--yes"])[0] == 0
+    store.record_answer(q.lesson, q.id, _wrong(q), False)
+    monkeypatch.setattr("builtins.input", lambda prompt: reply)
+    assert _cli(monkeypatch, capsys, ["--reset"])[0] == (0 if emptied else 1)
+    assert (due_items(store, bank) == []) == emptied and len(store.answers()) == 1  # answers are never deleted
 
 
-# ---------------------------------------------------------------------- the widget and the progress view
-def test_widget_answers_a_question_and_rates_a_card(store, bank):
+def test_kvcourse_review_says_nothing_is_saved_when_the_file_cannot_take_it(monkeypatch, capsys, tmp_path, bank):
+    import os
+
+    path = tmp_path / "default-progress.sqlite"
+    q = bank.for_lesson("03_sampling")[0]
+    ProgressStore(path).record_answer(q.lesson, q.id, _wrong(q), False)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: real_access(p, mode) and not (
+        mode & os.W_OK and Path(p) == path))
+    rc, out, err = _cli(monkeypatch, capsys, [], f"{q.answer}\n")
+    assert rc == 0 and "✓" in out, err
+    assert f"Nothing answered in this sitting is saved in {path}" in out
+    assert err.startswith("Note: new progress cannot be saved in") and "Traceback" not in err
+    monkeypatch.undo()
+    assert ProgressStore(path).rows("reviews") == []
+
+
+# ---------------------------------------------------------------------- the widget and the progress table
+def test_widget_asks_a_card_a_question_and_a_prediction(store, bank):
     from course.teach.review_widget import ReviewWidget
 
-    q = bank.for_lesson("02_kv_cache")[0]
-    card = bank.cards_for("02_kv_cache")[0]
-    wrong = next(o.key for o in q.options if o.key != q.answer)
-    store.record_answer(q.lesson, q.id, wrong, False)
-    store.record_card_rating(card.lesson, card.id, False)
-    store.record_card_rating(card.lesson, card.id, False)  # two misses: the card comes first
-    widget = ReviewWidget(ReviewSession(store, bank, limit=2))
-    assert widget.shown.id == card.id and card.id in widget.status.value
+    q, card = bank.for_lesson("02_kv_cache")[0], bank.cards_for("02_kv_cache")[0]
+    store.record_answer(q.lesson, q.id, _wrong(q), False)
+    for _ in range(3):  # most missed: it comes first
+        store.record_card_rating(card.lesson, card.id, False)
+    for _ in range(2):
+        store.record_prediction("02_kv_cache", "kv_mb", "MB of KV cache per token", 1, 3, 0.3, "MB")
+    widget = ReviewWidget(ReviewSession(store, bank, limit=3))
+    assert widget.shown.id == card.id and card.id in widget.status.value and RULE in widget.children[0].value
     with pytest.raises(ValueError, match="is a card, not a question"):
         widget.check("A")
     assert widget.flip() == fill_numbers(card.answer, {})
-    assert widget.knew_button.layout.display == ""
-    widget.rate(True)
-    assert store.card_ratings()[-1]["knew"] is True
-    assert widget.shown.id == q.id
-    result = widget.check(wrong)
-    assert not result.correct and widget.next_button.layout.display == ""
-    widget.check(q.answer)  # a second try is shown, not counted
-    assert [a["correct"] for a in store.answers() if a["question_id"] == q.id] == [False, False]
+    assert "kvcourse-review-knew" in widget.item_widget.knew._dom_classes
+    widget.item_widget.knew.click()
+    assert store.rows("reviews")[-1]["item"] == card.id and store.rows("reviews")[-1]["correct"] is True
+
+    assert widget.shown.kind == "prediction"
+    widget.predict(2.9)
+    assert "well predicted" in widget.note.value and widget.next_button.layout.display == ""
     widget.next()
-    assert widget.shown is None and "Reviewed 2 of 2: 1 right, 1 missed" in widget.status.value
-    assert "kvcourse-review-progress" in widget.holder.children[0].value
+    assert widget.shown.id == q.id
+    assert not widget.check(_wrong(q)).correct and "stays in review" in widget.note.value
+    widget.check(q.answer)  # a second try is shown, not counted
+    assert [r["correct"] for r in store.rows("reviews") if r["item"] == q.id] == [False]
+    widget.next()
+    assert widget.shown is None and "Reviewed 3 of 3: 2 right, 1 missed. 1 item still in review." in widget.status.value
     text = widget._repr_mimebundle_()["text/plain"]
     assert q.id in text and card.id in text and fill_numbers(card.answer, {})[:40] not in text
 
 
-def test_progress_view_per_lesson(store, bank):
+def test_widget_says_when_the_progress_file_cannot_be_written(store, bank, monkeypatch):
+    from course.teach.progress import ProgressFileDiskError
+    from course.teach.review_widget import ReviewWidget
+
+    q = bank.for_lesson("02_kv_cache")[0]
+    store.record_answer(q.lesson, q.id, _wrong(q), False)
+    widget = ReviewWidget(ReviewSession(store, bank, limit=1))
+
+    def full(*_a, **_k):
+        raise ProgressFileDiskError("cannot write the progress file: its disk is full; free some space")
+
+    monkeypatch.setattr(widget.session, "answer", full)
+    widget.check(q.answer)
+    assert "disk is full" in widget.note.value and widget.shown.id == q.id and not widget._answered
+
+
+def test_progress_table_per_lesson(store, bank):
     q1, q2 = bank.for_lesson("03_sampling")[:2]
     store.record_answer(q1.lesson, q1.id, q1.answer, True)
-    store.record_answer(q2.lesson, q2.id, next(o.key for o in q2.options if o.key != q2.answer), False)
+    store.record_answer(q2.lesson, q2.id, _wrong(q2), False)
     store.record_exercise_check("sampler", 5, 7)
     store.record_exercise_check("an_extra_exercise", 3, 4)  # in no lesson's list: shown on its own line
-    rows = {r.lesson: r for r in review.progress(store, bank)}
-    s = rows["03_sampling"]
-    n_q, n_c = len(bank.for_lesson("03_sampling")), len(bank.cards_for("03_sampling"))
-    assert (s.right, s.seen, s.questions, s.cards_due, s.cards) == (1, 2, n_q, n_c, n_c)
-    assert s.due == (n_q - 1) + n_c  # all but the one answered right
-    assert (s.tests_passed, s.tests_total) == (5, 7)
-    assert rows["00_start_here"].due == 0 and rows["00_start_here"].tests_total is None
+    s = {r.lesson: r for r in review.progress(store, bank)}["03_sampling"]
+    assert (s.right, s.answered, s.in_review, s.tests_passed, s.tests_total) == (1, 2, 1, 5, 7)
     text = review.progress_text(store, bank)
     assert len(text.splitlines()) <= 24  # one screen
     (line,) = [ln for ln in text.splitlines() if ln.startswith("03_sampling ")]
-    assert line.split()[:6] == ["03_sampling", "1/2", str(n_q), f"{n_c}/{n_c}", str(s.due), "5/7"]
-    assert "an_extra_exercise: 3/4 visible tests pass" in text
+    assert line.split()[:7] == ["03_sampling", "1/2", str(len(bank.for_lesson("03_sampling"))),
+                                f"0/{len(bank.cards_for('03_sampling'))}", "0/0", "1", "5/7"]
+    assert "an_extra_exercise: 3/4 visible tests pass" in text and "right/answered: checkpoint questions" in text
     assert "<table" in review.progress_view(store)._repr_mimebundle_()["text/html"]
 
 
@@ -316,119 +279,30 @@ def test_every_exercise_follows_a_lesson():
     assert not missing, f"add these to course/lessons/recap.py's COURSE table: {missing}"
 
 
-# ---------------------------------------------------------------------- the notebook
+# ---------------------------------------------------------------------- without widgets, and the notebook
+def test_answer_again_without_widgets(store, bank, capsys):
+    q = bank.for_lesson("01_prefill_decode")[0]
+    store.record_answer(q.lesson, q.id, _wrong(q), False)
+    text = ReviewSession(store, bank).text()
+    assert f"answer_again({q.id!r}, LETTER)" in text and RULE in text
+    assert fill_numbers(q.correct.explanation, {})[:40] not in text
+    assert review.answer_again(q.id, q.answer, store=store) is True
+    assert "It leaves review." in capsys.readouterr().out and due_items(store, bank) == []
+    with pytest.raises(ValueError, match="is not in review now"):
+        review.answer_again(q.id, q.answer, store=store)
+
+
 @pytest.mark.slow
 def test_review_notebook_runs_headless(run_notebook, tmp_path, bank):
     import nbformat
 
     progress = tmp_path / "nb-progress.sqlite"
-    store = ProgressStore(progress)
     q = bank.for_lesson("01_prefill_decode")[0]
-    store.record_answer(q.lesson, q.id, next(o.key for o in q.options if o.key != q.answer), False)
+    ProgressStore(progress).record_answer(q.lesson, q.id, _wrong(q), False)
     run_notebook(LESSONS / "review.ipynb", timeout=300, env={"KVCOURSE_PROGRESS": str(progress)})
     executed = nbformat.read(tmp_path / "review-executed.ipynb", as_version=4)
-    texts = [o.get("text", "") + o.get("data", {}).get("text/plain", "")
-             for c in executed.cells if c.cell_type == "code" for o in c.outputs]
-    joined = "\n".join(texts)
-    assert "Leitner" in joined and "01_prefill_decode" in joined  # the schedule and the progress table
-    session = [t for t in texts if t.startswith("Review — ")]
-    assert session and f"{q.id} · missed last time" in session[0] and f"answer({q.id!r}, LETTER)" in session[0]
-    assert not any(o.get("output_type") == "error" for c in executed.cells if c.cell_type == "code" for o in c.outputs)
-
-
-# ---------------------------------------------------------------------- the terminal, when the file is not fine
-def test_kvcourse_review_says_where_a_moved_aside_file_is(monkeypatch, capsys, tmp_path):
-    good = tmp_path / "good.sqlite"
-    ProgressStore(good).record_answer("02_kv_cache", "kv-1", "A", False)
-    path = tmp_path / "default-progress.sqlite"
-    path.write_bytes(good.read_bytes()[:3000])  # a truncated copy: really not a readable database
-    rc, out, err = _cli(monkeypatch, capsys, ["--list"])
-    (aside,) = [p for p in tmp_path.glob(path.name + ".corrupt-*") if not p.name.endswith(("-wal", "-shm"))]
-    assert rc == 0 and "Nothing to review yet" in out
-    (note,) = [ln for ln in err.splitlines() if ln.strip()]
-    assert note.startswith("Note: ") and f"moved aside to {aside}; your earlier progress is in that file" in note
-    assert "ProgressFileWarning" not in err and ".py:" not in err
-
-
-def test_kvcourse_review_in_a_read_only_folder_says_nothing_is_saved(monkeypatch, capsys, tmp_path, bank):
-    """A folder the learner may not write: the saved answers are read (a session copy), and neither the note nor
-    the stop message claims that this session's answers are saved."""
-    import tempfile
-
-    import filelock
-
-    folder = tmp_path / "read-only"
-    folder.mkdir()
-    path = folder / "progress.sqlite"
-    q = bank.for_lesson("03_sampling")[0]
-    ProgressStore(path).record_answer(q.lesson, q.id, next(o.key for o in q.options if o.key != q.answer), False)
-    saved = ProgressStore(path).answers()
-    assert len(saved) == 1
-    real_lock = filelock.FileLock
-
-    def lock(name, *args, **kwargs):  # what creating the lock file beside it does in a read-only folder
-        if Path(name).parent == folder:
-            raise PermissionError(13, "Permission denied", name)
-        return real_lock(name, *args, **kwargs)
-
-    monkeypatch.setattr(filelock, "FileLock", lock)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    monkeypatch.setenv("KVCOURSE_PROGRESS", str(path))
-    rc, out, err = _cli(monkeypatch, capsys, ["--limit", "3"], f"{q.answer}\n")  # one answer, then the input ends
-    assert rc == 0 and "✓" in out, err
-    assert "everything answered so far is saved" not in out
-    assert f"Stopped; nothing answered in this session is saved in {path}" in out
-    assert err.startswith("Note: New progress cannot be saved in") and "Traceback" not in err
-    monkeypatch.undo()  # the folder writable again: the learner's file is as it was
-    assert ProgressStore(path).answers() == saved
-
-
-def test_kvcourse_review_on_a_busy_file_says_busy(monkeypatch, capsys, tmp_path):
-    import sqlite3
-
-    import course.cli.review as cli_review
-    from course.teach.progress import BUSY_MESSAGE
-
-    path = tmp_path / "default-progress.sqlite"
-    ProgressStore(path).record_answer("02_kv_cache", "kv-1", "A", False)
-    monkeypatch.setattr(cli_review, "default_store", lambda: ProgressStore(path, timeout=0.2))
-    holder = sqlite3.connect(path, isolation_level=None)
-    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
-    holder.execute("BEGIN EXCLUSIVE")
-    holder.execute("COMMIT")
-    try:
-        rc, out, err = _cli(monkeypatch, capsys, ["--list"])
-    finally:
-        holder.close()
-    assert rc == 1 and BUSY_MESSAGE in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert not list(tmp_path.glob("*.corrupt-*")) and len(ProgressStore(path).answers()) == 1
-
-
-def test_the_progress_table_says_what_its_columns_count(tmp_path):
-    """A learner read 'right/seen' and 'cards due' with no word on what they count."""
-    from course.teach import review
-    from course.teach.progress import ProgressStore
-
-    store = ProgressStore(tmp_path / "p.sqlite")
-    for shown in (review.progress_text(store), review.progress_html(store)):
-        assert "right/seen: checkpoint questions you answered right / answered" in shown
-        assert "cards due: interview cards due for another look" in shown
-
-
-def test_widget_says_when_the_progress_file_cannot_be_written(store, bank, monkeypatch):
-    """With the disk full the session raises ProgressFileDiskError: the widget showed it as a traceback under
-    itself; it shows the message and stays on the item, so the learner can try again."""
-    from course.teach.progress import ProgressFileDiskError
-    from course.teach.review_widget import ReviewWidget
-
-    q = bank.for_lesson("02_kv_cache")[0]
-    store.record_answer(q.lesson, q.id, next(o.key for o in q.options if o.key != q.answer), False)
-    widget = ReviewWidget(ReviewSession(store, bank, limit=1))
-    assert widget.shown.id == q.id
-
-    def full(*_a, **_k):
-        raise ProgressFileDiskError("cannot write the progress file: its disk is full; free some space")
-
-    monkeypatch.setattr(widget.session, "answer", full)
-    widget.check(q.answer)
-    assert "disk is full" in widget.note.value and widget.shown.id == q.id and not widget._answered
+    outputs = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs]
+    assert not any(o.get("output_type") == "error" for o in outputs)
+    texts = "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "01_prefill_decode" in texts and "1 item in review" in texts  # the progress table
+    assert f"{q.id} · missed once" in texts and f"answer_again({q.id!r}, LETTER)" in texts  # the sitting, as text

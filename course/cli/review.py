@@ -1,11 +1,11 @@
-"""`kvcourse review`: a spaced-repetition session in the terminal over what you missed, skipped or rated low.
+"""`kvcourse review`: answer again, in the terminal, what you missed in the lessons.
 
-    kvcourse review              answer the due items one by one (letters for questions, y/n for cards)
-    kvcourse review --list       only list what is due, heaviest first (asks nothing)
-    kvcourse review --reset      start the review schedule over (asks first; --yes does not)
+    kvcourse review              answer the items one by one (a letter, a number, or y/n after a card)
+    kvcourse review --list       only list what is in review, most missed first (asks nothing)
+    kvcourse review --reset      empty the review (asks first; --yes does not); everything stays saved
 
-The schedule (Leitner boxes) and the weighting are in course/teach/review.py; everything is saved in the
-progress file that the notebooks use, at once, so a notebook can be open at the same time.
+What is in review, and when it leaves, is course/teach/review.py's RULE. Every answer is saved at once in the
+progress file the notebooks use, so a notebook can be open at the same time.
 """
 from __future__ import annotations
 
@@ -14,23 +14,19 @@ import sys
 import warnings
 
 from course.cli.args import _typed, confirmed, existing_file, positive_int
-from course.teach.progress import (ENV_VAR, ProgressFileDiskWarning, ProgressFileError, ProgressStore, default_store,
-                                   notes_printed)
+from course.paths import PROGRESS_VAR
+from course.teach.predict import as_number
+from course.teach.progress import ProgressFileError, ProgressFileWarning, ProgressStore, default_store
 from course.teach.questions import load_questions
-from course.teach.review import (DEFAULT_LIMIT, INTERVALS_DAYS, SCHEME, ReviewSession, due_items,
-                                 nothing_due_text, when_text)
-
-
-SQLITE_MAGIC = b"SQLite format 3\x00"
+from course.teach.review import DEFAULT_LIMIT, KIND_TEXT, RULE, ReviewSession, due_items, nothing_due_text
 
 
 def _progress_file(text: str):
-    """An existing progress file: an SQLite database (or an empty file). Anything else is refused, because
-    the progress store would move a file it cannot use aside and start a new one in its place."""
+    """An existing progress file: an SQLite database (or an empty file). Anything else is refused: it is not one."""
     path = existing_file(text)
     with open(path, "rb") as f:
-        head = f.read(len(SQLITE_MAGIC))
-    if head and head != SQLITE_MAGIC:
+        head = f.read(16)
+    if head and head != b"SQLite format 3\x00":
         raise argparse.ArgumentTypeError(f"{path} is not a progress file (not an SQLite database); "
                                          "leave --file out to use your own")
     return path
@@ -39,19 +35,26 @@ def _progress_file(text: str):
 progress_file = _typed(_progress_file, "progress file", ["{missing}", "{dir}", "{unreadable}", "{file}", "{fifo}"])
 
 
+def say_notes(store: ProgressStore, said: list) -> None:
+    """Print what was found about the progress file since the last call, one "Note: ..." line each (stderr)."""
+    for note in store.notes[len(said):]:
+        said.append(note)
+        print(f"Note: {note}", file=sys.stderr)
+
+
 class _Stop(Exception):
     """q typed, or the input ended."""
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--list", action="store_true", help="list what is due now, without asking anything")
+    p.add_argument("--list", action="store_true", help="list what is in review, without asking anything")
     p.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT, metavar="N",
-                   help=f"at most N items in this session (default {DEFAULT_LIMIT})")
+                   help=f"at most N items in this sitting (default {DEFAULT_LIMIT})")
     p.add_argument("--lesson", default=None, help="only this lesson's items, e.g. 02_kv_cache")
-    p.add_argument("--reset", action="store_true", help="start the review schedule over (asks first)")
+    p.add_argument("--reset", action="store_true", help="empty the review (asks first); everything stays saved")
     p.add_argument("--yes", "-y", action="store_true", help="with --reset: do not ask")
     p.add_argument("--file", type=progress_file, default=None,
-                   help=f"progress file to use (default: ${ENV_VAR} or the user data folder)")
+                   help=f"progress file to use (default: ${PROGRESS_VAR} or the user data folder)")
 
 
 def _error(message: str) -> int:
@@ -60,7 +63,6 @@ def _error(message: str) -> int:
 
 
 def run(args) -> int:
-    limit = args.limit
     bank = load_questions()
     if args.lesson is not None and args.lesson not in bank.lessons:
         return _error(f"--lesson must be one of {', '.join(bank.lessons)}; got {args.lesson!r}")
@@ -68,53 +70,52 @@ def run(args) -> int:
         return _error("--yes only goes with --reset")
     if args.reset and args.list:
         return _error("use either --reset or --list, not both")
-    store = ProgressStore(args.file) if args.file is not None else default_store()
+    store, said = (ProgressStore(args.file) if args.file is not None else default_store()), []
     try:
-        with notes_printed():  # a file moved aside, or not writable: one "Note: ..." line, not a Python warning
-            if args.list:  # only reads: on a full disk it still lists what is due (with a note saying so)
-                return _list(store, bank, limit, args.lesson)
-            # A reset and a session write: on a full disk they stop before asking anything (the error below), not
-            # after a note that the file was read as it is.
-            warnings.simplefilter("ignore", ProgressFileDiskWarning)
-            if args.reset:
-                return _reset(store, assume_yes=args.yes)
-            session = ReviewSession(store, bank, limit=limit, lesson=args.lesson)
-            store.check_writable()
-            return _session(session)
-    except ProgressFileError as exc:  # busy or disk full, before anything was answered (_session says what was saved once it started)
+        with warnings.catch_warnings():  # said as "Note: ..." lines instead
+            warnings.simplefilter("ignore", ProgressFileWarning)
+            if args.list:  # only reads: on a full disk it still lists (with a note saying so)
+                items = due_items(store, bank, lesson=args.lesson)
+                say_notes(store, said)
+                return _list(items, args.limit)
+            session = None if args.reset else ReviewSession(store, bank, limit=args.limit, lesson=args.lesson)
+            store.rows("review_resets")  # the file is read before anything is asked
+            if store.disk_error is not None:  # a full disk: stop before asking what cannot be saved
+                raise store.disk_error
+            say_notes(store, said)
+            code = _reset(store, args.yes) if args.reset else _session(session)
+            if code == 0:  # (a sitting stopped by the file has said why in its one line)
+                say_notes(store, said)
+            return code
+    except ProgressFileError as exc:  # busy or disk full before anything was answered (_session says what was saved)
         print(f"kvcourse review: {exc}", file=sys.stderr)
         return 1
 
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
-    store.review_reset_at()  # opens the file first: a note on it comes before the question
-    store.check_writable()  # read as it is, from a full disk: nothing can be reset there
-    if store.not_saved:  # only a session copy could be reset: say so instead of pretending
+    if store.not_saved:  # only this session's copy could be emptied: say so instead of pretending
         print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
         return 2
-    if not assume_yes and not confirmed(
-            f"Start the review schedule in {store.path} over? Every item goes back to box 0 "
-            "(your answers and progress stay saved).", "Nothing changed."):
+    if not assume_yes and not confirmed(f"Empty the review in {store.path}? Your answers and progress stay saved.",
+                                        "Nothing changed."):
         return 1
     store.record_review_reset()
     if store.not_saved:  # the file could not be written after all (found only on writing)
         print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
         return 2
-    print(f"Review schedule started over in {store.path}.")
+    print(f"Review emptied in {store.path}.")
     return 0
 
 
-def _list(store: ProgressStore, bank, limit: int, lesson: str | None) -> int:
-    items = due_items(store, bank, lesson=lesson)
+def _list(items, limit: int) -> int:
     if not items:
-        print(nothing_due_text(store, bank))
+        print(nothing_due_text())
         return 0
-    print(f"{len(items)} item{'s' if len(items) != 1 else ''} due now (heaviest first; "
-          f"`kvcourse review` asks the first {min(limit, len(items))}):")
+    print(f"{len(items)} item{'s' if len(items) != 1 else ''} to review, most missed first (`kvcourse review` asks the "
+          f"first {min(limit, len(items))}). {RULE}")
     width = max(len(i.id) for i in items)
     for n, item in enumerate(items, 1):
-        kind = "question" if item.kind == "question" else "card"
-        print(f"  {n:>3}. {item.lesson:<22} {kind:<8} {item.id:<{width}}  box {item.box}  {item.describe()}")
+        print(f"  {n:>3}. {item.lesson:<22} {KIND_TEXT[item.kind]:<14} {item.id:<{width}}  {item.describe()}")
     return 0
 
 
@@ -131,20 +132,16 @@ def _ask(prompt: str) -> str:
 
 def _session(session: ReviewSession) -> int:
     if not session.items:
-        print(nothing_due_text(session.store, session.bank))
+        print(nothing_due_text())
         return 0
-    print(f"Review — {session.due_total} due now; here are the {len(session.items)} that need it most.")
-    print(f"Schedule: {SCHEME}; intervals {', '.join(f'{d:g}' for d in INTERVALS_DAYS)} days by box.")
-    print("Type the letter of your answer (s skips, q stops).\n")
+    print(f"Review: {session.due_total} to review; here are the {len(session.items)} that need it most. {RULE}")
+    print("Type your answer (s skips, q stops).\n")
     try:
         while not session.done:
             item = session.current
             print(session.heading(item))
             print(session.front_text(item))
-            if item.kind == "question":
-                _question(session)
-            else:
-                _card(session)
+            {"question": _question, "card": _card, "prediction": _prediction}[item.kind](session)
             print()
     except (_Stop, KeyboardInterrupt):
         print("\nStopped; " + _saved_text(session))
@@ -159,57 +156,69 @@ def _session(session: ReviewSession) -> int:
 
 
 def _saved_text(session: ReviewSession, before_this_one: bool = False) -> str:
-    """Where this session's answers are, in words that are true: saved, or kept for this session only."""
+    """Where this sitting's answers are, in words that are true: saved, or kept for this session only."""
     answered = session.count("right") + session.count("missed")
     if session.store.not_saved:
-        return (f"nothing answered in this session is saved in {session.store.saved_path} (see the note above); "
-                "it was kept for this session only.")
+        return (f"nothing answered in this sitting is saved in {session.store.path} (see the note above); it was "
+                "kept for this session only.")
     if before_this_one:
         return ("this answer may not be saved." if not answered else
                 "everything answered before this one is saved; this one may not be.")
     return "everything answered so far is saved."
 
 
+def _reply(prompt: str, ok, again: str, session: ReviewSession) -> str | None:
+    """Ask until `ok(reply)`; None when the learner skips (s)."""
+    while True:
+        reply = _ask(prompt)
+        if reply.lower() == "s":
+            session.skip()
+            return None
+        if ok(reply):
+            return reply
+        print(f"  {again}")
+
+
 def _question(session: ReviewSession) -> None:
     q = session.bank.question(session.current.id)
     letters = [o.key for o in q.options]
-    while True:
-        reply = _ask(f"Your answer ({'/'.join(letters)}, s to skip, q to stop): ")
-        if reply.lower() == "s":
-            session.skip()
-            return
-        if reply.upper() in letters:
-            break
-        print(f"  Type one of {', '.join(letters)} (or s to skip, q to stop).")
-    item = session.current
-    result = session.answer(reply)
-    mark = "✓" if result.correct else "✗"
-    print(f"{mark} {result.choice}: {result.explanation}")
-    if not result.correct:
-        right = q.correct
-        print(f"  The right answer is {right.key}: {result.others[right.key]}")
-    print(f"  {item.id} comes back {when_text(session.outcomes[-1].next_due_at)}.")
+    reply = _reply(f"Your answer ({'/'.join(letters)}, s to skip, q to stop): ", lambda r: r.upper() in letters,
+                   f"Type one of {', '.join(letters)} (or s to skip, q to stop).", session)
+    if reply is not None:
+        result = session.answer(reply)
+        print(f"{'✓' if result.correct else '✗'} {result.choice}: {result.explanation}")
+        if not result.correct:
+            print(f"  The right answer is {q.answer}: {result.others[q.answer]}")
+        print(f"  {'It leaves review.' if result.correct else 'It stays in review.'}")
 
 
 def _card(session: ReviewSession) -> None:
-    reply = _ask("Answer it aloud (or in your head), then press Enter for the model answer (s to skip, q to stop): ")
-    if reply.lower() == "s":
+    if _ask("Answer it aloud, then press Enter for the model answer (s to skip, q to stop): ").lower() == "s":
         session.skip()
         return
     print("  " + session.reveal())
-    while True:
-        reply = _ask("Did you know it? (y/n, q to stop): ").lower()
-        if reply in ("y", "yes", "n", "no"):
-            break
-        print("  Type y if your answer had the mechanism and the number, n if not.")
-    item = session.current
-    outcome = session.rate(reply.startswith("y"))
-    print(f"  {item.id} comes back {when_text(outcome.next_due_at)}.")
+    reply = _reply("Did you know it? (y/n, q to stop): ", lambda r: r.lower() in ("y", "yes", "n", "no"),
+                   "Type y if your answer had the mechanism and the number, n if not.", session)
+    if reply is not None:
+        knew = reply.lower().startswith("y")
+        session.rate(knew)
+        print(f"  {'It leaves review.' if knew else 'It stays in review.'}")
+
+
+def _prediction(session: ReviewSession) -> None:
+    def number(reply: str) -> bool:
+        try:
+            return as_number(reply) is not None
+        except ValueError:
+            return False
+
+    reply = _reply(f"Your prediction, in {session.current.prediction['unit']} (s to skip, q to stop): ", number,
+                   "Type a number, e.g. 20 or 0.5 (or s to skip, q to stop).", session)
+    if reply is not None:
+        print(f"  {session.answer(reply).explanation}")
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import argparse
-
     parser = argparse.ArgumentParser(prog="kvcourse review")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))

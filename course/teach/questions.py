@@ -1,9 +1,6 @@
 """The question bank: its data (course/teach/questions.yaml), the measured numbers in its text, its plain-text
-renderings, and `grade` — everything about questions that needs no widget and no saved state.
-
-It imports nothing else of course/teach/: progress.py (the saved state), quiz_widget.py (the widgets) and quiz.py
-(the notebook entry points) all build on it. Functions that save take a `store` argument (duck-typed: a
-course.teach.progress.ProgressStore in practice).
+renderings, and `grade`: everything about questions that needs no widget and no saved state. It imports nothing
+else of course/teach/; functions that save take a `store` (a course.teach.progress.ProgressStore in practice).
 """
 from __future__ import annotations
 
@@ -29,19 +26,6 @@ PLACEHOLDER = re.compile(
     r"(?:(?P<op>[*/])(?P<factor>[0-9][0-9.]*(?:e[+-]?[0-9]+)?))?"
     r"(?::(?P<spec>[^{}|]*))?"
     r"(?:\|(?P<fallback>[^{}]*))?\}")
-
-
-# Questions renamed since answers were saved: old id -> (new id, old option letter -> new letter). The five
-# checkpoint questions of lessons 1-3 had ids a learner should never have seen; three of them also had their
-# options put in another order. Reads map old rows. These five were once also the graded quiz; they are practice
-# checkpoints now, and the graded quiz asks its own questions (autograde/quiz_questions.yaml, outside the package).
-RENAMED: dict[str, tuple[str, dict[str, str]]] = {
-    "seed-1": ("prefill-ab", {"A": "A", "B": "B", "C": "C"}),
-    "seed-3": ("prefill-bound", {"A": "A", "B": "C", "C": "B"}),
-    "seed-2": ("kv-70b", {"A": "A", "B": "B", "C": "C"}),
-    "seed-5": ("kv-beam", {"A": "A", "B": "C", "C": "B"}),
-    "seed-4": ("sampling-golden", {"A": "B", "B": "A", "C": "C"}),
-}
 
 
 class QuestionDataError(ValueError):
@@ -112,8 +96,7 @@ class QuestionBank:
         return [c for c in self.cards if lesson_id is None or c.lesson == lesson_id]
 
     def question(self, question_id: str) -> Question:
-        # an old id (a notebook saved before the rename) still works
-        return self._by_id(self.questions, "question_id", RENAMED.get(question_id, (question_id,))[0])
+        return self._by_id(self.questions, "question_id", question_id)
 
     def card(self, card_id: str) -> Card:
         return self._by_id(self.cards, "card_id", card_id)
@@ -138,83 +121,67 @@ class QuestionBank:
 # ---------------------------------------------------------------------- loading and validation
 def validate(data) -> list[str]:
     """Every problem in parsed question data, as readable strings (an empty list means valid)."""
-    problems: list[str] = []
     if not isinstance(data, dict):
         return ["the file must be a mapping with keys lessons, questions, interview"]
-    lessons = data.get("lessons")
-    if not isinstance(lessons, dict) or not lessons:
+    problems: list[str] = []
+    lessons = data.get("lessons") if isinstance(data.get("lessons"), dict) else {}
+    if not lessons:
         problems.append("`lessons` must be a non-empty mapping of lesson id → {title, self_assessment}")
-        lessons = {}
-    for lid, info in lessons.items():
-        if not isinstance(info, dict) or not _text(info.get("title")) or not _text(info.get("self_assessment")):
-            problems.append(f"lesson {lid!r} needs a non-empty title and self_assessment")
-    seen: set[str] = set()
-
-    def check_common(item, kind, i):
-        where = f"{kind} #{i + 1}"
-        if not isinstance(item, dict):
-            problems.append(f"{where} must be a mapping")
-            return None
-        qid = item.get("id")
-        if not _text(qid):
-            problems.append(f"{where} has no id")
-        else:
-            where = f"{kind} {qid!r}"
-            if qid in seen:
-                problems.append(f"{where}: duplicate id")
-            seen.add(qid)
-        if item.get("lesson") not in lessons:
-            problems.append(f"{where}: lesson {item.get('lesson')!r} is not one of {list(lessons)}")
-        if not _text(item.get("prompt")):
-            problems.append(f"{where}: empty prompt")
-        if item.get("source", "course") not in ("seed", "course"):
-            problems.append(f"{where}: source must be 'seed' or 'course'")
-        return where
-
-    for i, q in enumerate(data.get("questions") or []):
-        where = check_common(q, "question", i)
-        if where is None:
-            continue
-        options = q.get("options")
-        if not isinstance(options, list) or not 2 <= len(options) <= len(OPTION_KEYS):
-            problems.append(f"{where}: needs between 2 and {len(OPTION_KEYS)} options")
-            options = []
-        keys = []
-        for j, o in enumerate(options):
-            if not isinstance(o, dict):
-                problems.append(f"{where}: option #{j + 1} must be a mapping")
-                continue
-            keys.append(o.get("key"))
-            if o.get("key") != OPTION_KEYS[j]:
-                problems.append(f"{where}: option #{j + 1} must have key {OPTION_KEYS[j]!r}, got {o.get('key')!r}")
-            if not _text(o.get("text")):
-                problems.append(f"{where}: option {o.get('key')!r} has no text")
-            if not _text(o.get("explanation")):
-                problems.append(f"{where}: option {o.get('key')!r} has no explanation")
-            elif q.get("answer") in [x.get("key") for x in options if isinstance(x, dict)]:
-                verdict = "Right" if o.get("key") == q.get("answer") else "Wrong"
-                if not o["explanation"].lstrip().startswith(verdict):
-                    problems.append(f"{where}: option {o.get('key')!r}'s explanation must start with "
-                                    f"{verdict!r} (answer is {q.get('answer')!r})")
-        matches = [k for k in keys if k == q.get("answer")]
-        if len(matches) != 1:
-            problems.append(f"{where}: answer {q.get('answer')!r} must name exactly one option of {keys}")
-        if not isinstance(q.get("autograded", False), bool):
-            problems.append(f"{where}: autograded must be true or false")
-        for text in [q.get("prompt")] + [o.get("text") for o in options if isinstance(o, dict)] + \
-                [o.get("explanation") for o in options if isinstance(o, dict)]:
-            problems += [f"{where}: {p}" for p in placeholder_problems(text)]
-    for i, c in enumerate(data.get("interview") or []):
-        where = check_common(c, "interview card", i)
-        if where is None:
-            continue
-        if not _text(c.get("answer")):
-            problems.append(f"{where}: empty model answer")
-        for text in (c.get("prompt"), c.get("answer")):
-            problems += [f"{where}: {p}" for p in placeholder_problems(text)]
+    problems += [f"lesson {lid!r} needs a non-empty title and self_assessment" for lid, info in lessons.items()
+                 if not (isinstance(info, dict) and _text(info.get("title")) and _text(info.get("self_assessment")))]
     if not data.get("questions"):
         problems.append("`questions` must list at least one question")
+    seen: set = set()
+    for kind, items in (("question", data.get("questions") or []), ("interview card", data.get("interview") or [])):
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                problems.append(f"{kind} #{i + 1} must be a mapping")
+                continue
+            where = f"{kind} {item['id']!r}" if _text(item.get("id")) else f"{kind} #{i + 1}"
+            found = [] if _text(item.get("id")) else ["has no id"]
+            found += ["duplicate id"] if item.get("id") in seen else []
+            seen.add(item.get("id"))
+            if item.get("lesson") not in lessons:
+                found.append(f"lesson {item.get('lesson')!r} is not one of {list(lessons)}")
+            found += [] if _text(item.get("prompt")) else ["empty prompt"]
+            found += [] if item.get("source", "course") in ("seed", "course") else ["source must be 'seed' or 'course'"]
+            texts = [item.get("prompt"), item.get("answer")]
+            if kind == "interview card":
+                found += [] if _text(item.get("answer")) else ["empty model answer"]
+            else:
+                texts = [item.get("prompt")] + _option_problems(item, found)
+            found += [p for text in texts for p in placeholder_problems(text)]
+            problems += [f"{where}: {p}" for p in found]
     return problems
+
+
+def _option_problems(q: dict, found: list) -> list:
+    """Append the problems of a question's options and answer to `found`; return the option texts to check."""
+    options = q.get("options")
+    if not isinstance(options, list) or not 2 <= len(options) <= len(OPTION_KEYS):
+        found.append(f"needs between 2 and {len(OPTION_KEYS)} options")
+        options = []
+    keys = [o.get("key") for o in options if isinstance(o, dict)]
+    texts = []
+    for j, o in enumerate(options):
+        if not isinstance(o, dict):
+            found.append(f"option #{j + 1} must be a mapping")
+            continue
+        texts += [o.get("text"), o.get("explanation")]
+        if o.get("key") != OPTION_KEYS[j]:
+            found.append(f"option #{j + 1} must have key {OPTION_KEYS[j]!r}, got {o.get('key')!r}")
+        found += [] if _text(o.get("text")) else [f"option {o.get('key')!r} has no text"]
+        verdict = "Right" if o.get("key") == q.get("answer") else "Wrong"
+        if not _text(o.get("explanation")):
+            found.append(f"option {o.get('key')!r} has no explanation")
+        elif q.get("answer") in keys and not o["explanation"].lstrip().startswith(verdict):
+            found.append(f"option {o.get('key')!r}'s explanation must start with {verdict!r} (answer is "
+                         f"{q.get('answer')!r})")
+    if keys.count(q.get("answer")) != 1:
+        found.append(f"answer {q.get('answer')!r} must name exactly one option of {keys}")
+    if not isinstance(q.get("autograded", False), bool):
+        found.append("autograded must be true or false")
+    return texts
 
 
 def placeholder_problems(text) -> list[str]:
@@ -278,15 +245,6 @@ def bank_from_data(data, path: Path | None = None) -> QuestionBank:
     cards = tuple(Card(id=c["id"], lesson=c["lesson"], prompt=c["prompt"].strip(), answer=c["answer"].strip(),
                        source=c.get("source", "course")) for c in data.get("interview") or [])
     return QuestionBank(lessons=lessons, questions=questions, cards=cards, path=path)
-
-
-def questions(lesson_id: str | None = None, autograded: bool | None = None) -> list[Question]:
-    """Questions of one lesson (or all), optionally only the autograded ones."""
-    bank = load_questions()
-    if lesson_id is not None:
-        bank.check_lesson(lesson_id)
-    return [q for q in bank.questions
-            if (lesson_id is None or q.lesson == lesson_id) and (autograded is None or q.autograded == autograded)]
 
 
 def _text(value) -> bool:

@@ -1,10 +1,8 @@
 """Quiz widgets: checkpoint questions, interview flip cards, the end-of-lesson self-assessment.
 
-Each widget's behaviour is a plain method (``QuestionWidget.choose`` / ``.check``, ``FlipCard.flip``,
-``SelfAssessmentWidget.choose``) that the buttons call, so tests drive them without a front end. Each
-is displayed with a ``text/plain`` rendering of itself in its MIME bundle — question and options only,
-no answers — which is what a headless run keeps (see course/teach/quiz.py for why this is the fallback).
-CSS classes (``kvcourse-quiz-*``) give browser tests stable handles.
+Each widget's behaviour is a plain method the buttons call (``choose``, ``check``, ``flip``, ``rate``), so tests
+drive them without a front end. Each carries its own text rendering (no answers) as ``text/plain``: what a run without
+widgets keeps (course/teach/quiz.py). CSS classes ``kvcourse-quiz-*`` give browser tests stable handles.
 """
 from __future__ import annotations
 
@@ -35,9 +33,6 @@ def _verdict_html(explanation: str) -> str:
 
 class _TextFallback:
     """Mixin: put the widget's own text rendering in text/plain (ipywidgets puts a truncated repr)."""
-
-    def text(self) -> str:  # pragma: no cover - overridden
-        raise NotImplementedError
 
     def _repr_mimebundle_(self, **kwargs):
         data = super()._repr_mimebundle_(**kwargs)
@@ -137,11 +132,11 @@ class QuestionWidget(_TextFallback, widgets.VBox):
 
 
 class FlipCard(_TextFallback, widgets.VBox):
-    """An interview question: answer it aloud, then Show answer."""
+    """An interview question: answer it aloud, Show answer, then say whether you knew it (a miss comes back in
+    review). The rating is saved, or handed to `on_rate(knew)` (the review widget)."""
 
-    def __init__(self, card, *, store: ProgressStore | None = None, values=None):
-        self.card = card
-        self.store = store
+    def __init__(self, card, *, store: ProgressStore | None = None, values=None, on_rate=None):
+        self.card, self.store, self.on_rate = card, store, on_rate
         self._values = values if callable(values) else (lambda v=values or {}: v)
         self.front = widgets.HTML(f"<b>{_html(fill_numbers(card.prompt, self._values()))}</b>")
         self.back = widgets.HTML("", layout=widgets.Layout(display="none"))
@@ -149,8 +144,15 @@ class FlipCard(_TextFallback, widgets.VBox):
         self.button = widgets.Button(description="Show answer", icon="eye")
         self.button.add_class("kvcourse-quiz-flip")
         self.button.on_click(lambda _b: self.flip())
+        self.knew = widgets.Button(description="I knew it", button_style="success", icon="check")
+        self.missed = widgets.Button(description="I missed it", button_style="warning", icon="times")
+        for button, knew in ((self.knew, True), (self.missed, False)):
+            button.add_class(f"kvcourse-quiz-{'knew' if knew else 'missed'}")
+            button.on_click(lambda _b, knew=knew: self.rate(knew))
+        self.rating = widgets.HBox([self.knew, self.missed], layout=widgets.Layout(display="none"))
+        self.said = widgets.HTML("")
         self.revealed = False
-        super().__init__([self.front, self.button, self.back],
+        super().__init__([self.front, self.button, self.back, self.rating, self.said],
                          layout=widgets.Layout(border="1px solid #ddd", padding="0.5em", margin="0 0 0.6em 0"))
         self.add_class("kvcourse-quiz-card")
 
@@ -159,14 +161,28 @@ class FlipCard(_TextFallback, widgets.VBox):
         self.revealed = not self.revealed
         if self.revealed:
             self.back.value = f"<div style='margin-top:.4em'>{_html(fill_numbers(self.card.answer, self._values()))}</div>"
-            if self.store is not None:
-                try:
-                    self.store.record_card_view(self.card.lesson, self.card.id)
-                except Exception as exc:
-                    warnings.warn(f"could not save to {self.store.path}: {exc}", stacklevel=2)
-        self.back.layout.display = "" if self.revealed else "none"
+            self._save(self.store.record_card_view if self.store is not None else None, self.card.lesson, self.card.id)
+        self.back.layout.display = self.rating.layout.display = "" if self.revealed else "none"
         self.button.description = "Hide answer" if self.revealed else "Show answer"
         return self.revealed
+
+    def rate(self, knew: bool) -> None:
+        """"I knew it" / "I missed it" (what the buttons do), after revealing the answer."""
+        if not self.revealed:
+            self.flip()
+        if self.on_rate is not None:
+            return self.on_rate(knew)
+        if self._save(self.store.record_card_rating if self.store is not None else None, self.card.lesson,
+                      self.card.id, knew):
+            self.said.value = ("<span style='color:#666'>Saved: you knew it.</span>" if knew else
+                               "<span style='color:#666'>Saved: it comes back in review.</span>")
+
+    def _save(self, record, *args) -> bool:
+        try:
+            return record is not None and record(*args) is None
+        except Exception as exc:  # a progress file that cannot be written must not hide the card
+            warnings.warn(f"could not save to {self.store.path}: {exc}", stacklevel=3)
+            return False
 
     @property
     def answer_text(self) -> str:
@@ -208,20 +224,13 @@ class CheckpointQuiz(_TextFallback, widgets.VBox):
         self.add_class("kvcourse-quiz")
         self._update()
 
-    def _update(self, _question=None) -> None:
-        right = sum(1 for q in self.questions if q.result is not None and q.result.correct)
-        self.score.value = f"<b>{right} of {len(self.questions)}</b> right so far (saved — see <code>kvcourse progress</code>)."
-
     @property
     def right(self) -> int:
         return sum(1 for q in self.questions if q.result is not None and q.result.correct)
 
-    def question(self, question_id: str) -> QuestionWidget:
-        for q in self.questions:
-            if q.question.id == question_id:
-                return q
-        raise ValueError(f"question_id {question_id!r} is not in this checkpoint; "
-                         f"choose one of {[q.question.id for q in self.questions]}")
+    def _update(self, _question=None) -> None:
+        self.score.value = (f"<b>{self.right} of {len(self.questions)}</b> right so far (saved: see <code>kvcourse "
+                            "progress</code>; what you missed comes back in lessons/review.ipynb).")
 
     def text(self) -> str:
         return checkpoint_text(self.lesson.id, measured_values(self.lesson.id, self.store), cards=self.deck is not None)

@@ -389,7 +389,7 @@ def test_review_answers_one_due_card(lab):
     store = ProgressStore(lab.server.state / "progress.sqlite")  # the test server's learner
     for _ in range(4):  # missed again and again: it leads the session, whatever other tests answered
         store.record_card_rating(card.lesson, card.id, False)
-    before = len(store.card_ratings())
+    before = len(store.rows("reviews"))
     page = lab.open("lessons/review.ipynb")
     assert_clean(lab, page, lab.run_all(page, timeout_s=300), "lessons/review.ipynb")
     table = page.locator(".kvcourse-review-progress")
@@ -407,8 +407,8 @@ def test_review_answers_one_due_card(lab):
     page.wait_for_function("([el, id]) => !el.innerText.includes(id)", arg=[status.element_handle(), card.id],
                            timeout=60_000)
     lab.shot(widget, "review-next")
-    ratings = store.card_ratings()
-    assert len(ratings) == before + 1 and (ratings[-1]["card_id"], ratings[-1]["knew"]) == (card.id, True)
+    answers = store.rows("reviews")  # answers given in review
+    assert len(answers) == before + 1 and (answers[-1]["item"], answers[-1]["correct"]) == (card.id, True)
 
 
 # ------------------------------------------------------------------------------ self-paced `kvcourse lab`
