@@ -13,8 +13,6 @@ positions a shorter sequence has not reached are stale, and `Positions.mask` hid
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
 from course.engine.config import ModelConfig
@@ -52,7 +50,7 @@ class LayerKVCache:
     def check(self, pos: int | Positions, n_new: int) -> int:
         """The end of the write (one past the last position); ValueError if it leaves the buffers."""
         first, end, rows = (min(pos.start), pos.kv_len, pos.rows) if isinstance(pos, Positions) else \
-            (operator.index(pos), operator.index(pos) + n_new, None)
+            (pos, pos + n_new, None)
         if first < 0 or end > self.max_seq_len:
             raise ValueError(f"KV cache overflow: positions {first}..{end - 1} do not fit in a cache of "
                              f"{self.max_seq_len} tokens; create the cache with a larger max_seq_len")

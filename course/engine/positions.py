@@ -39,7 +39,8 @@ class Positions:
     # ------------------------------------------------------------------ the three cases
     @classmethod
     def at(cls, start: int, n_new: int, device="cpu") -> "Positions":
-        start = _checked([operator.index(start)], [n_new])[0]
+        start = _checked([start if isinstance(start, int) else operator.index(start)], [n_new])[0]  # an int stays
+        # as it is: under torch.compile it is a symbolic size, which operator.index would pin to one value
         positions = torch.arange(start, start + n_new, device=device)[None]  # [1, T]
         mask = None  # None: one query sees every key so far; T queries from position 0: the causal triangle
         if start and n_new > 1:  # T new queries after `start` cached keys: query i sees keys 0 .. start+i
