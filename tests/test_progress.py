@@ -65,7 +65,8 @@ def test_what_is_saved_is_read_by_a_new_process(tmp_path):
     assert store.self_assessment("02_kv_cache") == "Getting there" and store.self_assessment("03_sampling") is None
     assert store.cards_seen() == {"interview-3"}
     (check,) = store.exercise_checks()
-    assert (check["passed"], check["total"], check["runs"], check["details"]) == (5, 7, 1, {"failed": ["test_overflow"]})
+    assert (check["passed"], check["total"], check["runs"]) == (5, 7, 1)
+    assert check["details"] == {"failed": ["test_overflow"]}
     assert store.measurements("02_kv_cache") == {"cache_speedup": 7.5}  # the one JSON cannot hold is left out
     (p,) = store.rows("predictions")
     assert (p["predicted"], p["measured"], p["tolerance"], p["correct"]) == (20, 25, 0.3, True)

@@ -41,8 +41,9 @@ def run(args) -> int:
         print("Exercises (latest `kvcourse check`):")
     for e in exercises:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["at"]))
-        print(f"  {e['exercise']:<18}  {e['passed']}/{e['total']} tests passed  ({'all passed' if e['passed'] == e['total'] else 'to fix'}; "
-              f"{e['runs']} run{'s' if e['runs'] != 1 else ''}, last {when})")
+        status = "all passed" if e["passed"] == e["total"] else "to fix"
+        print(f"  {e['exercise']:<18}  {e['passed']}/{e['total']} tests passed  ({status}; {e['runs']} "
+              f"run{'s' if e['runs'] != 1 else ''}, last {when})")
     if not exercises and not any(store.counts().values()):
         print("\nNothing saved yet: answer a checkpoint at the end of a lesson to start.")
     return 0

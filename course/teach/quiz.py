@@ -15,8 +15,8 @@ import warnings
 
 from course.measure.display import text_only
 from course.teach.progress import ProgressStore, default_store
-from course.teach.questions import (card_text, checkpoint_text, fill_numbers, grade, load_questions,  # noqa: F401
-                                    self_assessment_text)
+from course.teach.questions import fill_numbers, load_questions  # noqa: F401  (what notebooks and tests import here)
+from course.teach.questions import card_text, checkpoint_text, grade, self_assessment_text
 from course.teach.questions import measured_values as _measured_values
 
 

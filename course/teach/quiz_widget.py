@@ -160,7 +160,8 @@ class FlipCard(_TextFallback, widgets.VBox):
         """Show or hide the model answer; returns whether it is now shown. The first reveal is saved."""
         self.revealed = not self.revealed
         if self.revealed:
-            self.back.value = f"<div style='margin-top:.4em'>{_html(fill_numbers(self.card.answer, self._values()))}</div>"
+            answer = _html(fill_numbers(self.card.answer, self._values()))
+            self.back.value = f"<div style='margin-top:.4em'>{answer}</div>"
             self._save(self.store.record_card_view if self.store is not None else None, self.card.lesson, self.card.id)
         self.back.layout.display = self.rating.layout.display = "" if self.revealed else "none"
         self.button.description = "Hide answer" if self.revealed else "Show answer"

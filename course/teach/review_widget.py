@@ -43,10 +43,8 @@ class ReviewWidget(_TextFallback, widgets.VBox):
         item = self.shown = s.current
         self._answered, self.note.value = False, ""
         if item is None:
-            self.status.value = f"<b>{_html(s.summary_text())}</b>"
             self.holder.children, self.item_widget = [widgets.HTML(progress_html(s.store, s.bank))], None
         else:
-            self.status.value = _html(s.heading(item))
             values = lambda: s.values(item)  # noqa: E731
             if item.kind == "question":
                 self.item_widget = QuestionWidget(s.bank.question(item.id), values=values, on_check=self._checked)
@@ -60,6 +58,8 @@ class ReviewWidget(_TextFallback, widgets.VBox):
                                               on_lock=self.predict)
             self.holder.children = [self.item_widget.widget() if item.kind == "prediction" else self.item_widget]
         self._buttons()
+        # the status line last: a front end (and a browser test waiting on it) sees the new item already in place
+        self.status.value = f"<b>{_html(s.summary_text())}</b>" if item is None else _html(s.heading(item))
 
     def _buttons(self) -> None:
         self.next_button.layout.display = "" if self.shown is not None and self._answered else "none"
