@@ -43,7 +43,6 @@ from course.engine.device import synchronize
 from course.engine.generate import decode_one_token, generate
 from course.engine.kv_cache import KVCache
 from course.engine.paged import PagedBatch, PagedKVCache, PoolExhausted
-from course.engine.positions import Positions
 
 POLICIES = ("continuous", "static")
 
@@ -117,7 +116,6 @@ class StepRecord:
 class ServeResult:
     policy: str
     max_batch: int
-    cache_kind: str  # "paged" or "contiguous"
     completions: list[Completion]
     timeline: list[StepRecord]
     cache_bytes: int  # bytes of the whole cache (pool or preallocated buffers)
@@ -170,7 +168,7 @@ class ServeResult:
         names = ("max_batch", "generated_tokens", "makespan", "throughput", "cpu_throughput", "ttft_p50", "ttft_p95",
                  "latency_p50", "latency_p95", "slot_occupancy", "preemptions", "cache_bytes", "peak_bytes_reserved",
                  "peak_bytes_used", "peak_bytes_shared")
-        return {"policy": self.policy, "cache": self.cache_kind, "requests": len(self.completions),
+        return {"policy": self.policy, "requests": len(self.completions),
                 "iterations": len(self.timeline), **{name: getattr(self, name) for name in names}}
 
 
@@ -264,8 +262,8 @@ def _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, 
         if taken:
             raise ValueError(f"requests {taken} are already sequences in the given cache; free them or use other ids")
         free, bs = cache.allocator.num_free, cache.block_size
-    elif cache not in ("paged", "contiguous"):
-        raise ValueError(f"cache must be 'paged', 'contiguous' or a PagedKVCache, got {cache!r:.80}")
+    elif cache != "paged":
+        raise ValueError(f"cache must be 'paged' or a PagedKVCache, got {cache!r:.80}")
     for r in requests if free else ():
         if -(-r.max_len // bs) > free:
             raise ValueError(f"request {r.id!r} needs {-(-r.max_len // bs)} blocks of {bs} tokens, more than the whole "
@@ -280,22 +278,16 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
           progress: bool = True) -> ServeResult:
     """Run every request through the model with one scheduling policy; greedy decoding.
 
-    cache: "paged" (a PagedKVCache of num_blocks, default enough for every request at its longest),
-    "contiguous" (a preallocated KVCache: max_batch rows × the longest request), or a PagedKVCache (it keeps
-    the full blocks it has cached between calls: a second run over it starts with a warm prefix cache).
+    cache: "paged" (a PagedKVCache of num_blocks, default enough for every request at its longest), or a
+    PagedKVCache (it keeps the full blocks it has cached between calls: a second run over it starts with a warm
+    prefix cache).
     ValueError, naming the request, for anything that could never be served (see the module's docstring).
     """
     requests = _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, clock, eos_id)
-    longest = max(r.max_len for r in requests)
-    device, dtype = model.device, model.dtype
-    paged, rows = None, None
-    if isinstance(cache, PagedKVCache):
-        paged = cache
-    elif cache == "paged":
+    device, paged = model.device, cache
+    if cache == "paged":
         blocks = num_blocks or sum(-(-r.max_len // block_size) for r in requests)
-        paged = PagedKVCache(model.config, blocks, block_size, dtype, device)
-    else:
-        rows = KVCache(model.config, batch=max_batch, max_seq_len=longest, dtype=dtype, device=device)
+        paged = PagedKVCache(model.config, blocks, block_size, model.dtype, device)
 
     completions = {r.id: Completion(r) for r in requests}
     pending = deque(requests)  # not arrived yet
@@ -313,25 +305,23 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
         return now + time.perf_counter() - t0
 
     def release(r: _Running) -> None:
-        if paged is not None:
-            paged.free_sequence(r.completion.request.id)
+        paged.free_sequence(r.completion.request.id)
         free_slots.append(r.slot)
         free_slots.sort()
         running.remove(r)
 
     def admit(req: Request) -> _Running | None:
         """Give a waiting request the first free slot and reserve its prompt's positions (None: no room)."""
-        prompt, cached = list(req.prompt_ids), 0
-        if paged is not None:
-            # admit when the prompt fits with one block to spare per running request (their next decode step)
-            if -(-len(prompt) // paged.block_size) + len(running) > paged.allocator.num_free:
-                return None
-            cached = paged.add_sequence(req.id, prompt, share=share_prefix)  # shared full blocks of its prefix
-            try:
-                paged.reserve([req.id], [prompt[cached:]])
-            except PoolExhausted:
-                paged.free_sequence(req.id)
-                return None
+        prompt = list(req.prompt_ids)
+        # admit when the prompt fits with one block to spare per running request (their next decode step)
+        if -(-len(prompt) // paged.block_size) + len(running) > paged.allocator.num_free:
+            return None
+        cached = paged.add_sequence(req.id, prompt, share=share_prefix)  # shared full blocks of its prefix
+        try:
+            paged.reserve([req.id], [prompt[cached:]])
+        except PoolExhausted:
+            paged.free_sequence(req.id)
+            return None
         r = _Running(completions[req.id], free_slots.pop(0))
         r.completion.admitted, r.completion.cached_tokens = now, cached
         r.feed, r.start = prompt[cached:], cached
@@ -361,7 +351,7 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
             phase[r.slot] = (r.completion.request.id, "decode")
         step = admitted + decoding
         if step:
-            _step(model, step, paged, rows, device)
+            _step(model, step, paged, device)
             t_tok = sync_now(t0)
             for r in step:
                 _emit(r, t_tok, eos_id)
@@ -371,20 +361,13 @@ def serve(model, requests: Sequence[Request], policy: str = "continuous", max_ba
                 release(r)
                 bar.update(1)
         slots = [(phase[s] if s in phase else (None, "idle")) for s in range(max_batch)]
-        if paged is not None:
-            mem = (paged.bytes_reserved, paged.bytes_used, paged.bytes_logical)
-        else:
-            used = sum(len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1 for r in running)
-            per_token = rows.nbytes // (max_batch * longest)
-            mem = (rows.nbytes, used * per_token, used * per_token)
+        mem = (paged.bytes_reserved, paged.bytes_used, paged.bytes_logical)
         prefill_tokens = sum(len(r.completion.request.prompt_ids) - r.completion.cached_tokens for r in admitted)
         timeline.append(StepRecord(now, elapsed, slots, len(decoding), prefill_tokens, *mem,
                                    cpu_seconds=time.process_time() - cpu0))
         now += elapsed
     bar.close()
-    cache_bytes = paged.nbytes if paged is not None else rows.nbytes
-    kind = "contiguous" if paged is None else "paged"
-    return ServeResult(policy, max_batch, kind, [completions[r.id] for r in requests], timeline, cache_bytes)
+    return ServeResult(policy, max_batch, [completions[r.id] for r in requests], timeline, paged.nbytes)
 
 
 def _emit(r: _Running, t: float, eos_id: int | None) -> None:
@@ -400,13 +383,13 @@ def _emit(r: _Running, t: float, eos_id: int | None) -> None:
         c.finished = t
 
 
-def _reserve_decoders(decoding: list[_Running], paged: PagedKVCache | None, waiting: deque,
+def _reserve_decoders(decoding: list[_Running], paged: PagedKVCache, waiting: deque,
                       release) -> list[_Running]:
     """Each running request's next position (its last token goes there); preempts the newest if the pool is full."""
     for r in decoding:
         r.feed = [r.last]
         r.start = len(r.completion.request.prompt_ids) + len(r.completion.tokens) - 1
-    while paged is not None and decoding:
+    while decoding:
         try:
             paged.reserve([r.completion.request.id for r in decoding], [r.feed for r in decoding])
             break
@@ -423,7 +406,7 @@ def _reserve_decoders(decoding: list[_Running], paged: PagedKVCache | None, wait
     return decoding
 
 
-def _step(model, step: list[_Running], paged: PagedKVCache | None, rows: KVCache | None, device) -> None:
+def _step(model, step: list[_Running], paged: PagedKVCache, device) -> None:
     """ONE forward pass for every request in the iteration: new prompts and running requests' next tokens.
 
     All feeding one token (a pure decode step): a [B, 1] batch. Otherwise the feeds are packed in one row
@@ -432,18 +415,11 @@ def _step(model, step: list[_Running], paged: PagedKVCache | None, rows: KVCache
     """
     counts = [len(r.feed) for r in step]
     uniform = len(set(counts)) == 1
-    n_new = counts[0] if uniform else counts
-    starts = [r.start for r in step]
-    if paged is not None:
-        kv = PagedBatch(paged, [r.completion.request.id for r in step], starts, n_new)
-        at = kv.positions
-    else:
-        slots = [r.slot for r in step]
-        at = (Positions.per_sequence(starts, n_new, slots, device) if uniform else Positions.pack(starts, n_new, slots, device))
-        kv = rows
+    batch = PagedBatch(paged, [r.completion.request.id for r in step], [r.start for r in step],
+                       counts[0] if uniform else counts)
     feeds = [r.feed for r in step] if uniform else [[t for r in step for t in r.feed]]
     tokens = torch.tensor(feeds, dtype=torch.long, device=device)  # [B, T] or packed [1, N]
-    logits = decode_one_token(model, tokens, at, kv)  # [B, V]: the engine's one step, B sequences at once
+    logits = decode_one_token(model, tokens, batch.positions, batch)  # [B, V]: the engine's one step, B at once
     for r, token in zip(step, logits.argmax(-1).tolist()):
         r.last = int(token)
 
