@@ -18,7 +18,7 @@ COMMANDS = {
     "grade": ("course.grade.grading", "autograde a folder of submitted notebooks (instructors)"),
     "classroom": ("course.grade.classroom", "teach a class on JupyterHub: release, collect, grade, feedback, export"),
     "progress": ("course.cli.progress", "show (or --reset) your saved quiz and exercise progress"),
-    "review": ("course.cli.review", "review what you missed: due questions and interview cards (spaced repetition)"),
+    "review": ("course.cli.review", "answer again what you missed: questions, interview cards, predictions"),
     "bench": ("bench.cli", "measure the engine against the hardware limits; writes JSON + Markdown"),
 }
 
