@@ -306,7 +306,7 @@ def test_flip_cards_reveal_the_answer_and_are_remembered(bank, store):
     w = FlipCard(card, store=store)
     assert w.answer_text == "" and w.back.layout.display == "none"
     assert w.flip() is True
-    assert "0.31 MB" in w.answer_text and w.back.layout.display != "none"
+    assert "0.33 MB" in w.answer_text and w.back.layout.display != "none"
     assert w.button.description == "Hide answer"
     assert w.flip() is False and w.answer_text == ""
     assert store.cards_seen("02_kv_cache") == {"interview-3"}
