@@ -39,9 +39,6 @@ def sample_continuations(model, tokenizer, prompt_ids: list[int], n: int = 3, ma
             break
         logits = loop.send(token)
     loop.close()
-    return [tokenizer.decode(row[: _until_eos(row, tokenizer.eos_id)].tolist(), skip_special=True) for row in out]
-
-
-def _until_eos(row: torch.Tensor, eos_id: int) -> int:
-    hits = (row == eos_id).nonzero()
-    return int(hits[0]) if len(hits) else len(row)
+    rows = [row.tolist() for row in out]
+    return [tokenizer.decode(row[:row.index(tokenizer.eos_id)] if tokenizer.eos_id in row else row, skip_special=True)
+            for row in rows]

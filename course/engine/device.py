@@ -20,25 +20,24 @@ def pick_device(name: str | torch.device | None = None) -> torch.device:
     if isinstance(name, torch.device):
         return name
     if name is None or name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    kind = str(name).split(":")[0]
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps() else "cpu")
+    kind, _, index = str(name).partition(":")
     if kind not in ("cpu", "cuda", "mps"):
         raise ValueError(f"unknown device {name!r}; use 'auto', 'cpu', 'cuda' (or 'cuda:N') or 'mps'")
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(name)!r} was asked for but this PyTorch sees no CUDA GPU; use 'cpu' or 'auto'")
-    if kind == "cuda" and str(name).partition(":")[2].isdigit():
+    if kind == "cuda" and index.isdigit() and int(index) >= torch.cuda.device_count():
         count = torch.cuda.device_count()
-        if int(str(name).partition(":")[2]) >= count:
-            raise ValueError(f"device {str(name)!r} was asked for but this machine has {count} CUDA GPU(s) (cuda:0 to "
-                             f"cuda:{count - 1}); use one of those, or 'auto'")
-    if kind == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"device {str(name)!r} was asked for but this machine has {count} CUDA GPU(s) (cuda:0 to "
+                         f"cuda:{count - 1}); use one of those, or 'auto'")
+    if kind == "mps" and not _mps():
         raise ValueError(f"device {str(name)!r} was asked for but Apple's Metal backend is not available; use 'cpu' "
                          "or 'auto'")
     return torch.device(name)
+
+
+def _mps() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
 def pick_dtype(name: str | torch.dtype | None = None) -> torch.dtype:
@@ -85,32 +84,26 @@ def _cpuinfo() -> str | None:
         return None
 
 
+def _cpuinfo_field(*names: str) -> str | None:
+    """The value of the first /proc/cpuinfo line that starts with one of names (None: none, or not Linux)."""
+    line = next((line for line in (_cpuinfo() or "").splitlines() if line.startswith(names)), None)
+    return None if line is None else line.split(":", 1)[1].strip()
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux: /proc/cpuinfo), else what the platform module knows."""
-    for line in (_cpuinfo() or "").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def cpu_vendor() -> str | None:
     """The CPU's vendor as /proc/cpuinfo names it (GenuineIntel, AuthenticAMD, ...); None where it does not say."""
-    for line in (_cpuinfo() or "").splitlines():
-        if line.startswith("vendor_id"):
-            return line.split(":", 1)[1].strip()
-    return None
+    return _cpuinfo_field("vendor_id")
 
 
 def cpu_flags() -> frozenset[str] | None:
     """The instruction-set flags the first CPU advertises (x86 'flags', Arm 'Features'); None where
     /proc/cpuinfo cannot be read (not Linux)."""
-    text = _cpuinfo()
-    if text is None:
-        return None
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    return None if _cpuinfo() is None else frozenset((_cpuinfo_field("flags", "Features") or "").split())
 
 
 def cpu_kind() -> str:

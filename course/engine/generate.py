@@ -8,7 +8,7 @@
 Everything that decodes token by token goes through `decode_loop`, changing it only by parameters: the cache
 object (KVCache, the INT8 cache, a cache filled from a stored prefix, a batch of beams), where the next tokens
 come from (a sampler, known tokens for teacher forcing, a beam search's choice), no cache at all (the O(T²)
-baseline), or the step function (`step(tokens [B, 1], start_pos, cache) -> logits [B, V]`, e.g. a compiled one).
+baseline), or the model itself (course.engine.fast.FastModel: the same call, decode steps compiled).
 `sample_continuations` (course.engine.continuations), speculative decoding's draft and its target's verify
 passes (course.engine.speculative) and beam search (course.engine.beam) build on it.
 """
@@ -22,8 +22,6 @@ import torch
 
 from course.engine.device import synchronize
 
-# step(tokens [B, n], start_pos, cache) -> next-token logits [B, V]: one forward pass against the cache.
-Step = Callable[[torch.Tensor, int, object], torch.Tensor]
 # This module imports the caches (course.engine.kv_cache) and the sampler (course.engine.sampling) only where a call
 # needs one of its own: a graded exercise's reference module may be absent from the grading sandbox.
 
@@ -60,8 +58,7 @@ def prompt_tensor(model, prompt_ids, max_new_tokens: int = 0) -> torch.Tensor:
 
 # ---------------------------------------------------------------------- the one decode loop
 def decode_loop(model, ids: torch.Tensor, max_new_tokens: int, *, cache=None, use_cache: bool = True,
-                start_pos: int = 0, first_logits: torch.Tensor | None = None,
-                step: Step | None = None) -> Generator[torch.Tensor, object, None]:
+                start_pos: int = 0, first_logits: torch.Tensor | None = None) -> Generator[torch.Tensor, object, None]:
     """The token-by-token loop. A generator: it yields the next-token logits [B, V], up to max_new_tokens times,
     and you send back the tokens to append ([B] or [B, 1]) — sampled, known (teacher forcing), or chosen by a
     search. Send `(tokens, rows)` to first reorder the batch (row i continues old row rows[i]: beam search).
@@ -73,7 +70,8 @@ def decode_loop(model, ids: torch.Tensor, max_new_tokens: int, *, cache=None, us
 
     cache: filled from start_pos on (None with use_cache=True: a fresh KVCache sized for the call).
     first_logits: the prompt is already in the cache (e.g. copied from a prefix store): skip the prefill.
-    use_cache=False re-runs the whole sequence every step. step: the forward pass of a decode step.
+    use_cache=False re-runs the whole sequence every step. A compiled engine (course.engine.fast.FastModel) passes
+    for the model: the loop calls only model(tokens, start_pos=..., cache=..., last_only=True).
     """
     B, T = ids.shape
     if not use_cache and start_pos:
@@ -83,7 +81,6 @@ def decode_loop(model, ids: torch.Tensor, max_new_tokens: int, *, cache=None, us
 
         cache = KVCache(model.config, batch=B, max_seq_len=start_pos + T + max_new_tokens, dtype=model.dtype,
                         device=ids.device)
-    step = step or (lambda tokens, pos, c: decode_one_token(model, tokens, pos, c))
     seq, pos = ids, start_pos + T  # seq: the whole sequence (the uncached path); pos: where the next token goes
     logits = first_logits if first_logits is not None else prefill(model, ids, cache if use_cache else None, start_pos)
     for i in range(max_new_tokens):
@@ -99,7 +96,7 @@ def decode_loop(model, ids: torch.Tensor, max_new_tokens: int, *, cache=None, us
             if rows is not None:  # row i of every cached tensor (K, V and any scales) becomes old row rows[i]
                 for t in (t for layer in cache.layers for t in layer.tensors()):
                     t[:, :, :pos] = t[rows, :, :pos]  # advanced indexing copies, so overlapping rows are safe
-            logits = step(tokens, pos, cache)
+            logits = decode_one_token(model, tokens, pos, cache)
         pos += 1
 
 
@@ -150,7 +147,7 @@ def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float 
              top_p: float | None = None, seed: int | None = None, eos_id: int | None = None,
              use_cache: bool = True, on_token: Callable[[int], None] | None = None, cache=None,
              sampler=None, prefix_cache=None, prefix_len: int | None = None,
-             keep_logits: bool = False, step: Step | None = None) -> Generation:
+             keep_logits: bool = False) -> Generation:
     """Generate up to max_new_tokens for one prompt (a list of ids or a [1, T] tensor).
 
     temperature 0 is greedy (or pass a ready `sampler`). `on_token(id)` is called as each token is produced
@@ -174,7 +171,7 @@ def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float 
         pre = prefix_cache.prefill(result.prompt_ids, max_seq_len=T + max_new_tokens, prefix_len=prefix_len)
         first, cache = pre.logits, pre.cache
         result.reused_tokens, result.computed_tokens = pre.reused_tokens, pre.computed_tokens
-    loop = decode_loop(model, ids, max_new_tokens, cache=cache, use_cache=use_cache, first_logits=first, step=step)
+    loop = decode_loop(model, ids, max_new_tokens, cache=cache, use_cache=use_cache, first_logits=first)
     result.stop_reason = "length"
     logits = next(loop, None) if max_new_tokens else None
     while logits is not None:

@@ -33,9 +33,7 @@ from course.engine.generate import Generation, decode_loop, prefill, prompt_tens
 from course.engine.kv_cache import KVCache
 from course.engine.sampling import Sampler
 
-# ---------------------------------------------------------------------------------------------
-# The accept / reject step (pure functions of two distributions)
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------- The accept / reject step (pure functions of two distributions)
 
 
 def accept_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> float:
@@ -113,9 +111,7 @@ def empirical_distribution(tokens: torch.Tensor, vocab_size: int) -> torch.Tenso
     return torch.bincount(tokens.flatten(), minlength=vocab_size).double() / tokens.numel()
 
 
-# ---------------------------------------------------------------------------------------------
-# Drafts
-# ---------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------------- Drafts
 
 
 class Draft:
@@ -156,10 +152,7 @@ class ModelDraft(Draft):
             return [], None
         # Reuse the cached K/V of the longest prefix of seq already fed; re-feed at least the last token
         # (its logits were not kept). Stale rows past that point are overwritten.
-        valid = 0
-        limit = min(len(self.fed), len(seq) - 1)
-        while valid < limit and self.fed[valid] == seq[valid]:
-            valid += 1
+        valid = next((i for i, (a, b) in enumerate(zip(self.fed, seq[:-1])) if a != b), min(len(self.fed), len(seq) - 1))
         new = torch.tensor([seq[valid:]], dtype=torch.long, device=self.model.device)  # [1, T_new]
         sampler = Sampler(temperature, top_k, top_p, generator, dtype=self.model.dtype)
         loop = decode_loop(self.model, new, k, cache=self.cache, start_pos=valid)  # the engine's decode loop
@@ -236,9 +229,7 @@ class PromptLookupDraft(Draft):
         return [], None
 
 
-# ---------------------------------------------------------------------------------------------
-# The generation loop
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------- The generation loop
 
 
 @dataclass
@@ -347,9 +338,7 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
     return result
 
 
-# ---------------------------------------------------------------------------------------------
-# The economics
-# ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------- The economics
 
 
 def expected_tokens_per_pass(acceptance: float, k: int) -> float:

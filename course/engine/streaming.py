@@ -16,24 +16,18 @@ class TokenStreamer:
         self.ids: list[int] = []
         self.shown = 0  # characters already written
 
-    def __call__(self, token_id: int) -> None:
-        self.ids.append(int(token_id))
-        text = self.tokenizer.decode(self.ids, skip_special=True)
-        if text.endswith("\ufffd"):  # an incomplete character: wait for the next token
-            return
-        if len(text) > self.shown:
-            self.write(text[self.shown:])
-            self.shown = len(text)
-
-    def flush(self) -> None:
-        text = self.tokenizer.decode(self.ids, skip_special=True)
-        if len(text) > self.shown:
-            self.write(text[self.shown:])
-            self.shown = len(text)
-
     @property
     def text(self) -> str:
         return self.tokenizer.decode(self.ids, skip_special=True)
+
+    def __call__(self, token_id: int | None = None) -> None:
+        """Add a token (None: none, write what is left, e.g. at the end of the answer)."""
+        if token_id is not None:
+            self.ids.append(int(token_id))
+        text = self.text
+        if (token_id is None or not text.endswith("\ufffd")) and len(text) > self.shown:  # \ufffd: a part character
+            self.write(text[self.shown:])
+            self.shown = len(text)
 
 
 def stream_answer(model, tokenizer, prompt, max_new_tokens: int = 48, *, write: Callable[[str], None] | None = None,
@@ -53,6 +47,6 @@ def stream_answer(model, tokenizer, prompt, max_new_tokens: int = 48, *, write: 
         ids = list(prompt)
     streamer = TokenStreamer(tokenizer, write or (lambda text: print(text, end="", flush=True)))
     gen = generate(model, ids, max_new_tokens, eos_id=tokenizer.eos_id, on_token=streamer, **sampling)
-    streamer.flush()
+    streamer()
     gen.text = streamer.text
     return gen

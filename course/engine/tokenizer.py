@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from course.engine.weights import _field, cached_weights_path, check_model_path, default_gguf_path, open_gguf
+from course.engine.weights import (_field, cached_weights_path, check_model_path, default_gguf_path, open_gguf,
+                                   write_atomically)
 
-CONTROL = 3  # llama.cpp token type for control tokens
-USER_DEFINED = 4
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types for control tokens (<|im_end|>) and added ones
 
 
 @dataclass
@@ -26,7 +25,6 @@ class ChatTokenizer:
     bos_id: int | None
     eos_id: int
     add_bos: bool
-    special_ids: frozenset
 
     @property
     def vocab_size(self) -> int:
@@ -85,53 +83,38 @@ def tokenizer_from_gguf(reader) -> ChatTokenizer:
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    special = [i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
-    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special if types[i] == CONTROL])
-    tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False) for i in special if types[i] == USER_DEFINED])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    return ChatTokenizer(
-        tokenizer=tok,
-        chat_template=_field(reader, "tokenizer.chat_template"),
-        bos_id=None if bos is None else int(bos),
-        eos_id=int(_field(reader, "tokenizer.ggml.eos_token_id")),
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        special_ids=frozenset(i for i in special if types[i] == CONTROL),
-    )
-
-
-def _crc(data: dict) -> str:
-    """CRC-32 of the cached tokenizer's fields (the weight cache's check, for the 2 MB JSON beside it)."""
-    return f"{zlib.crc32(json.dumps(data, sort_keys=True).encode()):08x}"
+    return ChatTokenizer(tok, _field(reader, "tokenizer.chat_template"), None if bos is None else int(bos),
+                         int(_field(reader, "tokenizer.ggml.eos_token_id")),
+                         bool(_field(reader, "tokenizer.ggml.add_bos_token", False)))
 
 
 def load_tokenizer(path: str | os.PathLike | None = None, use_cache: bool = True) -> ChatTokenizer:
-    """The tokenizer of a GGUF file; the first build is stored as JSON next to the cached weights."""
+    """The tokenizer of a GGUF file; the first build is stored as JSON next to the cached weights, with a CRC-32 of
+    its fields (the weight cache's check): a damaged or older copy is rebuilt from the GGUF."""
     from tokenizers import Tokenizer
 
     path = check_model_path(Path(path) if path is not None else default_gguf_path())
     cached = cached_weights_path(path).with_suffix(".tokenizer.json") if use_cache else None
+    crc = lambda data: f"{zlib.crc32(json.dumps(data, sort_keys=True).encode()):08x}"  # noqa: E731
     if cached is not None and cached.exists():
         try:
             stored = json.loads(cached.read_text())
             data = stored["data"]
-            if stored["crc32"] != _crc(data):
-                raise ValueError("checksum mismatch")
-            return ChatTokenizer(tokenizer=Tokenizer.from_str(data["tokenizer"]), chat_template=data["chat_template"],
-                                 bos_id=data["bos_id"], eos_id=data["eos_id"], add_bos=data["add_bos"],
-                                 special_ids=frozenset(data["special_ids"]))
+            if stored["crc32"] == crc(data):
+                return ChatTokenizer(Tokenizer.from_str(data["tokenizer"]), data["chat_template"], data["bos_id"],
+                                     data["eos_id"], data["add_bos"])
         except Exception:
-            # damaged, or written by an older version of the course: rebuild it from the GGUF below
-            cached.unlink(missing_ok=True)
+            pass  # damaged, or written by an older version of the course: rebuild it from the GGUF below
+        cached.unlink(missing_ok=True)
     tok = tokenizer_from_gguf(open_gguf(path))
     if cached is not None:
         data = {"tokenizer": tok.tokenizer.to_str(), "chat_template": tok.chat_template, "bos_id": tok.bos_id,
-                "eos_id": tok.eos_id, "add_bos": tok.add_bos, "special_ids": sorted(tok.special_ids)}
+                "eos_id": tok.eos_id, "add_bos": tok.add_bos}
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.name + ".", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"crc32": _crc(data), "data": data}, f)
-            os.replace(tmp, cached)  # atomic, and two processes filling the cache at once never collide
+            write_atomically(cached, lambda tmp: Path(tmp).write_text(json.dumps({"crc32": crc(data), "data": data})))
         except OSError:
             pass  # a read-only cache folder: load_weights has already said so; build from the GGUF next time
     return tok

@@ -223,6 +223,20 @@ def check_cache(path: str | os.PathLike | None = None) -> CacheCheck | None:
     return _verify(cached) if cached.exists() else None
 
 
+def write_atomically(path: Path, write) -> None:
+    """write(tmp) beside path, then rename it over path: a half-written file is never seen, and two processes
+    filling the cache at once never collide."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True
                  ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Config and float32 state dict of a GGUF model (the course model when path is None).
@@ -247,15 +261,7 @@ def load_weights(path: str | os.PathLike | None = None, use_cache: bool = True
         meta = {"config": json.dumps(dict(config.__dict__)), "digest": DIGEST,
                 "digests": json.dumps({name: tensor_digest(t) for name, t in state.items()})}
         try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=cached.name + ".", suffix=".tmp")
-            os.close(fd)
-            try:
-                save_file(state, tmp, metadata=meta)
-                os.replace(tmp, cached)  # atomic: a half-written cache is never seen
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            write_atomically(cached, lambda tmp: save_file(state, tmp, metadata=meta))
         except OSError as exc:
             print(f"kvcourse: could not write the weight cache in {cached.parent} ({exc.strerror or exc}); the model "
                   "loads from the GGUF each time (set KVCOURSE_CACHE to a writable folder).", file=sys.stderr)
