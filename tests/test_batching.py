@@ -4,6 +4,7 @@ import torch
 
 from course.engine.generate import decode_one_token, generate
 from course.engine.kv_cache import KVCache
+from course.engine.kv_quant import Int8KVCache
 from course.engine.positions import Positions
 
 
@@ -26,11 +27,11 @@ def solo_run(model, prompt, n, forced=None):
 
 
 @torch.inference_mode()
-def batched_run(model, prompts, n, rows=None, forced=None):
+def batched_run(model, prompts, n, rows=None, forced=None, cache_class=KVCache):
     """Each prompt prefilled alone into its cache row, then every decode step batched (one position each)."""
     B = len(prompts)
     rows = rows or list(range(B))
-    cache = KVCache(model.config, max(rows) + 1, max(map(len, prompts)) + n)
+    cache = cache_class(model.config, max(rows) + 1, max(map(len, prompts)) + n)
     tokens, logits = [[] for _ in prompts], [[] for _ in prompts]
     for b, p in enumerate(prompts):
         out = model(torch.tensor([p]), Positions.per_sequence([0], len(p), rows=[rows[b]]), cache, last_only=True)[0]
@@ -61,6 +62,12 @@ def test_any_subset_of_cache_rows_in_any_order(tiny, one_thread):
     prompts = prompts_of([5, 2, 9], tiny.config.vocab_size, seed=1)
     tokens, _ = batched_run(tiny, prompts, 8, rows=[4, 0, 2])  # rows not consecutive, not sorted
     assert tokens == [solo_run(tiny, p, 8)[0] for p in prompts]
+
+
+def test_the_int8_cache_takes_per_sequence_positions_too(tiny, one_thread):
+    prompts = prompts_of([4, 9, 2], tiny.config.vocab_size, seed=5)
+    tokens, _ = batched_run(tiny, prompts, 6, rows=[2, 0, 1], cache_class=Int8KVCache)
+    assert tokens == [generate(tiny, p, 6, cache=Int8KVCache(tiny.config, 1, len(p) + 6)).tokens for p in prompts]
 
 
 @torch.inference_mode()
