@@ -49,11 +49,11 @@ def build() -> str:
              "with `solutions/`, away from students.", "",
              "Every test cell is worth its points only when all of its checks pass (no partial credit within a "
              "cell). A *visible* cell's checks are the ones the student can run (`kvcourse check`); a *hidden* "
-             "one's run only in the grader's sandbox, and the student sees only the hint of a failed check. "
-             "`report.csv` also names code to look at by hand (the course's own implementation imported, or used "
-             "at run time however it was reached; code that reaches into the grading process); those notes never "
-             "change a score. The course package ships working versions of most exercises (the lessons run them), "
-             "so a student can always copy one by hand: the notes catch its use, not a copy.", ""]
+             "one's run only in the grader's sandbox, and the student sees only the hint of a failed check (and the "
+             "type of a value of the wrong kind, never the value). The sandbox holds no copy of an exercise's "
+             "reference implementation (`ABSENT` in its checks; see `autograde/THREAT_MODEL.md`), but the course "
+             "package a student installs ships working versions of most exercises, so a student can still copy "
+             "one by hand into the notebook: that is for a teacher's eye, as any copied work is.", ""]
     grand = 0.0
     for folder in sorted(p for p in SOLUTIONS.iterdir() if p.is_dir()):
         (notebook,) = sorted(folder.glob("*.ipynb"))

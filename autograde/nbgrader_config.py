@@ -24,10 +24,12 @@ from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, GetG
                                     LimitOutput, SaveAutoGrades)
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 
+from course.grade.check import use_check_for_validate
 from course.grade.nbgrader_ext import HideHiddenTests, SafeExecute
 from course.grade.feedback_html import SanitizeMarkdown
 
 c = get_config()  # noqa: F821 (defined by traitlets when it loads this file)
+use_check_for_validate()  # Validate ends with `kvcourse check`'s summary line, not a traceback per cell
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROJECT = os.path.dirname(HERE)

@@ -38,7 +38,6 @@ EVIDENCE = {  # manifest "evidence" -> words report.csv must contain for that su
     "deleted answer": "deleted answer cell(s) replaced",
     "metadata restored": "test cell metadata restored",
     "MemoryError": "memory cap (MemoryError)",
-    "course's own": "used the course's own implementation (course.engine.sampling.apply_temperature",
 }
 needs_bwrap = pytest.mark.skipif(bool(__import__("course.grade.sandbox", fromlist=["x"]).sandbox_problem()),
                                  reason="the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
@@ -65,7 +64,7 @@ def test_the_samples_cover_what_the_issue_asks():
     for needed in ("never ends", "raises", "rewrites the visible test", "deletes its test cells", "sys.exit()",
                    "os._exit(1)", "6 GiB", "not valid JSON", "overwrites every other notebook", "gradebook.db",
                    "reads the solutions", "input transformer", "int subclass", "torch.allclose", "prints 'visible tests",
-                   "20 MB"):
+                   "20 MB", "marshalled bytecode", "copies the installed course package", "walks gc"):
         assert any(needed in about for about in adversarial), needed
     names = {e["student"] for e in MANIFEST}
     for e in MANIFEST:
@@ -324,6 +323,13 @@ def test_feedback_never_shows_hidden_tests(graded):
     text = html_text(course / "feedback" / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.html")
     assert "hidden tests failed (AssertionError: hint: round down to whole tokens" in text
     assert "hidden tests passed" in text
+    text = html_text(course / "feedback" / "mem-bug-float" / "01_memory_formula" / "memory_formula.html")
+    assert "(your code returned a float where an integer is asked)" in text, "a wrong type is named"
+    # walked gc for the hidden checks in a cell and at check time, printed them, raised an exception named after them
+    leaky = html_text(course / "feedback" / "adv-gc-hidden" / "01_memory_formula" / "memory_formula.html")
+    assert "LEAK-CELL []" in leaky, "the cells ran while no hidden check was in the sandbox"
+    hidden_inputs = ("32000", "13476839424", "Leak_30_1_1", "LEAK-CHECK (")  # kv(30, 1, 1, ...), kv(80, 4, 32_000, ...)
+    assert not [x for x in hidden_inputs if x in leaky], [x for x in hidden_inputs if x in leaky]
 
 
 # ----------------------------------------------------------------------------- repeatable, resumable, parallel
@@ -397,14 +403,18 @@ def test_check_passes_a_correct_notebook_and_explains_a_wrong_one():
     ok = _kvcourse("check", str(SAMPLES / "mem-alt-prod" / "01_memory_formula" / "memory_formula.ipynb"))
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "[pass] test_kv_cache_bytes" in ok.stdout and "[hidden] test_kv_cache_bytes_hidden" in ok.stdout
-    assert "5/5 visible tests pass" in ok.stdout
+    assert "5 of 5 visible tests pass" in ok.stdout
     bad = _kvcourse("check", str(SAMPLES / "mem-bug-no-factor-2" / "01_memory_formula" / "memory_formula.ipynb"))
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "[FAIL] test_kv_cache_bytes" in bad.stdout
     assert "AssertionError: Llama-2-7B in FP16 holds 524,288 bytes per token" in bad.stdout
     assert "hint: one K and one V per layer" in bad.stdout
     assert "[pass] test_gqa_saving" in bad.stdout, "a part that does not use the formula still passes"
-    assert "1/5 visible tests pass" in bad.stdout
+    assert bad.stdout.strip().splitlines()[-1].startswith(
+        "1 of 5 visible tests pass; first failing: test_kv_cache_bytes — one K and one V per layer")
+    wrong_type = _kvcourse("check", str(SAMPLES / "mem-bug-float" / "01_memory_formula" / "memory_formula.ipynb"))
+    assert "(your code returned a float where an integer is asked)" in wrong_type.stdout.splitlines()[-1], \
+        "the type is named as the grader names it"
 
 
 @pytest.mark.slow
@@ -467,11 +477,15 @@ def test_the_validate_button_still_works(tmp_path):
 
     env = jupyter_env(dict(os.environ, PYTHONPATH=str(PROJECT_ROOT)), state=tmp_path / "jupyter")
     results = {}
-    for student in ("reference", "mem-bug-no-factor-2"):
+    for student in ("reference", "mem-bug-no-factor-2", "blank"):
         path = SAMPLES / student / "01_memory_formula" / "memory_formula.ipynb"
         out = subprocess.run([sys.executable, "-c", script, str(path)], cwd=PROJECT_ROOT, env=env,
                              capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-2000:]
         results[student] = json.loads(out.stdout.strip().splitlines()[-1])
     assert "failed" not in results["reference"]
-    assert any("524,288" in json.dumps(f) for f in results["mem-bug-no-factor-2"]["failed"])
+    (failed,) = results["mem-bug-no-factor-2"]["failed"]
+    assert failed["raw_error"].startswith("1 of 5 visible tests pass; first failing: test_kv_cache_bytes — ")
+    assert "524,288" in failed["source"], "the entry is the first failing test's cell"
+    (blank,) = results["blank"]["failed"]  # one summary, not a traceback per cell
+    assert blank["raw_error"].startswith("0 of 5 visible tests pass; first failing: test_kv_cache_bytes — ")

@@ -1,7 +1,8 @@
-"""Hostile submissions against the sealed grader: forged events, a sandbox that kills itself or rewrites what
-the grader gave it, nbgrader metadata edits, reading the hidden checks, filling the disk. Each attack has its
-test; the sandboxed ones run a three-cell notebook against a small checks file (fast to start), the last
-grades memory-formula submissions built from the reference sample.
+"""Hostile submissions against the sealed grader (autograde/THREAT_MODEL.md): forged events, a sandbox that
+kills itself or rewrites what the grader gave it, nbgrader metadata edits, reaching for the hidden checks or the
+course's reference, filling the disk. Each attack has its test; the sandboxed ones run a three-cell notebook
+against a small checks file (fast to start), the last grades memory-formula submissions built from the
+reference sample.
 """
 from __future__ import annotations
 
@@ -130,89 +131,66 @@ def test_a_sandbox_that_forges_events_is_graded_on_its_code(tmp_path):
     assert outcome.seconds < 90, "forged events must not slow the grader down (it was quadratic)"
 
 
-FORGE_LATER_CHECKS = """
-import json, os, stat
-def _pipe():
-    for fd in range(3, 256):
-        try:
-            if stat.S_ISFIFO(os.fstat(fd).st_mode):
-                return fd
-        except OSError:
-            pass
-_fd = _pipe()
-def _emit(**e):
-    getattr(os, "write")(_fd, (json.dumps(e) + "\\n").encode())
-def double(x):  # wrong for every input; during the last check it writes the right value for the first
-    if x == len("HIDDEN-INPUT-4242"):
-        for n in range(1000, 1010):  # any numbering: the lines are not signed
-            _emit(ev="check_start", gid="test_double", k=0, n=n)
-            _emit(ev="check", gid="test_double", k=0, value={"t": "int", "v": "42"}, n=n)
-            _emit(ev="check_start", gid="test_double", k=1, n=n)  # back to the check running now
-    return 3 * x
+EARLY_CHECKS = """
+import json, os, stat, sys
+fd = next(f for f in range(3, 256) if os.path.exists(f"/proc/self/fd/{f}") and stat.S_ISFIFO(os.fstat(f).st_mode)
+          and f != 0)
+os.write(fd, json.dumps({"ev": "cells_done"}).encode() + b"\\n")  # the grader now writes the checks to stdin
+checks = sys.stdin.buffer.readline().decode()
+print("STOLEN", checks)
+sys.stderr.write("STOLEN " + checks)
 """
 
-
-@needs_bwrap
-def test_events_written_by_the_submission_are_dropped_and_noted(tmp_path):
-    """During its last check a submission wrote a start and a value for an earlier check to the events pipe (found
-    with os.fstat), then the start of the check running: the order rules took the forged value for the
-    earlier check, which the harness had already written."""
-    outcome = _run(tmp_path, FORGE_LATER_CHECKS)
-    assert not outcome.infrastructure
-    values = _values(outcome)
-    assert values[("test_double", 0)] == {"t": "int", "v": "63"}, values
-    assert values[("test_double", 1)] == {"t": "int", "v": str(3 * len(SECRET))}, values
-    assert any("grader's event pipe" in r for r in outcome.reached), outcome.reached
-
-
-TAKE_OVER_THE_HARNESS = """
-import sys
-_G = getattr(type(sys.stdout).write, "__globals__")  # sys.stdout is the harness's CappedIO: its module's globals
-_Ev = _G["Events"]
-_w = _Ev.write
-def _quiet(self, **event):  # drop the harness's notes, keep its numbering and signature
-    if event.get("ev") == "audit":
-        event = {"ev": "cell_noop"}
-    return _w(self, **event)
-_Ev.write = _quiet
-_orig = _G["run_checks"]
-def _run_checks(checks, ns, *rest):
-    return _orig(checks, dict(ns, double=lambda x: 2 * x), *rest)
-_G["run_checks"] = _run_checks
+LEAK_AT_CHECK_TIME = """
+import json, os, sys
 def double(x):
-    return 3 * x
+    secret = [str(c) for c in sys._getframe(1).f_code.co_consts]  # the checks' own code, calling this
+    for fd in range(3, 256):
+        for i in (0, 1, 2):  # cell outputs, forged for every cell: the grader takes none after "cells_done"
+            try:
+                os.write(fd, json.dumps({"ev": "cell_done", "i": i, "outputs": [
+                    {"output_type": "stream", "name": "stdout", "text": "STOLEN " + repr(secret)}]}).encode() + b"\\n")
+            except OSError:
+                pass
+    print("STOLEN", secret)
+    sys.stderr.write("STOLEN " + repr(secret))
+    raise type("STOLEN_" + str(x), (ValueError,), {})(repr(secret))  # its name and message carry the input
 """
 
 
+def _cell_text(outcome) -> str:
+    return json.dumps([e for e in outcome.events if e["ev"] == "cell_done"])
+
+
 @needs_bwrap
-def test_a_submission_cannot_take_over_the_harness_unnoticed(tmp_path):
-    """Through a harness function's __globals__ a cell replaced Events.write (dropping the audit notes) and
-    run_checks (grading the course's answers instead of its own): 12/14 with no note. The harness now holds
-    what it calls from before the learner's code ran, and patching its classes is noted."""
-    outcome = _run(tmp_path, TAKE_OVER_THE_HARNESS)
-    values = _values(outcome)
-    assert values[("test_double", 0)] == {"t": "int", "v": "63"}, values  # its own code's value, not 42
-    assert {"replaced course.grade.harness.Events.write", "replaced course.grade.harness.run_checks"} <= \
-        set(outcome.reached), outcome.reached
+def test_nothing_written_once_the_checks_are_in_the_sandbox_reaches_anyone(tmp_path):
+    """A cell that says "cells_done" itself gets the checks early and prints them: the grader takes no cell output
+    from that point on. A function the checks call prints, forges cell outputs and raises an exception named after
+    its input: none of it reaches the outputs, and the value says only what kind of exception came back."""
+    outcome = _run(tmp_path, EARLY_CHECKS)
+    assert SECRET not in _cell_text(outcome) and "STOLEN" not in _cell_text(outcome), _cell_text(outcome)[:500]
+    assert _values(outcome) == {}, "the checks it read never ran: its own loss"
+    (tmp_path / "b").mkdir()
+    outcome = _run(tmp_path / "b", LEAK_AT_CHECK_TIME)
+    assert "STOLEN" not in _cell_text(outcome) and SECRET not in json.dumps(outcome.events), outcome.events
+    assert {json.dumps(v) for v in _values(outcome).values()} == {
+        json.dumps({"t": "raised", "builtin_bases": ["ValueError", "Exception", "BaseException"]})}
 
 
-def test_only_signed_rising_lines_are_events():
-    import hashlib
-    import hmac
+def test_events_are_json_lines_and_nothing_else():
+    data = b"\n".join([b'{"ev": "cell_start", "i": 0}', b"not json", b'["ev"]', b'{"ev": 3}', b"{\"ev\": \"done\"}"])
+    assert sandbox._parse(data) == [{"ev": "cell_start", "i": 0}, {"ev": "done"}]
 
-    key = b"k" * 32
 
-    def signed(**event):
-        body = json.dumps(event).encode()
-        return hmac.new(key, body, hashlib.sha256).hexdigest().encode() + b" " + body
+def test_after_cells_done_no_cell_output_counts():
+    def done(i, text):
+        return {"ev": "cell_done", "i": i, "outputs": [{"output_type": "stream", "name": "stdout", "text": text}]}
 
-    data = b"\n".join([signed(ev="cell_start", i=0, n=0), b'{"ev": "cell_done", "i": 0, "n": 1}',
-                       signed(ev="cell_done", i=0, n=1), signed(ev="cell_start", i=0, n=1),  # replayed number
-                       b"x" + signed(ev="cells_done", n=2), signed(ev="done", n=5)])
-    events = sandbox._parse(data, key)
-    assert [(e["ev"], e.get("n")) for e in events] == [("cell_start", 0), ("cell_done", 1), ("done", 5),
-                                                       ("unsigned", None)]
-    assert events[-1]["count"] == 3
+    events = [{"ev": "cell_start", "i": 0}, {"ev": "cells_done"}, done(0, "after"), {"ev": "cell_start", "i": 1},
+              done(1, "after"), {"ev": "check_start", "gid": "test_double", "k": 0},
+              {"ev": "check", "gid": "test_double", "k": 0, "value": {"t": "int", "v": "42"}}]
+    run = sandbox._accept(events, {0, 1}, {"test_double": 2}, None)
+    assert run.cells == {} and run.checks == {("test_double", 0): {"t": "int", "v": "42"}}
 
 
 @needs_bwrap
@@ -350,66 +328,47 @@ def test_root_only_system_files_are_not_readable_in_the_sandbox(tmp_path):
         assert cmd[cmd.index(path) - 1] == "--tmpfs", path
 
 
-SNEAKY = """
-import sys, torch
-get = getattr(sys, "_get" + "frame")
-caller = get(0)
-_t = torch
-_t.manual_seed = lambda *a, **k: None
-%time n = len(__import__("g" + "c").get_objects())
+REACH_FOR_THE_REFERENCE = """
+import glob, importlib, os, sys
+import course
+package = os.path.dirname(course.__file__)
+tries = {}
+for name in ("course.engine.sampling", "course.lessons.sampling_demos", "course.widgets.sampling_explorer"):
+    try:
+        importlib.import_module(name)
+        tries[name] = "IMPORTED"
+    except ImportError as exc:
+        tries[name] = type(exc).__name__
+found = [p for top in (package, "/sub", "/tmp") for p in glob.glob(top + "/**/*sampling*", recursive=True)]
+print("TRIES", tries, "FOUND", found, "PACKAGE", sorted(os.listdir(package)))
 """
 
 
 @needs_bwrap
-def test_what_the_code_does_at_run_time_is_reported_however_it_is_written(tmp_path):
-    """The source scan missed a frame taken through getattr, gc behind %time and __import__, and a library
-    patched through an alias; the harness's audit hook sees them as they happen."""
-    outcome = _run(tmp_path, SNEAKY)
-    assert {"sys._getframe", "gc.get_objects", "replaced torch.manual_seed"} <= set(outcome.reached), outcome.reached
-    assert _values(outcome) == ALL_CORRECT
-
-
-@needs_bwrap
-def test_ordinary_code_reports_nothing_at_run_time(tmp_path):
-    ordinary = ("import torch, math, inspect, gc, traceback\nx = torch.randn(3).softmax(-1)\n"
-                "print(inspect.signature(double))\ngc.collect()\nclass Box:\n    pass\nBox.size = 3\n"
-                "%time y = math.prod([1, 2, 3])\ntry:\n    1 / 0\nexcept ZeroDivisionError as e:\n"
-                "    last = traceback.extract_tb(e.__traceback__)[-1]\ntraceback.print_stack(limit=2)\n"
-                "import torch._dynamo  # what torch.compile imports: it wraps torch.manual_seed itself\n")
-    outcome = _run(tmp_path, ordinary)
-    assert outcome.reached == [], outcome.reached
-    assert _values(outcome) == ALL_CORRECT
-
-
-REFERENCE_CHECKS = CHECKS_SOURCE + '''
-REFERENCE = {"course.engine.sampling": set()}
-'''
-
-
-@needs_bwrap
-def test_the_courses_own_implementation_is_noted_however_it_is_reached(tmp_path):
-    """The source scan reads imports; a module reached through getattr is noted when it is used, at check time
-    (called from the learner's function) and after the cells (a reference function taken as the learner's own).
-    The course's own use of the same module (generate sampling the tiny model's tokens) is not noted."""
-    code = ("import torch\nimport course.config\nS = getattr(course, 'engine').sampling\n"
-            "def double(x):\n    S.apply_temperature(torch.ones(2), 1.0)\n    return 2 * x\n"
-            "pick = S.top_k_filter\n"
-            "from course.model import tiny_model\nfrom course.generate import generate\n"
-            "tokens = generate(tiny_model(), [1, 2, 3], 4).tokens")
-    nb, checks = _tiny(tmp_path, code)
-    checks.write_text(REFERENCE_CHECKS)
+def test_the_exercises_reference_is_not_in_the_sandbox(tmp_path):
+    """The course package inside holds what the harness, the checks and the released notebook import, minus the
+    checks' ABSENT: the reference is neither importable nor readable nor findable on disk (a copy of the package,
+    marshal of its bytecode, a gc walk: nothing to reach)."""
+    nb, checks = _tiny(tmp_path, REACH_FOR_THE_REFERENCE)
+    checks.write_text(CHECKS_SOURCE + '\nABSENT = ["course.engine.sampling"]\n')
     outcome = sandbox.run_sealed(nb, checks, tmp_path / "box", sandbox.Limits(cell_timeout=60, wall_s=180))
-    assert {"used the course's own course.engine.sampling.apply_temperature",
-            "used the course's own course.engine.sampling.top_k_filter"} == set(outcome.reached), outcome.reached
+    printed = _printed(outcome, 1)
+    assert "IMPORTED" not in printed and "FOUND []" in printed, printed
+    listed = printed.split("PACKAGE")[1]
+    assert "'engine'" in listed and not {"'lessons'", "'measure'", "'teach'", "'widgets'", "'cli'"} & set(
+        listed.strip(" []\n").split(", ")), printed
     assert _values(outcome) == ALL_CORRECT
 
-    honest = ("from course.model import tiny_model\nfrom course.generate import generate\n"
-              "tokens = generate(tiny_model(), [1, 2, 3], 4, temperature=0.8, seed=0).tokens")
-    (tmp_path / "honest").mkdir()
-    nb, checks = _tiny(tmp_path / "honest", honest)
-    checks.write_text(REFERENCE_CHECKS)
-    outcome = sandbox.run_sealed(nb, checks, tmp_path / "honest" / "box", sandbox.Limits(cell_timeout=60, wall_s=180))
-    assert outcome.reached == [] and _values(outcome) == ALL_CORRECT, outcome.reached
+
+def test_a_module_that_needs_the_reference_at_import_stops_grading_with_its_name(tmp_path):
+    from course.grade.files import GradingError
+
+    checks = tmp_path / "x_checks.py"
+    checks.write_text(CHECKS_SOURCE + "\nABSENT = ['course.engine.config']\n")
+    tree = sandbox._tree(frozenset({"course.grade.harness"}), ("course.engine.sampling",))
+    assert not (tree / "engine" / "sampling.py").exists() and not list(tree.rglob("__pycache__"))
+    with pytest.raises(GradingError, match="^course imports course.engine.config when it is loaded"):
+        sandbox.course_tree(checks)
 
 
 # ----------------------------------------------------------------------------- 6: disk and tmpfs caps
@@ -582,59 +541,3 @@ def test_a_renamed_answer_id_is_graded_on_its_code(graded):
     row = graded["renamed-answer-id"]
     assert row.status == "graded" and row.score == row.max_score > 0, row
     assert "my_kv_cache_bytes -> kv_cache_bytes" in row.problems
-
-
-GUARD_SCRIPT = r'''
-import json, sys, torch
-from course.grade import harness
-notes = []
-taken_over = harness.guard_reference({"course.engine.sampling": set(), "course.engine.kv_cache": set(),
-                                      "course.measure.costs": {"human_bytes"}},
-                                     lambda **e: notes.append(e["what"]))
-ns = {"__name__": "__main__"}
-exec(compile(sys.argv[1], "<cell>", "exec"), ns)
-taken_over(ns)
-after = sorted(notes)
-notes.clear()
-exec(compile(sys.argv[2], "<checks x>", "exec"), {"ns": ns, "torch": torch})
-print(json.dumps({"after": after, "checks": sorted(notes)}))
-'''
-
-
-def _guard(cell: str, checks: str = "") -> dict:
-    """The notes guard_reference makes for a cell, after the cells and when a check calls the learner's names."""
-    import subprocess
-    import sys
-
-    out = subprocess.run([sys.executable, "-c", GUARD_SCRIPT, cell, checks], capture_output=True, text=True,
-                         cwd=str(AUTOGRADE.parent), timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-@pytest.mark.parametrize("cell, checks, noted", [  # ways a second adversarial review hid the course's code
-    ("import course.config\nS = getattr(course, 'engine').sampling\nclass Box:\n    pick = staticmethod(S.sample)",
-     "ns['Box'].pick(torch.randn(1, 5))", "course.engine.sampling.sample"),
-    ("import functools, course.config\nS = getattr(course, 'engine').sampling\n"
-     "f = functools.lru_cache(maxsize=0)(S.top_k_filter)", "", "course.engine.sampling.top_k_filter"),
-    ("import functools, course.config\nS = getattr(course, 'engine').sampling\n"
-     "f = functools.singledispatch(S.top_p_filter)", "ns['f'](torch.randn(5), 0.9)",
-     "course.engine.sampling.top_p_filter"),
-    ("import course.config\nK = getattr(course, 'engine').kv_cache\nclass Mine:\n    update = K.LayerKVCache.update",
-     "", "course.engine.kv_cache.LayerKVCache.update"),
-    ("import course.config\nS = getattr(course, 'engine').sampling\ndef outer():\n    held = S.apply_temperature\n"
-     "    return lambda x: held(x, 1.0)\nt = outer()", "", "course.engine.sampling.apply_temperature"),
-    ("import importlib.util as u, course.config\nS = getattr(course, 'engine').sampling\n"
-     "spec = u.spec_from_file_location('mine', S.__file__)\nmine = u.module_from_spec(spec)\n"
-     "spec.loader.exec_module(mine)", "", "mine (its module loaded again)"),
-])
-def test_the_guard_sees_the_courses_code_however_it_is_wrapped(cell, checks, noted):
-    notes = _guard(cell, checks)
-    assert any(noted in n for n in notes["after"] + notes["checks"]), notes
-
-
-def test_the_guard_leaves_the_courses_own_calls_and_allowed_helpers_alone():
-    cell = ("from course.memory import human_bytes\nfrom course.model import tiny_model\n"
-            "from course.generate import generate\nm = tiny_model()\nsize = human_bytes(2 ** 20)")
-    notes = _guard(cell, "ns['generate'](ns['m'], [1, 2, 3], 4, temperature=0.8, seed=0)")
-    assert notes == {"after": [], "checks": []}, notes

@@ -1,8 +1,8 @@
 """The package's layers import only downward, and no modules import each other in a circle.
 
 engine ← measure ← {lessons, widgets} ← teach ← grade ← cli. `lessons` and `widgets` are siblings and never import
-each other. At the root, `course/__init__.py` may use the engine, `course/paths.py` imports nothing of the course,
-and the five compatibility names (config, memory, generate, model, exercise_tools) only re-export their new home.
+each other. At the root, `course/__init__.py` may use the engine and `course/paths.py` imports nothing of the course;
+the five old flat names (config, memory, generate, model, exercise_tools) are gone and must not be imported.
 """
 from __future__ import annotations
 
@@ -144,14 +144,6 @@ def test_each_layer_says_what_it_may_import():
     for name in LAYERS:
         doc = ast.get_docstring(ast.parse((PACKAGE / name / "__init__.py").read_text())) or ""
         assert "May import" in doc, f"course/{name}/__init__.py must say what it may import"
-
-
-@pytest.mark.parametrize("name", sorted(SHIMS))
-def test_compatibility_names_are_the_new_modules(name):
-    import importlib
-
-    old = importlib.import_module(f"course.{name}")
-    assert old is importlib.import_module(SHIMS[name])
 
 
 def test_the_rule_catches_an_upward_import_and_a_circle():

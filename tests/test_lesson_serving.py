@@ -553,7 +553,7 @@ def test_exercise_05_demo_with_the_reference_solution():
     import re
 
     import course
-    from course.lessons.serving import paged_exercise_demo
+    from course.grade.exercise_tools import paged_exercise_demo
     from course.paths import SOLUTIONS
 
     nb = nbformat.read(SOLUTIONS / "05_paged_cache" / "paged_cache.ipynb", as_version=4)

@@ -1,7 +1,8 @@
 """Checks for exercise 01 (the KV-cache memory formula): one list per test cell of the notebook.
 
 Run by course.grade.verdicts: `run` inside the sandbox on the learner's namespace, `compare` outside on
-plain data. Byte counts must be an exact `int` (a float such as 2.0 * ... fails, as does an int subclass).
+plain data. Byte counts must be an exact integer (int, a numpy integer, an integer 0-d tensor, a whole Fraction:
+course.grade.verdicts.exact); a float such as 2.0 * ... fails, with a hint that names it.
 """
 from course.engine.config import ModelConfig
 from course.grade.verdicts import Check, close, exact, raises
@@ -36,11 +37,8 @@ def gqa(config):
     return lambda ns: ns["gqa_saving"](config)
 
 
-
-# What the course package holds of this exercise's answers (the course's KV byte math), each module with the names
-# the learner may use (the release imports GiB and human_bytes): the harness notes any other use at run time
-# (course.grade.harness.guard_reference).
-REFERENCE = {"course.measure.costs": {"human_bytes"}}
+# The course's own KV byte math: left out of the sandbox (course.grade.sandbox.course_tree).
+ABSENT = ["course.measure.costs"]
 
 CHECKS = {
     "test_kv_cache_bytes": [
@@ -86,6 +84,8 @@ CHECKS = {
         Check("rounds down from above a half", ctx(llama_7b, 24 * 10**9, 13 * 10**9), exact,
               "hint: round down to whole tokens (// or int(), not round()): T + 1 tokens must not fit"),
         Check("no room", ctx(gpt2, 10**6, 10**6), exact, "hint: nothing is left for the cache"),
+        Check("exactly one token fits", ctx(llama_7b, 13 * GiB + 524_288, 13 * GiB), exact,
+              "hint: a token that fits exactly counts (free // per_token, not <)"),
         Check("batch 0", ctx(llama_7b, 24 * GiB, 13 * GiB, batch=0), raises,
               "hint: batch = 0 has no sequence to size: raise ValueError"),
         Check("negative batch", ctx(llama_7b, 24 * GiB, 13 * GiB, batch=-1), raises,
@@ -101,6 +101,8 @@ CHECKS = {
         Check("INT8", batch(llama_7b, 80 * GiB, 13 * GiB, 4096, dtype_bytes=1), exact,
               "hint: INT8 halves each sequence's cache"),
         Check("no room", batch(llama_70b, 80 * GiB, 130 * GiB, 1024), exact, "hint: no room for any cache means 0"),
+        Check("exactly three sequences fit", batch(llama_7b, 19 * GiB, 13 * GiB, 4096), exact,
+              "hint: a sequence that fits exactly counts"),
         Check("an int", batch(gpt2, 10**9, 2.5e8, 1000), exact, "hint: return a whole number (int)"),
     ],
     "test_gqa_saving": [

@@ -151,10 +151,8 @@ WIDE_HEADS = TINY.with_(head_dim=24)  # D_h = 24, not dim // n_heads = 16
 EXACT_TOL = close(1e-5)
 BAD_POSITION = "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"
 
-
-# What the course package holds of this exercise's answers (the course's KV cache), each module with the names the
-# learner may use: the harness notes any other use at run time (course.grade.harness.guard_reference).
-REFERENCE = {"course.engine.kv_cache": set()}
+# The course's own KV cache: left out of the sandbox (course.grade.sandbox.course_tree).
+ABSENT: list[str] = []  # ["course.engine.kv_cache"] once course/engine/model.py no longer imports it when loaded
 
 CHECKS = {
     "test_cache_allocates": [

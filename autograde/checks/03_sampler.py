@@ -246,10 +246,8 @@ def wide_top_p_one(ns):
     return torch.isfinite(ns["top_p_filter"](logits, 1.0))
 
 
-
-# What the course package holds of this exercise's answers (the course's sampler), each module with the names the
-# learner may use: the harness notes any other use at run time (course.grade.harness.guard_reference).
-REFERENCE = {"course.engine.sampling": set()}
+# The course's own sampler: left out of the sandbox (course.grade.sandbox.course_tree).
+ABSENT = ["course.engine.sampling"]
 
 CHECKS = {
     "test_temperature": [
@@ -281,6 +279,8 @@ CHECKS = {
         Check("top-k rows, k = 1", call("top_k_filter", torch.tensor([[0.2, 0.1, 0.7, 0.0], [-1.0, 2.0, 1.5, 3.0],
                                                                      [5.0, 1.0, 0.0, -1.0]]), 1), FILTERED,
               "hint: top-k works per row, on the last axis"),
+        Check("top-k, k = V - 1", call("top_k_filter", ROWS, 3), FILTERED,
+              "hint: k < V drops the V - k smallest, also when only one is left out"),
         Check("top-k ties", call("top_k_filter", TIES, 2), FILTERED,
               "hint: every token tied with the k-th largest logit stays in (ties can keep more than k)"),
         Check("top-p rows", call("top_p_filter", P_ROWS, 0.65), FILTERED,
@@ -320,6 +320,9 @@ CHECKS = {
         Check("temperature before top-p", call("sampling_probs", torch.tensor([1.0, 0.0, -1.0, -3.0]),
                                                temperature=0.25, top_p=0.95), close(1e-6),
               "hint: apply the temperature before top-p"),
+        Check("T = 0.01: nearly greedy, still finite", call("sampling_probs", LOGITS * 10, temperature=0.01),
+              close(1e-6), "hint: near T = 0, logits / T are huge: take the softmax (it subtracts the maximum), "
+                           "not exp() and a sum"),
         Check("T = 2, top-2", call("sampling_probs", torch.tensor([1.0, 0.0, -1.0, -3.0]), temperature=2.0, top_k=2),
               close(1e-6), "hint: temperature, then top-k, then renormalise the kept tokens"),
         Check("top-k, then top-p", call("sampling_probs", COMBINED, top_k=2, top_p=0.5), close(1e-6),

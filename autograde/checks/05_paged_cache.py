@@ -13,7 +13,7 @@ import torch
 from course.engine.config import ModelConfig
 from course.engine.generate import generate
 from course.engine.model import tiny_model
-from course.grade.verdicts import Check, close, exact, raises
+from course.grade.verdicts import Check, close, exact, raises, whole
 
 TINY = ModelConfig.from_name("tiny")  # 2 layers, H_kv = 2, D_h = 16
 MQA = TINY.with_(n_kv_heads=1)
@@ -48,8 +48,8 @@ def pool_ids(got, ref) -> bool:
     """The counts as the reference's; a != b, both in 0..2; then c, d are exactly the two blocks b is not."""
     if not (isinstance(got, list) and len(got) == 2 and exact(got[0], ref[0])):
         return False
-    ids = got[1]
-    if not (isinstance(ids, list) and len(ids) == 4 and all(type(i) is int for i in ids)):
+    ids = [whole(i) for i in got[1]] if isinstance(got[1], list) else []
+    if len(ids) != 4 or None in ids:
         return False
     a, b, c, d = ids
     return a != b and {a, b} <= {0, 1, 2} and c != d and {c, d} == {0, 1, 2} - {b}
@@ -326,9 +326,8 @@ def fork_tables(got, ref) -> bool:
     everything after the tables as the reference's."""
     if not (isinstance(got, list) and len(got) == len(ref) and exact(got[1:], ref[1:])):
         return False
-    tables = got[0]
-    if not (isinstance(tables, list) and len(tables) == 2 and all(isinstance(t, list) and len(t) == 2
-                                                                 and all(type(i) is int for i in t) for t in tables)):
+    tables = [[whole(i) for i in t] if isinstance(t, list) else [] for t in got[0]] if isinstance(got[0], list) else []
+    if not (len(tables) == 2 and all(len(t) == 2 and None not in t for t in tables)):
         return False
     p, c = tables
     return c[0] == p[0] and c[1] != p[1] and len({p[0], p[1], c[1]}) == 3
@@ -479,10 +478,8 @@ ORDER = "hint: token t lives in block table[t // block_size] at offset t % block
 FREE = "hint: free() releases every block of the table, the partly filled last one too"
 REFS = "hint: a shared block goes back to the free list only when its last user releases it (reference counts)"
 
-
-# What the course package holds of this exercise's answers (the course's paged KV cache), each module with the names the
-# learner may use: the harness notes any other use at run time (course.grade.harness.guard_reference).
-REFERENCE = {"course.engine.paged": set(), "course.engine.paged_prefix": set()}
+# The course's own paged caches: left out of the sandbox (course.grade.sandbox.course_tree).
+ABSENT = ["course.engine.paged", "course.engine.paged_prefix"]
 
 CHECKS = {
     "test_pool_allocate": [

@@ -1,7 +1,10 @@
 """`kvcourse check NOTEBOOK`: the learner's own check, with hints; `--full` adds the grader's hidden checks.
 
 Plain `check` executes the notebook in a fresh kernel and prints every visible test with its result and a
-hint; it exits 1 when any test fails (nbgrader's own `validate` exits 0 either way). Test cells the learner
+hint, then one summary line (`summary`: "k of n visible tests pass; first failing: <test> — <hint>"), the line
+JupyterLab's Validate button shows too (`validate`, installed by autograde/nbgrader_config.py); it exits 1 when
+any test fails.
+The visible tests compare values with course.grade.verdicts.expect, the grader's own comparison. Test cells the learner
 edited or deleted are put back as released before it runs, and it says so: the results shown are always
 those of the original tests. `--full` grades the notebook the way the instructor's `kvcourse grade` does
 (sealed off, hidden checks included) and prints each test cell's verdict and the score, never a hidden
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -41,6 +45,7 @@ class TestResult:
     status: str  # pass | fail | hidden
     message: str = ""
     hint: str = ""
+    source: str = ""
 
 
 def _grade_ids(nb) -> set[str]:
@@ -112,6 +117,18 @@ def _changed_locked_cells(path: Path) -> list[str]:
     return restored(path)[1]
 
 
+def summary(results: list[TestResult]) -> str:
+    """One line: how many visible tests pass, and the first failing one with its hint."""
+    visible = [t for t in results if t.status != "hidden"]
+    first = next((t for t in visible if t.status == "fail"), None)
+    line = f"{sum(t.status == 'pass' for t in visible)} of {len(visible)} visible tests pass"
+    if first is None:
+        return line
+    kind = re.search(r"\((your code (?:returned|gave) [^()]*)\)$", first.message)  # verdicts.mismatch's note
+    return line + f"; first failing: {first.grade_id} — {first.hint or first.message}" + (
+        f" ({kind.group(1)})" if kind and first.hint else "")
+
+
 def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[list[TestResult], list[str]]:
     """Run a notebook (original tests restored) top to bottom in a fresh kernel.
 
@@ -148,7 +165,8 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
             continue
         hint = " ".join(ln.strip()[len("# Hint:"):].strip() for ln in cell.source.splitlines()
                         if ln.strip().startswith("# Hint:"))
-        test = TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), "pass", hint=hint)
+        test = TestResult(meta.get("grade_id", "?"), float(meta.get("points", 0)), "pass", hint=hint,
+                          source=cell.source)
         if not _visible(cell):
             test.status = "hidden"
         elif error is not None:
@@ -262,8 +280,7 @@ def run_check(args) -> int:
             record_exercise_check(exercise, passed, len(visible), {t.grade_id: t.status for t in visible})
     except Exception as exc:  # progress is a convenience: never let it break the check itself
         print(f"  note: could not save this check to your progress file ({exc})")
-    print(f"{passed}/{len(visible)} visible tests pass"
-          + ("" if passed == len(visible) else "; fix the failing ones and run kvcourse check again"))
+    print(summary(results))
     return 0 if passed == len(visible) else 1
 
 
@@ -296,21 +313,14 @@ def _save_visible(path: Path, cells: dict) -> None:
 
 def _notes_for_learner(problems: str) -> list[str]:
     """The grader's notes on this run, as a learner reads them: the instructor's UNSANDBOXED warning becomes the
-    reason the sandbox could not start (a learner never passed --unsandboxed), and 'check by hand' notes meant
-    for a teacher say what a teacher will see."""
+    reason the sandbox could not start (a learner never passed --unsandboxed)."""
     from course.grade import grader, sandbox
 
-    notes, marker = [], "\0unsandboxed\0"
+    marker = "\0unsandboxed\0"
     problems = problems.replace(grader.UNSANDBOXED, marker)  # one note, though it holds a "; " itself
-    for note in (p.strip() for p in problems.split("; ") if p.strip()):
-        if note == marker:
-            notes.append("your notebook ran without the grading sandbox, which cannot start here ("
-                         f"{sandbox.sandbox_problem() or 'unknown reason'}); the checks and the score are the same")
-        elif note.startswith("check by hand: it "):
-            notes.append("a teacher grading this is shown: your code " + note[len("check by hand: it "):])
-        else:
-            notes.append(note)
-    return notes
+    return [("your notebook ran without the grading sandbox, which cannot start here ("
+             f"{sandbox.sandbox_problem() or 'unknown reason'}); the checks and the score are the same")
+            if note == marker else note for note in (p.strip() for p in problems.split("; ")) if note]
 
 
 def _run_full(path: Path, timeout: int) -> int:
@@ -331,3 +341,25 @@ def _run_full(path: Path, timeout: int) -> int:
         print(f"  note: {note}")
     print(f"score: {row.score:g}/{row.max_score:g}")
     return 0 if row.score == row.max_score else 1
+
+
+def validate(self, filename: str) -> dict:
+    """Validator.validate as `kvcourse check` runs the notebook (its released tests put back, its own kernel): {}
+    when every visible test passes, else one "failed" entry, the first failing test's cell, whose error is the
+    summary line `kvcourse check` ends with (nbgrader's dialog shows an entry as the cell, then its error)."""
+    import html
+
+    results, _ = check(Path(filename))
+    failing = [t for t in results if t.status == "fail"]
+    if not failing:
+        return {}
+    line = summary(results)
+    return {"failed": [{"source": failing[0].source.strip(), "error": html.escape(line), "raw_error": line}]}
+
+
+def use_check_for_validate() -> None:
+    """Make nbgrader's Validator use `validate` (called by autograde/nbgrader_config.py, which the Validate
+    button's handler loads at every press)."""
+    from nbgrader.validator import Validator
+
+    Validator.validate = validate

@@ -2,7 +2,8 @@
 
 `attention_replaced(model, fn)` runs the course model with a learner's attention in every layer: the model
 still computes Q, K, V and RoPE, then calls fn(q, k_new, v_new, layer_cache, start_pos) -> [B, H, T, D_h].
-`real_model_demo(...)` repeats the KV-cache exercise's check on SmolLM2 (the real model).
+`real_model_demo(...)` (exercise 02) and `paged_exercise_demo(...)` (exercise 05) repeat an exercise's check on
+SmolLM2, the real model: greedy tokens with the learner's cache against the course's own decoding.
 """
 from __future__ import annotations
 
@@ -49,23 +50,67 @@ def attention_replaced(model: Transformer, attention_fn):
                 attn.forward = previous
 
 
+def _side_by_side(model, tok, prompt: str, n_tokens: int, yours, reference_cache: bool) -> dict:
+    """Greedy tokens of the course's own decoding and of `yours(ids)`, printed one above the other."""
+    from course.engine.generate import generate
+
+    ids = tok.encode(prompt)
+    started = time.perf_counter()
+    reference = generate(model, ids, n_tokens, use_cache=reference_cache).tokens
+    reference_s, started = time.perf_counter() - started, time.perf_counter()
+    with torch.no_grad():
+        mine = yours(ids)
+    mine_s = time.perf_counter() - started
+    print(f"prompt: {prompt!r}")
+    print(f"{'the course' + (' (no cache)' if not reference_cache else ''):<19}: {tok.decode(reference)!r}  "
+          f"({reference_s:.2f} s)")
+    print(f"{'with your cache':<19}: {tok.decode(mine)!r}  ({mine_s:.2f} s)")
+    print("identical tokens" if mine == reference else "the tokens differ: check your cache")
+    return {"identical": mine == reference, "reference_s": reference_s, "yours_s": mine_s}
+
+
 def real_model_demo(new_cache, attention_fn, prompt: str = "The capital of France is", n_tokens: int = 20) -> dict:
-    """Greedy decoding on SmolLM2 with the learner's cache + attention vs without any cache; prints both."""
+    """Exercise 02 on SmolLM2: greedy decoding with the learner's cache and attention vs without any cache."""
     from course import load
     from course.engine.generate import generate
 
     model, tok = load()
-    ids = tok.encode(prompt)
-    started = time.perf_counter()
-    reference = generate(model, ids, n_tokens, use_cache=False).tokens
-    uncached_s = time.perf_counter() - started
-    cache = new_cache(model.config, 1, len(ids) + n_tokens)
-    started = time.perf_counter()
-    with torch.no_grad(), attention_replaced(model, attention_fn):
-        mine = generate(model, ids, n_tokens, cache=cache).tokens
-    cached_s = time.perf_counter() - started
-    print(f"prompt: {prompt!r}")
-    print(f"without a cache   : {tok.decode(reference)!r}  ({uncached_s:.2f} s)")
-    print(f"with your cache   : {tok.decode(mine)!r}  ({cached_s:.2f} s)")
-    print("identical tokens" if mine == reference else "the tokens differ: check your cache and attention")
-    return {"identical": mine == reference, "uncached_s": uncached_s, "cached_s": cached_s}
+
+    def yours(ids):
+        with attention_replaced(model, attention_fn):
+            return generate(model, ids, n_tokens, cache=new_cache(model.config, 1, len(ids) + n_tokens)).tokens
+
+    return _side_by_side(model, tok, prompt, n_tokens, yours, reference_cache=False)
+
+
+def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
+                        prompt: str = "The capital of France is", n_tokens: int = 24, block_size: int = 16) -> dict:
+    """Exercise 05 on SmolLM2: greedy decoding with the learner's paged cache vs the course's contiguous cache;
+    then (with fork_fn) the prompt forked into two continuations, counting the blocks they share."""
+    from course.engine.generate import generate
+
+    blocks = -(-(len(tokenizer.encode(prompt)) + n_tokens) // block_size) * 3 + 2  # three copies of the request
+    cache = cache_class(model.config, num_blocks=blocks, block_size=block_size, dtype=model.dtype)
+    out = _side_by_side(model, tokenizer, prompt, n_tokens,
+                        lambda ids: generate(model, ids, n_tokens, cache=view_class(cache, 0)).tokens, True)
+    c = model.config
+    per_token = 2 * c.n_layers * c.n_kv_heads * c.head_dim * torch.empty((), dtype=model.dtype).element_size()
+    held = len(cache.tables[0])
+    print(f"{cache.lengths[0]} positions cached in {held} block(s) of {block_size}: "
+          f"{held * block_size * per_token / 2**20:.2f} MiB reserved; a cache preallocated for the model's "
+          f"{c.max_seq_len:,}-token context reserves {c.max_seq_len * per_token / 2**20:.0f} MiB per request")
+    out["blocks"] = held
+    if fork_fn is not None:
+        free_before = cache.pool.num_free
+        fork_fn(cache, 0, 1)
+        fork_fn(cache, 0, 2)
+        shared = sum(1 for b in cache.tables[1] if b in cache.tables[0])
+        taken = free_before - cache.pool.num_free
+        print(f"fork into two more continuations: {shared} block(s) shared three ways, {taken} new block(s) taken"
+              + (" (a copy of the partly filled last block each)" if taken else
+                 " (the last block was full, so nothing needed copying)"))
+        for seq in (0, 1, 2):
+            cache.free(seq)
+        out.update(shared_blocks=shared, all_free=cache.pool.num_free == blocks)
+        print("every block back in the pool after freeing all three:", out["all_free"])
+    return out

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from course.grade import integrity, sandbox, verdicts
+from course.grade import sandbox, verdicts
 from course.grade.files import (GradingError, atomic_write, course_lock, disk_error, read_json, replace_dir)
 from course.grade.nbgrader_api import (assignments, check_result, export_csv, gradebook_problem, load_config,
                                        nbgrader_api, sha, source_hash)
@@ -94,8 +94,6 @@ class Ledger:
         except OSError as exc:
             raise disk_error(exc, self.path) from None
 
-
-OWN_CODE = "used the course's own "  # how the harness words a use of the course's implementation
 
 def _version(assignment: str) -> str:
     """What a grade depends on besides the file: the source notebook, its checks and the harness."""
@@ -406,10 +404,6 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
                 [f"could not be prepared for grading ({type(exc).__name__}: {str(exc)[:160]}): grade it by hand"]
                 + sub.problems + _earlier_grade(ledger, sub)))
             continue
-        try:
-            sub.problems += integrity.flags(nb, release_nb)  # for the teacher's eyes: the score is not changed
-        except Exception as exc:
-            sub.problems.append(f"check by hand: its code could not be scanned ({type(exc).__name__})")
         pending.append((sub, nb))
 
     outsiders = [r for r in rows.values() if r.status in ("invalid", "missing", "failed") and r.student
@@ -522,16 +516,6 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
 
     row = Row(sub.student, sub.assignment, sub.notebook, "failed", seconds=round(outcome.seconds, 2))
     problems = sub.problems + outcome.problems
-    own = [r for r in outcome.reached if r.startswith(OWN_CODE)]  # harness.guard_reference's notes
-    reached = [r for r in outcome.reached if not r.startswith(OWN_CODE)]
-    if own:  # for the teacher's eyes, as integrity.flags: the score is not changed
-        shown = [r[len(OWN_CODE):] for r in own]
-        problems.append("check by hand: at run time its code used the course's own implementation ("
-                        + ", ".join(shown[:6]) + (" …" if len(shown) > 6 else "")
-                        + "): its answers may be the course's, not the student's")
-    if reached:
-        problems.append("check by hand: at run time its code " + ", ".join(reached[:8])
-                        + (" …" if len(reached) > 8 else "") + " (reaching into the grading process)")
     if outcome.infrastructure:
         row.problems = "; ".join(problems + [f"{outcome.infrastructure}: not graded; run `kvcourse grade` again "
                                              "to regrade it"])

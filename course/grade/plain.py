@@ -1,26 +1,44 @@
 """Plain data across the sandbox wall: what a learner's function returned, as tagged JSON.
 
-`encode` runs inside the sandbox on the learner's return value and accepts only exact types: int, float,
-bool, str, None, list/tuple/dict (str keys) of those, and numpy arrays / torch tensors of plain dtypes.
-A subclass (an `int` whose `==` is always true), a tensor subclass, or any other object is recorded as
-{"t": "rejected"}, which no comparison accepts. `decode` runs in the clean grader process and rebuilds
-Python and numpy values from the JSON alone, rejecting anything malformed.
+`encode` runs inside the sandbox on the learner's return value; `decode` runs in the clean grader process and
+rebuilds Python and numpy values from the JSON alone, refusing anything malformed.
+
+A number travels by its value, whatever carries it: int, a numpy integer and a Fraction equal to a whole
+number are integers; float and numpy floats are reals; any other Fraction stays an exact Fraction; bool and
+numpy.bool are booleans (not numbers). 0-d tensors and arrays stay arrays (course.grade.verdicts reads a 0-d
+one as a number where a number is asked). A number carried by anything but the built-in type comes back as
+`Number(value, carrier)`, so that a hint can say what the learner's code returned.
+
+Nothing the learner's code chooses freely comes back as text: a carrier's name is one of NAMES (anything
+else is "an object of its own class"), a refusal one of WHY, an exception only the built-in classes it
+derives from. Feedback can therefore say what kind of value failed a hidden check, never carry its inputs.
 """
 from __future__ import annotations
 
 import base64
+import builtins
 import math
+from fractions import Fraction
 
 MAX_ELEMENTS = 2_000_000  # a returned array larger than this is refused (the grader's inputs are small)
 MAX_DEPTH = 8
-PLAIN_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "float16", "float32", "float64"}
+PLAIN_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
+                "float32", "float64"}
+NAMES = {"int", "float", "bool", "str", "Fraction", "list", "tuple", "dict", "None", "torch.Tensor",
+         "numpy.ndarray"} | {f"numpy.{d}" for d in PLAIN_DTYPES}
+WHY = {"object": "an object of its own class, not plain data", "subclass": "a subclass of a plain type",
+       "big": f"more than {MAX_ELEMENTS:,} elements", "deep": "nested too deeply", "keys": "a dict with keys that "
+       "are not str", "dtype": "an array of a dtype other than bool, integers or floats", "timeout":
+       "this check ran past its time limit", "died": "the kernel died in this check", "not run": "not run",
+       "malformed": "malformed"}
+EXCEPTIONS = {name for name, c in vars(builtins).items() if isinstance(c, type) and issubclass(c, BaseException)}
 
 
 class Rejected:
-    """A value the sandbox refused to hand over (wrong type, subclass, too big); equal to nothing."""
+    """A value the sandbox refused to hand over (wrong type, too big, ...); equal to nothing."""
 
     def __init__(self, why: str):
-        self.why = why
+        self.why = why if why in WHY else "malformed"
 
     def __eq__(self, other):
         return False
@@ -28,69 +46,17 @@ class Rejected:
     __hash__ = None
 
     def __repr__(self):
-        return f"<rejected: {self.why}>"
-
-
-def encode(value, depth: int = 0):
-    kind = type(value)
-    if depth > MAX_DEPTH:
-        return {"t": "rejected", "why": "nested too deeply"}
-    if value is None or kind in (bool, str):
-        return {"t": kind.__name__ if value is not None else "none", "v": value}
-    if kind is int:
-        return {"t": "int", "v": str(value)}
-    if kind is float:
-        return {"t": "float", "v": repr(value)}
-    if kind in (list, tuple):
-        return {"t": kind.__name__, "v": [encode(v, depth + 1) for v in value]}
-    if kind is dict:
-        if not all(type(k) is str for k in value):
-            return {"t": "rejected", "why": "dict keys must be str"}
-        return {"t": "dict", "v": {k: encode(v, depth + 1) for k, v in value.items()}}
-    module = getattr(kind, "__module__", "") or ""
-    if module.startswith("torch") and kind.__name__ == "Tensor":
-        import torch
-
-        if kind is not torch.Tensor:
-            return {"t": "rejected", "why": f"a {kind.__name__} subclass, not a plain tensor"}
-        t = value.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        if t.numel() > MAX_ELEMENTS:
-            return {"t": "rejected", "why": f"a tensor of {t.numel()} elements"}
-        return _array(t.contiguous().numpy(), "tensor")
-    if module == "numpy" and kind.__name__ == "ndarray":
-        import numpy as np
-
-        if kind is not np.ndarray:
-            return {"t": "rejected", "why": "an ndarray subclass"}
-        if value.size > MAX_ELEMENTS:
-            return {"t": "rejected", "why": f"an array of {value.size} elements"}
-        return _array(np.ascontiguousarray(value), "ndarray")
-    return {"t": "rejected", "why": f"type {module}.{kind.__qualname__} is not plain data"}
-
-
-def _array(arr, tag: str):
-    if arr.dtype.name not in PLAIN_DTYPES:
-        return {"t": "rejected", "why": f"dtype {arr.dtype.name}"}
-    return {"t": tag, "dtype": arr.dtype.name, "shape": list(arr.shape),
-            "b64": base64.b64encode(arr.tobytes()).decode()}
-
-
-def error(exc: BaseException) -> dict:
-    """An exception raised by the learner's code, by class name and the builtin classes it derives from."""
-    import builtins
-
-    mro = [c.__name__ for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c]
-    return {"t": "raised", "name": type(exc).__name__, "builtin_bases": mro[:12], "message": str(exc)[:300]}
+        return f"<rejected: {WHY[self.why]}>"
 
 
 class Raised:
-    def __init__(self, name: str, bases: list[str], message: str):
-        self.name, self.bases, self.message = name, bases, message
+    """The learner's code raised: `bases` are the built-in exception classes it derives from, most specific first."""
+
+    def __init__(self, bases: list[str]):
+        self.bases = [b for b in bases if b in EXCEPTIONS][:12]
 
     def __repr__(self):
-        return f"<raised {self.name}: {self.message[:80]}>"
+        return f"<raised {self.bases[:1]}>"
 
 
 class Array:
@@ -103,6 +69,76 @@ class Array:
         return f"<{self.kind} {self.data.dtype} {list(self.data.shape)}>"
 
 
+class Number:
+    """A number carried by another type than Python's own (numpy.int64, Fraction): its value and that type."""
+
+    def __init__(self, value, carrier: str):
+        self.value, self.carrier = value, carrier if carrier in NAMES else "object"
+
+    def __repr__(self):
+        return f"<{self.carrier} {self.value!r}>"
+
+
+def _carrier(value) -> str:
+    kind = type(value)
+    module = getattr(kind, "__module__", "")
+    return kind.__name__ if module in ("builtins", "fractions") else f"{module.split('.')[0]}.{kind.__name__}"
+
+
+def encode(value, depth: int = 0):
+    import numbers
+
+    if depth > MAX_DEPTH:
+        return {"t": "rejected", "why": "deep"}
+    kind = type(value)
+    carrier = _carrier(value)
+    if value is None or kind is str:
+        return {"t": "none"} if value is None else {"t": "str", "v": value}
+    if kind in (list, tuple):
+        return {"t": kind.__name__, "v": [encode(v, depth + 1) for v in value]}
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            return {"t": "rejected", "why": "keys"}
+        return {"t": "dict", "v": {k: encode(v, depth + 1) for k, v in value.items()}}
+    if carrier in ("torch.Tensor", "numpy.ndarray"):
+        return _array(value, carrier)
+    if carrier not in NAMES:  # an object, or a subclass of int whose == says yes to everything: refused
+        return {"t": "rejected", "why": "subclass" if isinstance(value, (int, float, str)) else "object"}
+    if carrier in ("bool", "numpy.bool"):
+        out = {"t": "bool", "v": bool(value)}
+    elif isinstance(value, Fraction) and value.denominator != 1:
+        out = {"t": "fraction", "v": f"{value.numerator}/{value.denominator}"}
+    elif isinstance(value, (numbers.Integral, Fraction)):
+        out = {"t": "int", "v": str(int(value))}
+    elif isinstance(value, numbers.Real):
+        out = {"t": "float", "v": repr(float(value))}
+    else:
+        return {"t": "rejected", "why": "object"}
+    return out if carrier in ("bool", "int", "float") else dict(out, type=carrier)
+
+
+def _array(value, carrier: str):
+    import numpy as np
+
+    if carrier == "torch.Tensor":
+        import torch
+
+        value = value.detach().cpu()
+        value = (value.float() if value.dtype == torch.bfloat16 else value).contiguous().numpy()
+    if value.size > MAX_ELEMENTS:
+        return {"t": "rejected", "why": "big"}
+    if value.dtype.name not in PLAIN_DTYPES:
+        return {"t": "rejected", "why": "dtype"}
+    return {"t": "tensor" if carrier == "torch.Tensor" else "ndarray", "dtype": value.dtype.name,
+            "shape": list(value.shape), "b64": base64.b64encode(np.ascontiguousarray(value).tobytes()).decode()}
+
+
+def error(exc: BaseException) -> dict:
+    """An exception raised by the learner's code, as the built-in classes it derives from (never its own name)."""
+    return {"t": "raised", "builtin_bases": [c.__name__ for c in type(exc).__mro__[:-1]  # not `object`
+                                             if getattr(builtins, c.__name__, None) is c][:12]}
+
+
 def decode(obj, depth: int = 0):
     """Rebuild a value from encode()'s JSON; anything unexpected becomes Rejected."""
     import numpy as np
@@ -110,35 +146,31 @@ def decode(obj, depth: int = 0):
     try:
         if not isinstance(obj, dict) or depth > MAX_DEPTH + 1:
             return Rejected("malformed")
-        t = obj.get("t")
+        t, v = obj.get("t"), obj.get("v")
+        carrier = obj.get("type", t)
         if t == "none":
             return None
-        if t in ("bool", "str"):
-            v = obj["v"]
-            return v if type(v) is {"bool": bool, "str": str}[t] else Rejected("malformed")
-        if t == "int":
-            return int(str(obj["v"])[:5000])
-        if t == "float":
-            return float(str(obj["v"])) if str(obj["v"]) not in ("nan", "inf", "-inf") else float(obj["v"])
+        if t == "str" and type(v) is str:
+            return v
+        if t == "bool" and type(v) is bool:
+            return v if carrier == "bool" else Number(v, carrier)
+        if t in ("int", "float", "fraction"):
+            value = {"int": int, "float": float, "fraction": Fraction}[t](str(v)[:5000])
+            return value if carrier in ("int", "float", "fraction") else Number(value, carrier)
         if t in ("list", "tuple"):
-            items = [decode(v, depth + 1) for v in obj["v"]]
+            items = [decode(x, depth + 1) for x in v]
             return items if t == "list" else tuple(items)
         if t == "dict":
-            return {str(k): decode(v, depth + 1) for k, v in obj["v"].items()}
-        if t in ("tensor", "ndarray"):
-            dtype = obj["dtype"]
-            if dtype not in PLAIN_DTYPES:
-                return Rejected("dtype")
+            return {str(k): decode(x, depth + 1) for k, x in v.items()}
+        if t in ("tensor", "ndarray") and obj["dtype"] in PLAIN_DTYPES:
             shape = tuple(int(s) for s in obj["shape"])
-            data = np.frombuffer(base64.b64decode(obj["b64"]), dtype=dtype)
-            if data.size != (math.prod(shape) if shape else 1):
-                return Rejected("shape does not match the data")
-            return Array(data.reshape(shape).copy(), t)
+            data = np.frombuffer(base64.b64decode(obj["b64"]), dtype=obj["dtype"])
+            if data.size == math.prod(shape):
+                return Array(data.reshape(shape).copy(), t)
         if t == "raised":
-            return Raised(str(obj["name"])[:100], [str(b) for b in obj.get("builtin_bases", [])][:12],
-                          str(obj.get("message", ""))[:300])
+            return Raised([str(b) for b in obj.get("builtin_bases", [])])
         if t == "rejected":
-            return Rejected(str(obj.get("why", ""))[:200])
-    except (KeyError, TypeError, ValueError, AttributeError):
+            return Rejected(str(obj.get("why", "")))
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
         pass
     return Rejected("malformed")

@@ -1,26 +1,24 @@
 """The sealed runner: one submission, one bubblewrap sandbox, only plain data comes back.
 
-Mechanism: Debian's `bubblewrap` (bwrap), the unprivileged sandbox Flatpak is built on. Each run gets
-`--unshare-all` (its own user, PID, network, IPC, UTS and cgroup namespaces: no network at all, not even the
-host's loopback), `--die-with-parent` and `--new-session`, and a filesystem made of read-only binds of the
-system (/usr, /etc), the Python interpreter and the venv, and the installed `course` package -- nothing else
-of the course folder: no other submission, no gradebook, no solutions/ or source/, no ledger. /tmp and the
-working folder /sub are private tmpfs of a fixed size each (Limits.disk_mb, tied to the memory cap: tmpfs
-pages are RAM that RLIMIT_AS does not count), empty at every attempt; nothing the grader reads lives there.
-The job (the notebook and the checks' source) arrives on stdin, a pipe the harness drains before any student
-code runs, so no file in the sandbox holds the hidden checks; the events go back through another pipe the
-grader reads as they come (at most MAX_EVENTS_BYTES), so a run cannot erase what it already wrote; each event
-is signed with a key that comes in the job (an HMAC, with a rising number), so lines the student's code writes
-to that pipe are dropped and noted, not taken for the harness's (_parse). Caps
-(setrlimit before bwrap execs, inherited by everything inside): address space (memory), CPU seconds, file
-size, processes (RLIMIT_NPROC, which Linux does not apply to root: as root each run also gets its own `pids`
-cgroup with pids.max); plus a wall-clock timeout, after which the whole sandbox is killed. bwrap needs no
-root: as a normal user it uses unprivileged user namespaces (where a distribution disables them, bwrap says
-so and `kvcourse grade` stops, naming what is missing).
+What is prevented here by construction (autograde/THREAT_MODEL.md has the whole list):
+* Debian's `bubblewrap` (bwrap), the unprivileged sandbox Flatpak is built on: `--unshare-all` (its own user,
+  PID, network, IPC, UTS and cgroup namespaces: no network at all), `--die-with-parent`, `--new-session`,
+  `--cap-drop ALL`, and a filesystem of read-only binds: the system (/usr, /etc with its private files
+  hidden), the interpreter and the venv, and a copy of the course package made for the exercise
+  (`course_tree`): the modules the harness, the checks and the released notebook import, and nothing else:
+  never the exercise's reference implementation (the checks module's ABSENT), never the solutions, the
+  gradebook, another submission or the grader's checks. /tmp and the working folder /sub are private tmpfs
+  of a fixed size (Limits.disk_mb), empty at every attempt.
+* The harness (course.grade.harness) runs the learner's cells first and reads the checks from its stdin only
+  after it said "cells_done"; the grader writes them only then, and keeps no cell output written after that
+  point (_accept): nothing printed while the checks run reaches anyone.
+* Caps (setrlimit before bwrap execs, inherited by everything inside): address space, CPU seconds, file size,
+  processes (as root also a `pids` cgroup, and a memory cgroup that counts tmpfs and memfd pages); a
+  wall-clock limit and a silence limit, after which the whole sandbox is killed.
 
-The harness (course.grade.harness) runs inside and writes its events; `run_sealed` keeps those the harness
-could have written (_accept), reruns past a cell that killed the kernel or ran past every timeout, and
-classifies how each run ended.
+`run_sealed` reruns past a cell that killed the kernel or ran past every timeout, and classifies how each run
+ended. bwrap needs no root: as a normal user it uses unprivileged user namespaces (where a distribution
+disables them, `sandbox_problem` says so and grading stops, naming what is missing).
 """
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ import os
 import resource
 import shutil
 import signal
-import secrets
 import subprocess
 import sys
 import time
@@ -68,13 +65,12 @@ class Outcome:
     infrastructure: str = ""  # set when the run failed for a reason that is not the submission's
     seconds: float = 0.0
     attempts: int = 0
-    reached: list[str] = field(default_factory=list)  # what the learner's code did at run time (harness.watch)
 
 
 # ----------------------------------------------------------------------------- is the sandbox there?
 
 def _binds() -> list[tuple[str, str]]:
-    """(kind, path) for the filesystem inside: read-only system, interpreter, venv and course package."""
+    """(kind, path) for the filesystem inside: read-only system, interpreter and venv (the course is bound apart)."""
     entries: list[tuple[str, str]] = []
     for top in ("/usr", "/etc"):
         entries.append(("ro", top))
@@ -83,9 +79,8 @@ def _binds() -> list[tuple[str, str]]:
             entries.append(("symlink", link))
         elif os.path.isdir(link):
             entries.append(("ro", link))
-    package = str(Path(course.__file__).resolve().parent)
     for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
-                        os.path.dirname(os.path.realpath(sys.executable)), package}, key=len):
+                        os.path.dirname(os.path.realpath(sys.executable))}, key=len):
         if any(path == p or path.startswith(p.rstrip("/") + "/") for kind, p in entries if kind == "ro"):
             continue
         entries.append(("ro", path))
@@ -120,35 +115,105 @@ def _private_system_files() -> tuple[list[str], list[str]]:
     return files, folders
 
 
-@lru_cache(maxsize=1)
-def _redacted_bank() -> tuple[str, str] | None:
-    """(a copy of the question bank without the autograded quiz's questions, where the package's bank lies).
+# ----------------------------------------------------------------------------- the course, as the sandbox sees it
 
-    The lessons need the bank's answers, so the installed package carries them; a quiz submission must not be
-    able to read them. Inside the sandbox the package's questions.yaml is this copy (bound over it, read-only)."""
+PACKAGE = Path(course.__file__).resolve().parent
+
+
+def _module_file(name: str) -> Path | None:
+    parts = name.split(".")
+    base = PACKAGE.parent.joinpath(*parts)
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _imports(source: str, package: str = "") -> tuple[set[str], set[str]]:
+    """(course modules named by any import, those imported when the code is first run: not inside a function)."""
+    import ast
+
+    every, at_import = set(), set()
+
+    def visit(node, top: bool):
+        for child in ast.iter_child_nodes(node):
+            names = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: from the package the file is in
+                    base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1] + [base]).strip(".")
+                names = [base] + [f"{base}.{a.name}" for a in child.names]
+            for name in names:
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):  # a package's __init__ runs before its modules
+                    if parts[0] == "course" and _module_file(".".join(parts[:i])):
+                        every.add(".".join(parts[:i]))
+                        if top:
+                            at_import.add(".".join(parts[:i]))
+            visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source), True)
+    return every, at_import
+
+
+def _notebook_code(path: Path) -> str:
+    """The code cells of a notebook, as one source (IPython's % and ! lines left out)."""
+    cells = json.loads(path.read_text()).get("cells", []) if path.is_file() else []
+    return "\n".join("\n".join(ln for ln in "".join(c.get("source", "")).splitlines() if not ln.lstrip().startswith(("%", "!")))
+                     for c in cells if c.get("cell_type") == "code")
+
+
+def course_tree(checks: Path) -> Path:
+    """The course package the sandbox gets for the exercise whose checks are `checks`: a copy holding the
+    modules that the harness, the checks and the released notebook import (at once or inside a function,
+    followed through the modules they import), minus the checks module's ABSENT: the exercise's reference
+    implementation is not in the sandbox at all, so no import, file read or bytecode trick can reach it.
+    Raises GradingError when a module that stays imports an absent one when it is loaded."""
+    from course.grade.verdicts import load_module
+    from course.paths import EXERCISES
+
+    checks = Path(checks)
+    absent = tuple(sorted(getattr(load_module(checks), "ABSENT", ())))
+    code = checks.read_text() + "\n" + "\n".join(_notebook_code(p) for p in sorted((EXERCISES / checks.stem).glob("*.ipynb")))
+    return _tree(frozenset(_imports(code)[0] | {"course.grade.harness"}), absent)
+
+
+@lru_cache(maxsize=None)
+def _tree(roots: frozenset, absent: tuple) -> Path:
     import atexit
+    import tempfile
 
-    import yaml
+    from course.grade.files import GradingError
 
-    from course.teach.progress import private_temp_folder
-    from course.teach.questions import QUESTIONS_PATH
-
-    if not QUESTIONS_PATH.is_file():
-        return None
-    bank = yaml.safe_load(QUESTIONS_PATH.read_text())
-    bank["questions"] = [q for q in bank.get("questions", []) if not q.get("autograded")]
-    # in a folder only this user can read (the sandbox runs as this user), removed at exit; a grader killed
-    # before its exit leaves it to the next one's sweep (private_temp_folder)
-    folder = private_temp_folder("kvcourse-bank")
+    keep, todo = set(), sorted(roots)
+    while todo:
+        name = todo.pop()
+        if name in keep or name in absent:
+            continue
+        keep.add(name)
+        package = name if _module_file(name).name == "__init__.py" else name.rpartition(".")[0]
+        every, at_import = _imports(_module_file(name).read_text(), package)
+        if at_import & set(absent):
+            raise GradingError(f"{name} imports {sorted(at_import & set(absent))[0]} when it is loaded, but that "
+                               "module is the exercise's reference, which the sandbox leaves out (ABSENT in the "
+                               "checks): import it inside the function that needs it")
+        todo += sorted(every - keep)
+    folder = Path(tempfile.mkdtemp(prefix="kvcourse-course-"))  # 0700: only this user reads it
     atexit.register(shutil.rmtree, folder, True)
-    name = str(folder / "questions.yaml")
-    with open(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400), "w") as f:
-        yaml.safe_dump(bank, f, allow_unicode=True, sort_keys=False)
-    return name, str(QUESTIONS_PATH.resolve())
+    for name in keep:
+        source = _module_file(name)
+        target = folder / source.relative_to(PACKAGE.parent)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        for extra in source.parent.iterdir():  # data beside the code (a C++ source), never caches or the bank
+            if extra.is_file() and extra.suffix not in (".py", ".pyc", ".yaml") and not (target.parent / extra.name).exists():
+                shutil.copyfile(extra, target.parent / extra.name)
+    return folder / "course"
 
 
-def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes: int | None = None) -> list[str]:
-    """bwrap's command line. workdir None: /sub is a fresh tmpfs (the grader's runs); else that folder.
+def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes: int | None = None,
+                  tree: Path | None = None) -> list[str]:
+    """bwrap's command line. workdir None: /sub is a fresh tmpfs (the grader's runs); else that folder. tree: the
+    course package inside (course_tree; default: the harness's modules only).
 
     tmpfs_bytes caps /tmp and a tmpfs /sub each (bwrap's --size); None leaves the kernel's default (half
     the RAM), for the probes and tests only."""
@@ -166,14 +231,13 @@ def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes:
             cmd += ["--symlink", os.readlink(path), path]
         else:
             cmd += ["--ro-bind", path, path]
+    # the exercise's copy lies over the package's own place (also when the venv holds a copy of it)
+    cmd += ["--ro-bind", str(tree or _tree(frozenset({"course.grade.harness"}), ())), str(PACKAGE)]
     files, folders = _private_system_files()
     for path in files:
         cmd += ["--ro-bind", "/dev/null", path]
     for path in folders:
         cmd += ["--tmpfs", path]
-    bank = _redacted_bank()
-    if bank:  # after the package's bind, so this file lies over the real bank
-        cmd += ["--ro-bind", bank[0], bank[1]]
     if workdir is None:
         cmd += [*size, "--tmpfs", "/sub", "--chdir", "/sub"]
     else:
@@ -189,11 +253,11 @@ def sandbox_problem() -> str:
     if shutil.which("bwrap") is None:
         return ("the grading sandbox needs bubblewrap (`bwrap`), which is not installed: as root run "
                 "`sh scripts/ensure_bwrap.sh` (Debian/Ubuntu: apt-get install bubblewrap)")
-    from course.teach.progress import private_temp_folder
+    import tempfile
 
-    probe = private_temp_folder("kvcourse-bwrap-probe")  # 0700, swept by a later run if this one is killed
+    probe = tempfile.mkdtemp(prefix="kvcourse-bwrap-probe-")  # 0700: only this user reads it
     try:
-        package = str(Path(course.__file__).resolve().parent)
+        package = str(PACKAGE)
         # the harness must import from the package this process uses (a second checkout sharing a virtual
         # environment imports another copy inside, which the sandbox does not show): 3 = not there, 4 = elsewhere
         check = ("import os, sys\nif not os.path.isfile(sys.argv[1]): sys.exit(3)\n"
@@ -377,31 +441,16 @@ def _runnable(nb: dict) -> set[int]:
             and cell.get("cell_type") == "code" and not is_test_cell(cell) and cell_source(cell).strip()}
 
 
-def _parse(data: bytes, key: bytes) -> list[dict]:
-    """The harness's events: lines signed with the attempt's key (harness.Events) whose numbers rise. Other lines
-    were written by the learner's code, which can reach the pipe but not the key: they are dropped, and their
-    count comes back as one "unsigned" event (which no harness writes) for the report."""
-    import hashlib
-    import hmac
-
-    events, unsigned, last = [], 0, -1
+def _parse(data: bytes) -> list[dict]:
+    """The events: one JSON object with a str "ev" per line (anything else is skipped)."""
+    events = []
     for line in data.splitlines():
-        if not line.strip():
-            continue
-        mac, _, body = line.partition(b" ")
-        want = hmac.new(key, body, hashlib.sha256).hexdigest().encode()
         try:
-            event = json.loads(body) if hmac.compare_digest(mac, want) else None
+            event = json.loads(line)
         except ValueError:
-            event = None
-        if not (isinstance(event, dict) and isinstance(event.get("ev"), str) and type(event.get("n")) is int
-                and event["n"] > last):
-            unsigned += 1
             continue
-        last = event["n"]
-        events.append(event)
-    if unsigned:
-        events.append({"ev": "unsigned", "count": unsigned})
+        if isinstance(event, dict) and isinstance(event.get("ev"), str):
+            events.append(event)
     return events
 
 
@@ -412,50 +461,36 @@ class _Run:
     checks: dict = field(default_factory=dict)  # (gid, k) -> encoded value
     last: tuple | None = None  # the last step started: ("cell", i) | ("cells_done",) | ("check", gid, k)
     full: list = field(default_factory=list)  # scratch folders the harness found full after the cells
-    reached: set = field(default_factory=set)  # harness.watch's reports: forging can add to them, never remove
 
 
 def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], stop_before: int | None) -> _Run:
     """One pass over an attempt's events (linear in their number).
 
     The learner's code runs in the harness's process and can write any event to the pipe, so an event counts
-    only where the harness itself could have written it: a cell_start names the cell after the last one
-    started (the harness runs every cell in order and skips none, so a forged start cannot go back and
-    replace an earlier cell's output); a
-    cell_done or check must follow its own start (the last one wins: the harness writes its own after the
-    learner's code returned); a check names a declared (grade_id, k). Anything else is dropped, so forged
-    indices cannot make the grader allocate, loop or rerun on the learner's terms."""
-    run, current, phase = _Run(), None, "cells"
+    only where the harness itself could have written it. Up to the first "cells_done" (the point where the
+    grader wrote the checks into the sandbox): a cell_start names the cell after the last one started (the
+    harness runs every cell in order and skips none); a cell_done follows its own start (the last one wins: the
+    harness writes its own after the learner's code returned). After it: no cell event at all, whatever it
+    says, and a check must follow its own check_start and name a declared (grade_id, k)."""
+    run, current, started = _Run(), None, None
     order = sorted(i for i in runnable if stop_before is None or i < stop_before)
-    following = dict(zip([None, *order], order))  # the harness runs every runnable cell in order, skipping none
-    started = None  # the last cell started
+    following = dict(zip([None, *order], order))
     for e in events:
         ev = e["ev"]
-        if ev == "cell_start":
-            i = e.get("i")
-            if type(i) is int and i == following.get(started, -1):
-                if phase == "checks":  # the harness never starts a cell after cells_done: that one was forged
-                    phase, run.checks, run.full = "cells", {}, []
-                current = run.last = ("cell", i)
-                started = i
-        elif ev == "cell_done" and phase == "cells":
-            if current == ("cell", e.get("i")):
-                run.cells[e["i"]] = e
-        elif ev == "audit" and len(run.reached) < 40:
-            run.reached.add(str(e.get("what", ""))[:80])
-        elif ev == "unsigned":
-            run.reached.add(f"wrote {e['count']} line(s) of its own to the grader's event pipe (ignored)")
-        elif ev == "cells_done":
-            phase, current = "checks", ("cells_done",)
-            run.last = current
-            run.full = [str(x)[:20] for x in e.get("full", [])][:2] if isinstance(e.get("full"), list) else []
-        elif ev == "check_start" and phase == "checks":
-            gid, k = e.get("gid"), e.get("k")
-            if isinstance(gid, str) and type(k) is int and 0 <= k < declared.get(gid, 0):
-                current = run.last = ("check", gid, k)
-        elif ev == "check" and phase == "checks":
-            if current == ("check", e.get("gid"), e.get("k")):
+        if run.last and run.last[0] in ("cells_done", "check"):
+            if ev == "check_start" and isinstance(e.get("gid"), str) and type(e.get("k")) is int \
+                    and 0 <= e["k"] < declared.get(e["gid"], 0):
+                current = run.last = ("check", e["gid"], e["k"])
+            elif ev == "check" and current == ("check", e.get("gid"), e.get("k")):
                 run.checks[e["gid"], e["k"]] = e.get("value")
+        elif ev == "cells_done":
+            current = run.last = ("cells_done",)
+            run.full = [str(x)[:20] for x in e.get("full", [])][:2] if isinstance(e.get("full"), list) else []
+        elif ev == "cell_start" and type(e.get("i")) is int and e["i"] == following.get(started, -1):
+            current = run.last = ("cell", e["i"])
+            started = e["i"]
+        elif ev == "cell_done" and current == ("cell", e.get("i")):
+            run.cells[e["i"]] = e
     return run
 
 
@@ -467,26 +502,28 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     every cell's and check's start and end, each under a timeout, so silence that long means the learner's
     code swallowed the timeout's interrupt; waiting for the wall-clock limit instead cost minutes per attempt.
 
-    The job goes in on stdin (a pipe: read once, by the harness, before any cell runs); the events come back
-    on a second pipe, of which the grader keeps the first MAX_EVENTS_BYTES and drains the rest."""
+    The job goes in on stdin in two lines: the notebook at once, the checks only once the pump has read the
+    harness's "cells_done" (the same first "cells_done" _accept goes by). The events come back on a second
+    pipe, of which the grader keeps the first MAX_EVENTS_BYTES and drains the rest."""
     import threading
 
     read_fd, write_fd = os.pipe()
-    key = secrets.token_bytes(32)  # signs this attempt's events (harness.Events); never on the sandbox's disk
-    payload = json.dumps(dict(job, events_fd=write_fd, key=key.hex())).encode()
-    # not `-m`: run as __main__, the harness's own classes looked like the learner's to its audit hook
+    cells = {k: job[k] for k in ("notebook", "cell_timeout", "stop_before")}
+    checks = {k: job[k] for k in ("checks", "checks_name", "skip_checks")}
+    payloads = [json.dumps(dict(cells, events_fd=write_fd)).encode() + b"\n", json.dumps(checks).encode() + b"\n"]
     argv = [sys.executable, "-c", "import course.grade.harness as h; h.main()"]
     env = _sandbox_env(threads)
+    tree = job["tree"]
     if sealed:
-        cmd, cwd = bwrap_command(None, argv, env, limits.tmpfs_bytes()), None
+        cmd, cwd = bwrap_command(None, argv, env, limits.tmpfs_bytes(), tree), None
         run_env = {"PATH": os.environ.get("PATH", "/usr/bin")}
-    else:  # the reference solution, trusted: a fresh scratch folder per attempt
+    else:  # the reference solution, trusted (or --unsandboxed): a fresh scratch folder, the same course tree
         scratch = workdir / "scratch"
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
         cmd, cwd = argv, str(scratch)
         run_env = dict(env, HOME=str(scratch), TMPDIR=str(scratch), MPLCONFIGDIR=str(scratch / ".mpl"),
-                       IPYTHONDIR=str(scratch / ".ipython"))
+                       IPYTHONDIR=str(scratch / ".ipython"), PYTHONPATH=str(tree.parent))
     cgroup = [_pids_cgroup(limits.extra_processes)]
     if limits.memory_mb > 0 and sealed:  # RAM of the whole sandbox: its memory cap plus its two tmpfs
         cgroup.append(_memory_cgroup(limits.memory_mb * 2 ** 20 + 2 * limits.tmpfs_bytes() + SHM_BYTES))
@@ -503,9 +540,10 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
         os.close(write_fd)
     chunks: list[bytes] = []
     heard = [time.monotonic()]
+    cells_done = threading.Event()
 
     def pump():
-        kept = 0
+        kept, partial = 0, b""
         while True:
             try:
                 chunk = os.read(read_fd, 1 << 16)
@@ -517,10 +555,19 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
             if kept < MAX_EVENTS_BYTES:  # past the cap: read and drop, so the writer never blocks
                 chunks.append(chunk[:MAX_EVENTS_BYTES - kept])
                 kept += len(chunks[-1])
+                if not cells_done.is_set():
+                    *lines, partial = (partial + chunks[-1]).split(b"\n")
+                    if any(e["ev"] == "cells_done" for e in _parse(b"\n".join(lines))):
+                        cells_done.set()
+        cells_done.set()  # it ended: the feeder stops waiting
 
     def feed():
         try:
-            proc.stdin.write(payload)
+            proc.stdin.write(payloads[0])
+            proc.stdin.flush()
+            cells_done.wait()
+            if proc.poll() is None:
+                proc.stdin.write(payloads[1])
             proc.stdin.close()
         except OSError:  # it died before reading its job: the exit status says how
             pass
@@ -557,7 +604,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     feeder.join(timeout=5)
     if not reader.is_alive():
         os.close(read_fd)
-    events = _parse(b"".join(chunks[:]), key)
+    events = _parse(b"".join(chunks[:]))
     code = proc.returncode
     if code == 0 and any(e["ev"] == "done" for e in events):
         ended = "done"
@@ -596,7 +643,7 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     stall_s = limits.stall_s or 2 * longest + 30  # silence this long: the learner's code swallowed an interrupt
     runnable = _runnable(nb)
     base = {"notebook": nb, "checks": Path(checks).read_text(), "checks_name": Path(checks).stem,
-            "cell_timeout": limits.cell_timeout}
+            "cell_timeout": limits.cell_timeout, "tree": course_tree(checks)}
     outcome, started = Outcome(), time.perf_counter()
     stop_before, killed_at = None, None
     cells: dict[int, dict] = {}
@@ -618,7 +665,6 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
             cells.setdefault(i, e)
         values.update(run.checks)  # the latest attempt's values: each reran every check not known to kill
         full.update(run.full)
-        outcome.reached = sorted(set(outcome.reached) | run.reached)[:40]
         if ended == "done":
             finished = True
             break
@@ -639,7 +685,8 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
                          "space; memfd files and /dev/shm count too)",
                "killed": "the kernel died: killed by SIGKILL twice at the same step (its own code, or memory "
                          "the host could not give)"}.get(
-            ended, f"the kernel died (os._exit, a crash, or it ignored an interrupt; exit status {ended[5:]})")
+            ended, "the kernel died (os._exit, a crash, or it ignored an interrupt"  # a check's exit status is not
+            + (f"; exit status {ended[5:]})" if last[0] == "cell" else ")"))  # told: its code chose it, seeing hidden inputs
         if last == ("start",):  # no learner's code ran yet: the sandbox itself failed, twice if killed
             outcome.infrastructure = (f"the harness stopped before running anything ({ended}): "
                                       f"{_log_tail(workdir / 'harness.log')}"
@@ -651,7 +698,7 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
             cells[last[1]] = {"ev": "cell_done", "i": last[1], "died": True, "outputs": [_dead(why)]}
             stop_before = last[1]
         elif last[0] == "check":
-            dead_checks[last[1:]] = {"t": "raised", "name": "DeadKernelError", "builtin_bases": [], "message": why}
+            dead_checks[last[1:]] = {"t": "rejected", "why": "died"}
         if last[0] == "cells_done" or (stop_before is not None and stop_before <= 0):
             break
     if not finished and not outcome.infrastructure:

@@ -598,56 +598,6 @@ def plot_cache_vs_weights(config: ModelConfig, contexts: Sequence[int] = (512, 2
     return fig
 
 
-# ---------------------------------------------------------------------------------------------
-# Exercise 05's real-model demo
-# ---------------------------------------------------------------------------------------------
-
-def paged_exercise_demo(model, tokenizer, cache_class, view_class, fork_fn=None,
-                        prompt: str = "The capital of France is", n_tokens: int = 24, block_size: int = 16) -> dict:
-    """Greedy decoding on SmolLM2 with the learner's paged cache vs the course's contiguous cache; prints both,
-    then (with fork_fn) forks the prompt into two continuations and counts the blocks they share."""
-    import time
-
-    from course.engine.generate import generate
-
-    tok = tokenizer
-    ids = tok.encode(prompt)
-    started = time.perf_counter()
-    reference = generate(model, ids, n_tokens).tokens
-    contiguous_s = time.perf_counter() - started
-    blocks = -(-(len(ids) + n_tokens) // block_size) * 3 + 2  # room for three copies of the request
-    cache = cache_class(model.config, num_blocks=blocks, block_size=block_size, dtype=model.dtype)
-    started = time.perf_counter()
-    with torch.no_grad():
-        mine = generate(model, ids, n_tokens, cache=view_class(cache, 0)).tokens
-    paged_s = time.perf_counter() - started
-    per_token = kv_bytes_per_token(model.config, torch.empty((), dtype=model.dtype).element_size())
-    held = len(cache.tables[0])
-    print(f"prompt: {prompt!r}")
-    print(f"contiguous cache : {tok.decode(reference)!r}  ({duration(contiguous_s)})")
-    print(f"your paged cache : {tok.decode(mine)!r}  ({duration(paged_s)})")
-    print("identical tokens" if mine == reference else "the tokens differ: check update() and the gather order")
-    print(f"{cache.lengths[0]} positions cached in {held} block(s) of {block_size}: "
-          f"{held * block_size * per_token / 2**20:.2f} MiB "
-          f"reserved; a cache preallocated for the model's {model.config.max_seq_len:,}-token context reserves "
-          f"{model.config.max_seq_len * per_token / 2**20:.0f} MiB per request")
-    out = {"identical": mine == reference, "blocks": held, "contiguous_s": contiguous_s, "paged_s": paged_s}
-    if fork_fn is not None:
-        free_before = cache.pool.num_free
-        fork_fn(cache, 0, 1)
-        fork_fn(cache, 0, 2)
-        shared = sum(1 for b in cache.tables[1] if b in cache.tables[0])
-        taken = free_before - cache.pool.num_free
-        print(f"fork into two more continuations: {shared} block(s) shared three ways, {taken} new block(s) taken"
-              + (" (a copy of the partly filled last block each)" if taken else
-                 " (the last block was full, so nothing needed copying)"))
-        for seq in (0, 1, 2):
-            cache.free(seq)
-        out.update(shared_blocks=shared, all_free=cache.pool.num_free == blocks)
-        print("every block back in the pool after freeing all three:", out["all_free"])
-    return out
-
-
 def plot_batch_mask(lengths: Sequence[int] = (5, 9, 3, 7)):
     """One decode step for sequences of different lengths, drawn from the real Positions.per_sequence mask: row b is
     sequence b's one new query, columns are cache positions; it sees its own keys (blue) and its new token
