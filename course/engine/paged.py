@@ -384,7 +384,8 @@ class PagedBatch:
         self.packed = isinstance(n_new, list)
         self.positions = (Positions.pack(start, n_new, device=device) if self.packed
                           else Positions.per_sequence(start, n_new, device=device))
-        write = [slot for s, p, n in zip(seq_ids, start, self.positions.n_new) for slot in cache.slots(s, range(p, p + n))]
+        write = [slot for s, p, n in zip(seq_ids, start, self.positions.n_new)
+                 for slot in cache.slots(s, range(p, p + n))]
         self.write_slots = torch.tensor(write, dtype=torch.long, device=device)  # [B·T] or [N]
         self.kv_len = self.positions.kv_len
         n_blocks = -(-self.kv_len // cache.block_size)

@@ -90,7 +90,7 @@ class PagedPrefixCache:
         return len(blocks) * self.pool.block_bytes
 
     def entry_bytes(self, n_tokens: int) -> int:
-        """Bytes of the blocks an n_tokens prefix occupies: ⌈P / block_size⌉ · block_size · 2 · L · H_kv · D_h · bytes."""
+        """Bytes of the blocks an n_tokens prefix occupies: ⌈P / block_size⌉ blocks of block_bytes."""
         return -(-n_tokens // self.block_size) * self.pool.block_bytes
 
     def match(self, ids) -> PrefixEntry | None:
@@ -110,8 +110,8 @@ class PagedPrefixCache:
             self.entries.move_to_end(tokens)
             return self.entries[tokens]
         if self.entry_bytes(len(tokens)) > self.max_bytes:
-            raise ValueError(f"a {len(tokens)}-token prefix needs {self.entry_bytes(len(tokens)):,} bytes of K/V blocks "
-                             f"but max_bytes is {self.max_bytes:,}; raise max_bytes or cache a shorter prefix")
+            raise ValueError(f"a {len(tokens)}-token prefix needs {self.entry_bytes(len(tokens)):,} bytes of K/V "
+                             f"blocks but max_bytes is {self.max_bytes:,}; raise max_bytes or cache a shorter prefix")
         seq_id = ("prefix", next(self._ids))
         self._compute(seq_id, list(tokens))
         return self._register(tokens, seq_id)

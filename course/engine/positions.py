@@ -1,4 +1,4 @@
-"""Where a forward pass's new tokens sit: one object for one sequence, a batch at different positions, or packed prompts.
+"""Where a forward pass's new tokens sit: one sequence, a batch at different positions, or packed prompts.
 
 gpt-fast hands its model `input_pos` (the absolute position of every new token: RoPE's angles, the cache columns to
 write, the rows of the causal mask); nano-vllm hands its attention a `Context` (slots, sequence lengths, block tables).
@@ -130,7 +130,7 @@ class Positions:
         return torch.tensor(self.rows, device=device)
 
     def arrange(self, x: torch.Tensor) -> torch.Tensor:
-        """Keys or values [B, H_kv, kv_len, D_h] as the mask reads them (packed: side by side, [1, H_kv, B·kv_len, D_h])."""
+        """Keys or values [B, H_kv, kv_len, D_h] as the mask reads them (packed: side by side, [1, H_kv, B·L, D_h])."""
         if not self.packed:
             return x
         B, H, L, D = x.shape

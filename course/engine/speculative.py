@@ -152,7 +152,8 @@ class ModelDraft(Draft):
             return [], None
         # Reuse the cached K/V of the longest prefix of seq already fed; re-feed at least the last token
         # (its logits were not kept). Stale rows past that point are overwritten.
-        valid = next((i for i, (a, b) in enumerate(zip(self.fed, seq[:-1])) if a != b), min(len(self.fed), len(seq) - 1))
+        same = [a == b for a, b in zip(self.fed, seq[:-1])]
+        valid = same.index(False) if False in same else len(same)
         new = torch.tensor([seq[valid:]], dtype=torch.long, device=self.model.device)  # [1, T_new]
         sampler = Sampler(temperature, top_k, top_p, generator, dtype=self.model.dtype)
         loop = decode_loop(self.model, new, k, cache=self.cache, start_pos=valid)  # the engine's decode loop
@@ -195,7 +196,7 @@ def shallow_copy(model: nn.Module, n_layers: int) -> nn.Module:
 
 def shallow_draft(model: nn.Module, n_layers: int) -> ModelDraft:
     """A ModelDraft over shallow_copy(model, n_layers)."""
-    return ModelDraft(shallow_copy(model, n_layers), name=f"shallow SmolLM2 ({n_layers}/{model.config.n_layers} layers)")
+    return ModelDraft(shallow_copy(model, n_layers), f"shallow SmolLM2 ({n_layers}/{model.config.n_layers} layers)")
 
 
 class PromptLookupDraft(Draft):

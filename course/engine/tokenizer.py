@@ -83,8 +83,10 @@ def tokenizer_from_gguf(reader) -> ChatTokenizer:
     else:
         tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED])
+    added = {kind: [AddedToken(t, special=kind == CONTROL, normalized=False)
+                    for t, k in zip(tokens, types) if k == kind] for kind in (CONTROL, USER_DEFINED)}
+    tok.add_special_tokens(added[CONTROL])
+    tok.add_tokens(added[USER_DEFINED])
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     return ChatTokenizer(tok, _field(reader, "tokenizer.chat_template"), None if bos is None else int(bos),
                          int(_field(reader, "tokenizer.ggml.eos_token_id")),
