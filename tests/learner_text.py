@@ -64,17 +64,25 @@ def executed(tmp_path, stem: str):
 
 def assert_learner_output_clean(nb, results: dict, lesson: str, min_bullets: int = 4):
     """After a headless run: no source-sense 'seed' anywhere a learner reads, and a recap that quotes
-    this run (it was recorded, has enough bullets, and was shown)."""
+    this run (it was recorded, shows at least `min_bullets` numbers, and each was shown as 'label: value')."""
     text = notebook_text(nb)
     assert source_sense_seeds(text) == [], source_sense_seeds(text)
     assert "Traceback" not in text
     recap = results.get("recap")
     assert recap and recap["lesson"] == lesson, recap
-    assert len(recap["bullets"]) >= min_bullets, recap["bullets"]
+    assert len(recap["numbers"]) >= min_bullets, recap["numbers"]
     assert recap["next"], "the recap links to no next lesson"
     shown = flat(text)
-    for bullet in recap["bullets"]:
-        assert flat(bullet) in shown, f"recap bullet not shown: {bullet}"
+    for label, value in recap["numbers"].items():
+        assert flat(f"{label}: {value}") in shown, f"recap number not shown: {label}: {value}"
+
+
+def assert_reads_cleanly(nb, results: dict, lesson: str, next_lesson: str, min_numbers: int = 4):
+    """What every lesson run owes a learner: no printed sentence over 35 words, no deferral to another printout,
+    no Traceback or source-sense 'seed', and a recap with its numbers that links on to `next_lesson`."""
+    assert long_sentences(nb, 35) == [] and deferrals(nb) == []
+    assert_learner_output_clean(nb, results, lesson, min_numbers)
+    assert results["recap"]["next"] == next_lesson
 
 
 def stated_run_minutes(nb) -> float:
@@ -180,3 +188,29 @@ def deferrals(nb) -> list[str]:
     """Places that send the learner to read another printout instead of saying the thing ("the line above says")."""
     text = "\n".join(printed_text(nb)) + "\n" + "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     return [m.group(0) for m in re.finditer(r"(?:the|a) (?:line|lines|printout|verdict|sentence)s? above (?:says|say|tells|shows)[^.\n]*", text, re.I)]
+
+
+def check_timed_lesson(nb, results: dict, timed=(), profile_file=None) -> tuple[str, set]:
+    """What every timed lesson's run must pass: no printed sentence over 35 words, no deferral, no Traceback, no
+    source-sense 'seed'; a headline of at most 30 words, shown, for each Report key in `timed`; every busy notice
+    shown; no figure flagged unreliable recorded (so no quiz or review card quotes it) or in the recap; the profile
+    it quotes is the one saved (in `profile_file`, default the test run's). Returns what was shown (whitespace
+    collapsed) and the unreliable keys."""
+    import json
+
+    from course.measure import machine
+
+    text = notebook_text(nb)
+    assert source_sense_seeds(text) == [] and "Traceback" not in text
+    assert long_sentences(nb, 35) == [] and deferrals(nb) == []
+    headlines = results["headlines"]
+    assert set(timed) <= set(headlines) and all(len(h.split()) <= 30 for h in headlines.values()), headlines
+    shown = flat(" ".join(printed_text(nb)))
+    assert all(flat(h) in shown for h in headlines.values())
+    assert all(flat(notice) in shown for notice in results.get("busy_notices", []))
+    unreliable = set(results.get("unreliable", []))
+    assert not unreliable & set(results) and not unreliable & set(results["recap"].get("keys", []))
+    profile = results["profile"]
+    saved = json.loads((profile_file or machine.path()).read_text())[f"{profile['device']}/{profile['dtype']}"]
+    assert all(profile[k] == saved[k] for k in ("bandwidth_gb_s", "gflop_s", "threads")), (profile, saved)
+    return shown, unreliable

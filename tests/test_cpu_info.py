@@ -1,10 +1,9 @@
-"""course.engine.device's CPU facts: one reader of /proc/cpuinfo for the kernel build, the bench and lesson 01."""
+"""course.engine.device's CPU facts: one reader of /proc/cpuinfo for the kernel build and the bench."""
 from pathlib import Path
 
 import pytest
 
 from course.engine import device
-from course.measure import profile
 
 CPUINFO = """processor\t: 0
 model name\t: Example CPU 9000
@@ -26,20 +25,17 @@ def test_name_and_flags_come_from_the_first_cpu(cpuinfo):
     cpuinfo(CPUINFO)
     assert device.cpu_name() == "Example CPU 9000"
     assert device.cpu_flags() == {"fpu", "sse2", "avx512f", "avx512_bf16", "amx_tile"}
-    assert profile.bf16_features("cpu") == ("amx_tile", "avx512_bf16")
-    assert profile.cpu_has_bf16() is True
     assert "Example CPU 9000" in device.cpu_kind() and "avx512f" in device.cpu_kind()
 
 
 def test_arm_features_line(cpuinfo):
     cpuinfo("processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU implementer\t: 0x41\n")
-    assert "bf16" in device.cpu_flags() and profile.cpu_has_bf16() is True
+    assert "bf16" in device.cpu_flags()
 
 
 def test_no_cpuinfo_means_unknown_not_absent(cpuinfo):
     cpuinfo(None)  # not Linux
     assert device.cpu_flags() is None
-    assert profile.bf16_features("cpu") is None and profile.cpu_has_bf16() is None
     assert device.cpu_name()  # the platform module's answer
 
 

@@ -46,6 +46,9 @@ def _recap_cell(nb):
 
 
 def test_has_a_diagram_and_a_recap_that_quotes_what_the_lessons_saved(tmp_path, monkeypatch):
+    """The course-end page once quoted 'B = 8 gave 15.5× the total tokens/s of B = 1', a figure no batch can reach:
+    now it quotes only the numbers each lesson's recap showed, and a recap shows only figures that passed their
+    physics gates."""
     from course.measure.results import recorded
     from course.teach.progress import ProgressStore
 
@@ -54,17 +57,16 @@ def test_has_a_diagram_and_a_recap_that_quotes_what_the_lessons_saved(tmp_path, 
     monkeypatch.delenv("KVCOURSE_RESULTS", raising=False)
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "p.sqlite"))
     exec(_recap_cell(nb), {})
-    (empty,) = recorded()["recap"]["bullets"]  # nothing saved: one line that says so, with no number in it
-    assert "yet" in empty and not re.search(r"\d", empty)
+    assert recorded()["recap"]["numbers"] == {}  # nothing saved yet
 
     store = ProgressStore(tmp_path / "p.sqlite")
-    store.record_measurements("01_prefill_decode", {"recap": {"bullets": ["Prefill ran at 1,234 tokens/s.", "B"]}})
-    store.record_measurements("03_sampling", {"recap": {"bullets": ["Nothing was measured in this kernel yet."]}})
-    store.record_measurements("05_serving", {"recap": {"bullets": ["B = 8 ran 5.0× the tokens/s of B = 1."]}})
+    store.record_measurements("01_prefill_decode", {"recap": {"numbers": {"decode step, compiled": "24.1 ms/token"}},
+                                                    "unreliable": ["bytes_line"]})
+    store.record_measurements("03_sampling", {"recap": {"numbers": {}}})
+    store.record_measurements("05_serving", {"recap": {"numbers": {"B = 8 over B = 1": "5.0×"}}})
     exec(_recap_cell(nb), {})
-    said = recorded()["recap"]["bullets"]
-    assert len(said) == 2  # lesson 3 saved no measured line, the others saved nothing
-    assert said[0].startswith("Lesson 1") and "1,234 tokens/s" in said[0] and "5.0×" in said[1]
+    said = recorded()["recap"]["numbers"]
+    assert said == {"Lesson 1, decode step, compiled": "24.1 ms/token", "Lesson 5, B = 8 over B = 1": "5.0×"}
 
 
 def test_cites_the_sources_by_their_real_names_and_figures():

@@ -164,23 +164,3 @@ def test_a_read_probe_allocates_its_buffer_once_and_reads_it_at_every_call(monke
 def test_matmul_flops_probe_is_positive_and_finite():
     flops = matmul_flops("cpu", n=128, repeats=2)
     assert 0 < flops < 1e16
-
-
-def test_a_sweeps_cache_cost_is_paired_round_by_round():
-    """A longer context costs 1 ms more in every round (give or take 0.3 ms) while the machine's speed drifts by up
-    to 9 ms between rounds: the paired difference recovers the 1 ms, with a standard error from its own spread."""
-    from course.measure.sweeps import Sweep
-    from course.measure.timing import Timing
-
-    drift = [0.0, 6.0, 1.0, 4.0, 2.5, 9.0, 0.5]  # ms added to every step of that round
-    jitter = [-0.3, 0.1, 0.2, -0.1, 0.3, 0.0, -0.2]
-    short = Timing(times=[(50.0 + d) / 1e3 for d in drift])
-    long = Timing(times=[(51.0 + d + j) / 1e3 for d, j in zip(drift, jitter)])
-    sweep = Sweep("decode", [16, 1024], [short, long])
-    extra, se = sweep.cache_extra_ms()
-    assert extra == pytest.approx(1.0, abs=1e-6)
-    assert se == pytest.approx(1.4826 * 0.2 * 1.2533 / 7 ** 0.5, rel=1e-3)  # from the jitter's median |deviation|
-    v = sweep.values()
-    assert v["decode_cache_extra_ms"] == extra and v["decode_cache_extra_se_ms"] == se
-    with pytest.raises(ValueError, match="at least 2 rounds"):
-        Sweep("decode", [16, 1024], [Timing(times=[0.05]), Timing(times=[0.051])]).cache_extra_ms()

@@ -1,14 +1,22 @@
-"""Lesson 01's own helpers: one streamed call and its token timeline, recording values, the interview answers."""
+"""Lesson 01's helpers (and lesson 00's first calls). Each timed section measures, passes its figures through a physics gate
+(course.measure.gates), records only what passed (course.measure.results) and returns a Report
+(course.measure.display): predicted beside measured, one headline, the details folded. The ideas are the
+notebook's Markdown; nothing here explains, it only puts numbers in their places.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import torch
 
 from course.engine.generate import Generation
 from course.engine.streaming import stream_answer
+from course.measure import bytes_line as BL, gates, latency, machine
+from course.measure.costs import decode_cost, dtype_bytes, kv_bytes_per_token, prefill_cost
+from course.measure.display import Report, verdict
+from course.measure.results import record, record_gated
+from course.measure.roofline import Machine, compare
+from course.measure.sweeps import decode_sweep, prefill_sweep, prepare_context
 
-
-# One chat call, streamed, with the time each token arrived: the engine's prompt → text wiring.
-stream_call = stream_answer
+stream_call = stream_answer  # one chat call, streamed, with the time each token arrived
 
 
 def token_latencies(gen: Generation) -> list[float]:
@@ -19,35 +27,32 @@ def token_latencies(gen: Generation) -> list[float]:
 
 
 def call_values(gen: Generation) -> dict:
-    """The streamed call's clock, for course.measure.results.record."""
     return dict(call_prompt_tokens=len(gen.prompt_ids), call_new_tokens=len(gen.tokens),
                 call_ttft_ms=gen.time_to_first_token * 1e3, call_itl_ms=gen.mean_inter_token_latency * 1e3,
                 call_stop_reason=gen.stop_reason)
 
 
 def record_all(values: dict) -> dict:
-    """course.measure.results.record every key of a values() dict; returns it."""
-    from course.measure.results import record
-
     for key, value in values.items():
         record(key, value)
     return values
 
 
+def _record_run(run: gates.Measured, values: dict) -> None:
+    """Record every value of a gated measurement, or list them all as unreliable."""
+    for key, value in values.items():
+        record_gated(key, run, value)
+
+
 def plot_token_timeline(gen: Generation, tokenizer=None, ax=None):
-    """Bar per token: how long it took to arrive. The first bar is the prefill; the rest are decode steps."""
+    """Bar per token: how long it waited. The first bar is the prefill; the rest are decode steps."""
     import matplotlib.pyplot as plt
 
     lat_ms = [s * 1e3 for s in token_latencies(gen)]
     fig, ax = (ax.figure, ax) if ax is not None else plt.subplots(figsize=(10, 3.2))
-    colors = ["tab:orange"] + ["tab:blue"] * (len(lat_ms) - 1)
-    ax.bar(range(1, len(lat_ms) + 1), lat_ms, color=colors)
-    ax.set_xlabel("answer tokens, in the order they arrived")
-    ax.set_ylabel("ms waited for this token")
-    T = len(gen.prompt_ids)
-    itl = gen.mean_inter_token_latency
-    ax.set_title(f"Prompt of {T} tokens: first token after {lat_ms[0]:.0f} ms (prefill, orange), "
-                 f"then one every {itl * 1e3:.0f} ms (decode, blue)", fontsize=10)
+    ax.bar(range(1, len(lat_ms) + 1), lat_ms, color=["tab:orange"] + ["tab:blue"] * (len(lat_ms) - 1))
+    ax.set(xlabel="answer tokens, in the order they arrived", ylabel="ms waited for this token",
+           title=f"A {len(gen.prompt_ids)}-token prompt: prefill (orange), then one decode step per token (blue)")
     if tokenizer is not None and len(lat_ms) <= 64:
         ax.set_xticks(range(1, len(lat_ms) + 1))
         ax.set_xticklabels([tokenizer.token_text(t) for t in gen.tokens], rotation=90, fontsize=7)
@@ -55,271 +60,324 @@ def plot_token_timeline(gen: Generation, tokenizer=None, ax=None):
     return fig
 
 
-def _prefill_bound_clause(v: dict) -> str:
-    """Where the measured prefill points fell against the ridge (prefill_bounds, per prefill_lengths)."""
-    bounds, lengths = v.get("prefill_bounds"), v.get("prefill_lengths")
-    if not bounds or not lengths or len(bounds) != len(lengths):
-        return ", towards compute-bound as the prompt grows"
-    compute = [t for t, b in zip(lengths, bounds) if b == "compute"]
-    if len(compute) == len(lengths):
-        return f": every prompt measured, T = {lengths[0]:,} to {lengths[-1]:,}, was compute-bound instead"
-    if compute:
-        return (f": the measured prompts crossed the ridge at T = {compute[0]:,} and were compute-bound from "
-                "there on")
-    return (f", yet up to T = {lengths[-1]:,}, the longest prompt measured, it stayed below this machine's ridge: "
-            "memory-bound here too")
+def cost_table(config, contexts, prompts, dtype=torch.float32) -> str:
+    """The bytes and FLOPs of a decode step at each context C and a prefill at each prompt length T."""
+    b = dtype_bytes(dtype)
+    return "\n".join([f"{'':16}{'GFLOP':>8}{'MB read':>9}{'FLOP/byte':>11}"]
+                     + [f"{c.phase + (' C=' if c.phase == 'decode' else ' T=') + str(c.length):16}"
+                        f"{c.flops / 1e9:>8.2f}{c.bytes / 1e6:>9.0f}{c.intensity:>11.1f}"
+                        for c in [decode_cost(config, n, b) for n in contexts]
+                        + [prefill_cost(config, n, b) for n in prompts]])
 
 
-WEIGHTS_DOMINATE = 2.0  # a step within this many times its weight-read floor is dominated by reading the weights
+# --------------------------------------------------------------- predict one decode step, then the bytes line
+def decode_question(model, prof) -> str:
+    """The prediction's prompt, with the two numbers it needs: bytes per step and this machine's bandwidth."""
+    mb = BL.read_bytes(model.config, BL.CONTEXT, model.dtype) / 1e6
+    return (f"ms per compiled decode step of {model.config.name}: it reads {mb:.0f} MB, "
+            f"and this machine streams {prof.bandwidth_gb_s:.1f} GB/s")
 
 
-def cache_rise_resolved(v: dict) -> bool | None:
-    """Whether this run measured the cache's cost: latency.itl_slope_sentence's resolve test (theory's rise across
-    the decode contexts at least twice the points' scatter around the fit) and a measured rise beyond that scatter
-    too. None where the fit's rise and scatter were not recorded."""
-    rise, scatter, ms = v.get("itl_theory_rise_ms"), v.get("itl_scatter_ms"), v.get("decode_ms_per_token")
-    if rise is None or scatter is None or not ms:
+def measure_bytes_line(model, prof, tries: int = 2) -> gates.Measured:
+    """The bytes line on the lesson's device and dtype, each point gated: not under its bandwidth floor (bytes ÷ the
+    profile's bandwidth), not faster than a smaller model. A compiled step of the course model's shape that passed
+    is kept in the profile as its "compiled" figure."""
+    def rules(line):
+        pts = line.points
+        return ([gates.not_below_floor(p.ms_per_step, prof.floor_ms(p.bytes_per_step), f"{p.name}'s step")
+                 for p in pts] +  # and a model that reads more bytes is not faster
+                [gates.not_cheaper(a.ms_per_step, b.ms_per_step, a.name, b.name) for a, b in zip(pts, pts[1:])])
+
+    run = gates.measured(lambda: BL.bytes_line(device=model.device, dtype=model.dtype), rules, "the bytes line",
+                         tries=tries)
+    line = run.value
+    _record_run(run, {"bytes_line": line.values(), "bytes_line_gb_s": line.fit.bandwidth_bytes_per_s / 1e9})
+    if run.ok and line.compiled:
+        machine.remember(prof, "compiled", line.points[0].ms_per_step)
+        record("decode_compiled_ms", line.points[0].ms_per_step)
+    return run
+
+
+def compiled_ms(run: gates.Measured) -> float | None:
+    """The compiled step of the course model's shape (the line's first point); None when unreliable or eager."""
+    return run.value.points[0].ms_per_step if run.ok and run.value.compiled else None
+
+
+def bytes_line_report(run: gates.Measured, prof) -> Report:
+    line = run.value
+    rows = [(f"{p.name}, {p.bytes_per_step / 1e6:,.0f} MB", prof.floor_ms(p.bytes_per_step),
+             p.ms_per_step if run.ok else None, "ms") for p in line.points]
+    if not run.ok:
+        print(run.notice)
+        return Report(rows, "Not judged: this machine was too busy for the line.", key="bytes_line")
+    head = line.verdict(prof.bandwidth_gb_s * 1e9, "the machine profile")
+    return Report(rows, head, ["Predicted: bytes ÷ the profile's bandwidth, with no fixed cost."] + line.details(),
+                  title="One decode step per model shape: the bandwidth floor against the measured time",
+                  key="bytes_line")
+
+
+def plot_bytes_line(run: gates.Measured, prof):
+    return run.value.plot(reference_bytes_per_s=prof.bandwidth_gb_s * 1e9, reference="machine profile") if run.ok else None
+
+
+# ------------------------------------------------------------------------------------ eager against compiled
+def count_ops(model, context: int = 16) -> tuple[int, int]:
+    """(all tensor operations, matrix products) one eager decode step dispatches, counted at the ATen level."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counter(TorchDispatchMode):
+        total = matmuls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.total += 1
+            self.matmuls += func.__name__.split(".")[0] in ("mm", "addmm", "bmm", "matmul", "linear")
+            return func(*args, **(kwargs or {}))
+
+    cache, _ = prepare_context(model, context)
+    token = torch.ones(1, 1, dtype=torch.long, device=model.device)
+    with torch.inference_mode(), Counter() as counter:
+        model(token, start_pos=context, cache=cache, last_only=True)
+    return counter.total, counter.matmuls
+
+
+def eager_vs_compiled(model, prof, line_run: gates.Measured) -> Report:
+    """The profile's eager step beside the bytes line's compiled step of the same shape: same bytes, two engines."""
+    floor_e = prof.floor_ms(machine.step_bytes(model.config, prof.dtype))
+    eager = prof.decode_ms["eager"]
+    compiled = compiled_ms(line_run)
+    floor_c = prof.floor_ms(line_run.value.points[0].bytes_per_step)
+    n_ops, n_mm = count_ops(model)
+    record("eager_over_floor", eager / floor_e)
+    rows = [("eager step (16 cached)", floor_e, eager, "ms"), ("compiled step (64 cached)", floor_c, compiled, "ms")]
+    if compiled is None:
+        return Report(rows, f"The eager step took {eager / floor_e:.1f}× its bandwidth floor; no reliable compiled "
+                            "step to set beside it in this run.", key="eager_vs_compiled")
+    record("compiled_over_floor", compiled / floor_c)
+    head = f"Same bytes, two engines: eager took {eager / floor_e:.1f}× the floor, compiled {compiled / floor_c:.1f}×."
+    details = [f"An eager step dispatches {n_ops:,} tensor operations, {n_mm} of them matrix products.",
+               "Eager: the machine profile's step. Compiled: the bytes line's point for this shape."]
+    if eager <= compiled * (1 + gates.NOISE):
+        return Report(rows, head + " No gap between them in this run.", details, key="eager_vs_compiled")
+    details.insert(1, f"Spread over the other {n_ops - n_mm:,}, the {eager - compiled:.0f} ms gap is "
+                      f"{(eager - compiled) / (n_ops - n_mm) * 1e3:.0f} µs per operation.")
+    return Report(rows, head + " The gap is per-operation overhead, not memory traffic.", details,
+                  key="eager_vs_compiled")
+
+
+# ------------------------------------------------------------------------------------------------ the sweeps
+def measure_sweeps(model, prof, sizes, tries: int = 2) -> gates.Measured:
+    """Both sweeps (eager), gated: a longer prompt or context is never cheaper, and no point beats its roofline
+    time on the machine profile's roofs."""
+    roofs = Machine.from_profile(prof)
+
+    def rules(sw):
+        pre, dec = sw
+        out = [gates.not_cheaper(a, b, f"T = {s:,}", f"T = {t:,}")
+               for (s, a), (t, b) in zip(zip(pre.lengths, pre.ms), list(zip(pre.lengths, pre.ms))[1:])]
+        out.append(gates.not_cheaper(dec.ms[0], dec.ms[-1], f"C = {dec.lengths[0]:,}", f"C = {dec.lengths[-1]:,}"))
+        out += [gates.not_below_floor(p.measured_s * 1e3, p.predicted_s * 1e3, f"{p.phase} at {p.tokens:,}")
+                for p in compare(model.config, pre, dec, roofs)]
+        return out
+
+    run = gates.measured(lambda: (prefill_sweep(model, sizes.prefill), decode_sweep(model, sizes.decode)), rules,
+                         "the sweep of both phases", tries=tries)
+    pre, dec = run.value
+    floor = prof.floor_ms(decode_cost(model.config, dec.lengths[0], dtype_bytes(model.dtype)).bytes)
+    record("bandwidth_gb_s", prof.bandwidth_gb_s)  # the one figure every lesson quotes (the quiz cites it)
+    record("decode_floor_ms", floor)
+    _record_run(run, {**pre.values(), **dec.values()})
+    return run
+
+
+def sweeps_report(run: gates.Measured, model, prof) -> Report:
+    pre, dec = run.value
+    T = 256 if 256 in pre.lengths else pre.lengths[len(pre.lengths) // 2]
+    points = {(p.phase, p.tokens): p for p in compare(model.config, pre, dec, Machine.from_profile(prof))}
+    shown = [("prefill", T, f"prefill, T = {T:,} (whole prompt)")] + [
+        ("decode", c, f"decode step, C = {c:,} (eager)") for c in (dec.lengths[0], dec.lengths[-1])]
+    rows = [(label, points[k, n].predicted_s * 1e3, points[k, n].measured_s * 1e3 if run.ok else None, "ms")
+            for k, n, label in shown]
+    if not run.ok:
+        print(run.notice)
+        return Report(rows, "Not compared: the sweeps were unreliable on this busy machine.", key="sweeps")
+    ratio = T / pre.at(T) / dec.tokens_per_s[0]
+    record("prefill_over_decode_tokens_per_s", ratio)
+    kv_ms = prof.floor_ms(kv_bytes_per_token(model.config, dtype_bytes(model.dtype))) * (dec.lengths[-1] - dec.lengths[0])
+    return Report(rows, f"Per token, prefill at T = {T} ran {ratio:.0f}× faster than eager decode: one read of the "
+                        f"weights served all {T} prompt tokens.",
+                  ["Predicted: the roofline time, the slower of bytes ÷ bandwidth and FLOPs ÷ FLOP/s: a lower bound.",
+                   f"From C = {dec.lengths[0]:,} to {dec.lengths[-1]:,} the cache adds {kv_ms:.2f} ms of reads at "
+                   f"{prof.bandwidth_gb_s:.1f} GB/s; measured: {dec.ms[-1] - dec.ms[0]:+.2f} ms.",
+                   "Each point is a median of repeats; decode steps were timed in rounds across the contexts."],
+                  key="sweeps")
+
+
+def plot_sweeps(run: gates.Measured):
+    from course.measure.sweeps import plot_sweeps as plot
+
+    return plot(*run.value) if run.ok else None
+
+
+def roofline_report(run: gates.Measured, model, prof) -> Report:
+    """Where each phase sits against the ridge, and the roofline plot (drawn only from figures that passed)."""
+    from course.measure.roofline import plot_roofline
+
+    if not run.ok:
+        return Report([], "Not drawn: the sweeps were unreliable on this busy machine.", key="roofline")
+    roofs = Machine.from_profile(prof)
+    points = compare(model.config, *run.value, roofs)
+    plot_roofline(roofs, points)
+    dec, pre = points[len(run.value[0].lengths)], points[len(run.value[0].lengths) - 1]
+    record("ridge_flop_per_byte", roofs.ridge)
+    record("decode_intensity", dec.cost.intensity)
+    record("decode_bound", dec.bound)
+    return Report([], f"Decode at C = {dec.tokens}: {dec.cost.intensity:.2f} FLOP/byte, {dec.bound}-bound. Prefill at "
+                      f"T = {pre.tokens:,}: {pre.cost.intensity:.0f} FLOP/byte, {pre.bound}-bound. "
+                      f"Ridge: {roofs.ridge:.1f}.",
+                  [f"Roofs from the machine profile: {prof.bandwidth_gb_s:.1f} GB/s and {prof.gflop_s:.0f} GFLOP/s.",
+                   f"Eager decode reached {dec.predicted_s / dec.measured_s:.0%} of its memory roof."],
+                  key="roofline")
+
+
+# --------------------------------------------------------------------------- the latency model and the checkpoint
+def fit(run: gates.Measured) -> latency.LatencyModel | None:
+    """The latency model fitted to the sweeps (None when they were unreliable); its two formulas print."""
+    if not run.ok:
+        print("No fit: the sweeps it would be fitted to were unreliable.")
         return None
-    return rise >= 2 * scatter and ms[-1] - ms[0] >= 2 * scatter
+    lm = latency.fit_latency_model(*run.value)
+    record_all(lm.values())
+    print(lm)
+    return lm
 
 
-def cache_rise_clause(v: dict, span: bool = True) -> str:
-    """What the decode medians at the shortest and longest context say about the cache's cost, judged by
-    cache_rise_resolved: a rise is claimed only when it is beyond the timing's scatter. `span` quotes the medians
-    (the recap quotes them itself)."""
-    ms, (c_short, c_long) = v["decode_ms_per_token"], (v["decode_contexts"][0], v["decode_contexts"][-1])
-    quoted = f"{ms[0]:.1f} → {ms[-1]:.1f} ms per token from {c_short:,} to {c_long:,} tokens" if span else ""
-    resolved = cache_rise_resolved(v)
-    if resolved:
-        return (f"the cache's reads raised it as the context grew ({quoted + ', ' if span else ''}more than twice "
-                f"the points' scatter of {v['itl_scatter_ms']:.2f} ms)")
-    if resolved is None:
-        return ("this run did not record the timing's scatter, so it cannot say whether the cache raised it"
-                + (f" ({quoted})" if span else ""))
-    return (f"the timing cannot show the cache's cost here ({quoted + '; ' if span else ''}theory's rise is "
-            f"{v['itl_theory_rise_ms']:.2f} ms, the points' scatter {v['itl_scatter_ms']:.2f} ms, and a rise "
-            "counts only beyond twice the scatter)")
+def held_out(model, lm, sizes, prof, tries: int = 2) -> gates.Measured | None:
+    """A generate() call at sizes the sweeps never measured (None without a fit), gated: a long prompt's first
+    token takes at least one decode step, and no step beats its bandwidth floor."""
+    if lm is None:
+        return None
+    floor = prof.floor_ms(decode_cost(model.config, sizes.held_out_prompt, dtype_bytes(model.dtype)).bytes)
+    return gates.measured(
+        lambda: latency.held_out_check(model, lm, sizes.held_out_prompt, sizes.held_out_new, sizes.held_out_repeats),
+        lambda h: [gates.at_least(h.measured_ttft_s, h.measured_itl_s, f"TTFT of a {h.prompt_len}-token prompt",
+                                  "one decode step"),
+                   gates.not_below_floor(h.measured_itl_s * 1e3, floor, "a decode step")],
+        "the held-out run", tries=tries)
 
 
-def step_dominance(v: dict) -> str:
-    """What dominates a decode step, from the step against its weight-read floor (decode_floor_ms) and, past
-    WEIGHTS_DOMINATE× the floor, section 6's split into matrix-vector products and the other operations."""
-    ratio = v["decode_ms_per_token"][0] / v["decode_floor_ms"]
-    if ratio <= WEIGHTS_DOMINATE:
-        return f"reading the weights dominates (the step is {ratio:.1f}× their read floor)"
-    linears, other = v.get("breakdown_linears_ms"), v.get("breakdown_other_ms")
-    if linears is None or other is None:
-        return (f"costs beyond reading the weights dominate here (the step is {ratio:.1f}× the weight-read "
-                "floor)")
-    if other >= linears:
-        return (f"per-operation overhead dominates here (the step is {ratio:.1f}× the weight-read floor; its "
-                f"small operations took {other:.0f} ms, its matrix-vector products {linears:.0f} ms)")
-    return (f"the matrix-vector products dominate here (the step is {ratio:.1f}× the weight-read floor; they took "
-            f"{linears:.0f} ms at {v['breakdown_gemv_gb_s']:.1f} GB/s, the other operations {other:.0f} ms)")
+def held_out_report(run: gates.Measured | None, tolerance: float) -> Report:
+    """The held-out run against the fit: it holds when every figure lands within ±tolerance of its prediction."""
+    if run is None:
+        return Report([], "Not checked: there is no fit in this run.", key="held_out")
+    ho, rows = run.value, run.value.rows()
+    if not run.ok:
+        print(run.notice)
+        return Report([(w, p, None, u) for w, p, _, u in rows], "Not checked: the held-out run was unreliable here.",
+                      key="held_out")
+    judged = [(what, *verdict(p, m, tolerance)) for what, p, m, _ in rows]
+    record_all({**ho.values(), "heldout_within": all(ok for _, ok, _ in judged)})
+    misses = [(what, words) for what, ok, words in judged if not ok]
+    head = (f"The fit predicted a run it never saw: all three figures within ±{tolerance:.0%}." if not misses else
+            f"The fit missed a run it never saw: {misses[0][0]} came out {misses[0][1]}.")
+    return Report(rows, head, [f"Held-out run: a {ho.prompt_len:,}-token prompt, {ho.n_out} tokens out, median of "
+                               "a few runs, eager.", "Its prompt length is one the prefill sweep never measured."],
+                  key="held_out")
 
 
-def interview_answers(v: dict) -> str:
-    """The lesson's two interview answers, phrased with the values the notebook record()ed (keys as there)."""
-    decode_ms = v["decode_ms_per_token"]
-    prompt_per_output = decode_ms[0] / 1e3 * v["prefill_tokens_per_s_max"]
-    first = (
-        "Q: Why is the first token slow, then streaming fast?\n"
-        f"A: The first token waits for prefill: all {v['call_prompt_tokens']} prompt tokens went through the "
-        f"model in one parallel pass, {v['call_ttft_ms']:.0f} ms here, and that pass also filled the KV cache. "
-        f"Every later token is one small decode step that reuses the cache: {v['call_itl_ms']:.0f} ms apiece. "
-        f"Per token, prefill is the efficient phase - up to {v['prefill_tokens_per_s_max']:,.0f} tokens/s against "
-        f"{v['decode_tokens_per_s'][0]:,.0f} tokens/s for decode" + (
-            f"; around {v['output_token_exchange_context']:,.0f} tokens of context (the checkpoint above) one output "
-            f"token costs as much time as {v['output_token_in_prompt_tokens']:,.0f} prompt tokens."
-            if v.get("output_token_in_prompt_tokens") is not None else
-            "; the checkpoint above could not price a prompt token in this run (its prefill fit was flat)."
-            if "output_token_in_prompt_tokens" in v else
-            f", so one output token costs about as much time as {prompt_per_output:,.0f} prompt tokens.") +
-        " The first token is slow only because it pays for the whole "
-        f"prompt at once; a longer prompt lengthens the wait (TTFT), more output lengthens the stream.")
-    ridge = v["ridge_flop_per_byte"]
-    c_short, c_long = v["decode_contexts"][0], v["decode_contexts"][-1]
-    kv_short = v["decode_bytes_mb"] - v["weight_mb"]  # decode_bytes_mb: weights + K and V at c_short
-    decode_memory = v.get("decode_bound", "memory" if v["decode_intensity"] < ridge else "compute") == "memory"
-    second = (
-        "Q: Why is decode memory-bandwidth-bound?\n"
-        # every figure of the step is at the shortest context, the one decode_gflop and decode_intensity are at
-        f"A: At {c_short:,} tokens of context one decode step reads every weight ({v['weight_mb']:.0f} MB here in "
-        f"{v.get('dtype', 'this dtype')}) plus the K and V of every cached token ({kv_short:.2f} MB) to do only "
-        f"{v['decode_gflop']:.2f} GFLOP: {v['decode_intensity']:.2f} FLOPs per byte, "
-        f"{'below' if v['decode_intensity'] < ridge else 'above'} this machine's ridge of {ridge:.1f} FLOPs per "
-        f"byte. The arithmetic would take {v['decode_gflop'] / v['matmul_gflop_s'] * 1e3:.1f} ms at "
-        f"{v['matmul_gflop_s']:.0f} GFLOP/s, moving the bytes {v['decode_floor_ms']:.1f} ms at "
-        f"{v['bandwidth_gb_s']:.1f} GB/s, so "
-        + (f"memory is the wall the step hits first. The cache adds {v['kv_mb_at_max_context']:.1f} MB of K and V "
-           f"at {c_long:,} tokens to each step's reads, and {cache_rise_clause(v)}. "
-           if decode_memory else
-           "on this machine's measured roofs the arithmetic, not memory, is the wall the step hits first: in this "
-           "run decode measured compute-bound, and the question's premise does not hold here. ")
-        + "Prefill reads the same weights once for all T tokens, so its FLOPs per byte grow with T"
-        + _prefill_bound_clause(v) + ".")
-    if "breakdown_step_ms" in v:
-        second += (
-            f"\n   Honest footnote: the measured step ({v['breakdown_step_ms']:.1f} ms) is "
-            f"{v['breakdown_step_ms'] / v['breakdown_floor_ms']:.1f}× the bandwidth floor. The "
-            f"{v['breakdown_n_matmuls']} matrix-vector products alone moved weights at "
-            f"{v['breakdown_gemv_gb_s']:.1f} GB/s (the probe: {v['bandwidth_gb_s']:.1f} GB/s), and the other "
-            f"{v['breakdown_n_ops'] - v['breakdown_n_matmuls']:,} small operations cost "
-            f"{v['breakdown_other_us_per_op']:.1f} µs each. Serving stacks fuse those into few kernels, which is "
-            f"how they get close to the floor.")
-    return first + "\n\n" + second
+def plot_fit(run: gates.Measured, lm, held: gates.Measured | None = None):
+    if lm is None:
+        return None
+    return latency.plot_latency_fit(*run.value, lm, held.value if held is not None and held.ok else None)
 
 
-# ------------------------------------------------------------------ section 7: the ITL slope against theory
-FAR_OFF = 2.0  # a fitted slope more than this many times theory's (or less than 1/this) is "far" from it
-MISMATCH = 1.2  # attention timed alone above this share of the fitted slope: a part bigger than the whole
-ATTENTION_ROUNDS = 9  # interleaved rounds of the attention timing (lo, hi, hi, lo, ...): about a second
+def checkpoint_report(lm, held: gates.Measured | None = None) -> Report:
+    """The checkpoint's two requests priced by the fit; the held-out run's error on the whole call (when it passed
+    its gate) decides whether the gap between them is larger than the fit's own miss."""
+    held_error = held.value.predicted_s / held.value.measured_s - 1 if held is not None and held.ok else None
+    if lm is None:
+        return Report([], "Not answered with numbers: there is no fit in this run.", key="checkpoint")
+    ab = latency.checkpoint_ab(lm)
+    record_all(latency.ab_values(ab))
+    A, B, x = ab["A"], ab["B"], ab["exchange"]
+    rows = [(f"{k}: {r['prompt_tokens']:,} in, {r['output_tokens']:,} out", r["total_s"], None, "s")
+            for k, r in (("A", A), ("B", B))]
+    slow, fast = max(A["total_s"], B["total_s"]), min(A["total_s"], B["total_s"])
+    e = min(abs(held_error or 0.0), 0.95)
+    details = [f"A: {A['ttft_s']:.1f} s of prefill, {A['decode_s']:.1f} s of decode. "
+               f"B: {B['ttft_s']:.1f} s and {B['decode_s']:.1f} s.",
+               "Both lie beyond the swept lengths: the fit extrapolates (dashed in the plot)."]
+    if slow * (1 - e) <= fast * (1 + e):
+        return Report(rows, f"Too close to call here: the fit missed its held-out run by {e:.0%}, more than the "
+                            "gap between A and B.", details, key="checkpoint")
+    record("ab_ratio", slow / fast)
+    price = x["output_in_prompt_tokens"]
+    if price is not None:
+        record("output_token_in_prompt_tokens", price)
+        details.insert(1, f"Around {x['context']:,.0f} tokens of context: one output token {x['per_output_token_s'] * 1e3:.1f}"
+                          f" ms, one more prompt token {x['per_prompt_token_s'] * 1e3:.2f} ms.")
+    why = (f"one output token costs as much time as {price:,.0f} prompt tokens here." if price is not None
+           else "its output tokens are sequential decode steps.")
+    other = "A" if ab["slower"] == "B" else "B"
+    return Report(rows, f"{ab['slower']} takes {slow / fast:.1f}× as long as {other}: {why}", details,
+                  key="checkpoint")
 
 
-@dataclass(frozen=True)
-class AttentionTiming:
-    """What the model's attention call alone adds per cached token, from `rounds` interleaved rounds."""
-    seconds_per_token: float  # median over the rounds of (time at hi − time at lo) ÷ (hi − lo)
-    scatter_per_token: float  # standard deviation of that difference over the rounds, same units
-    rounds: int
+# ------------------------------------------------------------------------------- lesson 00: the first calls
+def first_calls_report(model, tokenizer, prompt_ids, cold: Generation, answer: Generation, prof) -> Report:
+    """The cold call's first token against a warm one (a cold call is never faster beyond noise) and each later
+    token against the machine profile's eager step; a violation times the warm call again."""
+    from course.engine.generate import generate
 
-    @property
-    def resolved(self) -> bool:
-        """The rise is beyond the rounds' own scatter: otherwise it says nothing about the slope."""
-        return self.seconds_per_token > self.scatter_per_token
-
-
-def attention_timing(model, lo: int, hi: int, rounds: int = ATTENTION_ROUNDS) -> AttentionTiming:
-    """The same scaled_dot_product_attention a decode step runs over all L layers (one query, every layer's cached
-    K and V, GQA as the model has it), on a cache of the model's shape filled with random numbers, timed at contexts
-    lo and hi in interleaved rounds, so that a change in the machine's load hits both alike."""
-    import statistics
-
-    import torch
-    import torch.nn.functional as F
-
-    from course.engine.kv_cache import KVCache
-    from course.measure.timing import measure
-
-    c = model.config
-    cache = KVCache(c, max_seq_len=hi + 1, dtype=model.dtype, device=model.device)
-    for layer in cache:
-        layer.k.normal_(), layer.v.normal_()  # real numbers, never denormals from uninitialised memory
-    q = torch.randn(1, c.n_heads, 1, c.head_dim, dtype=model.dtype, device=model.device)  # [B, H, 1, D_h]
-    gqa = c.n_kv_heads != c.n_heads
-
-    def attend(C):  # as Attention.forward does for one new token with C cached: keys 0..C
-        return lambda: [F.scaled_dot_product_attention(q, layer.k[:, :, :C + 1], layer.v[:, :, :C + 1],
-                                                       enable_gqa=gqa) for layer in cache]
-
-    rises = []
-    with torch.inference_mode():
-        for r in range(rounds):
-            order = (lo, hi) if r % 2 == 0 else (hi, lo)  # neither context always goes first
-            t = {C: measure(attend(C), model.device, warmup=1, repeats=5).median for C in order}
-            rises.append((t[hi] - t[lo]) / (hi - lo))
-    return AttentionTiming(statistics.median(rises), statistics.pstdev(rises), rounds)
+    first = iter([answer])
+    run = gates.measured(
+        lambda: next(first, None) or generate(model, prompt_ids, 8, eos_id=tokenizer.eos_id),
+        lambda g: [gates.at_least(cold.time_to_first_token, g.time_to_first_token, "the cold first token",
+                                  "a warm one"),
+                   gates.not_below_floor(g.mean_inter_token_latency * 1e3,
+                                         prof.floor_ms(machine.step_bytes(model.config, prof.dtype)), "a later token")],
+        "the first calls' timing")
+    warm, cold_ms = run.value, cold.time_to_first_token * 1e3
+    warm_ms, itl_ms = warm.time_to_first_token * 1e3, warm.mean_inter_token_latency * 1e3
+    _record_run(run, {"start_cold_ttft_ms": cold_ms, "start_ttft_ms": warm_ms, "start_itl_ms": itl_ms,
+                      "start_tokens_per_s": 1e3 / itl_ms})
+    rows = [("first token, cold", None, cold_ms, "ms"), ("first token, warm", None, warm_ms, "ms"),
+            ("each later token, eager", prof.decode_ms["eager"], itl_ms, "ms")]
+    if not run.ok:
+        print(run.notice)
+        return Report([(w, p, None, u) for w, p, _, u in rows], "Not compared: this machine was too busy.", key="first_calls")
+    ratio = cold_ms / warm_ms
+    head = (f"The cold call's first token took {ratio:.1f}× a warm one: costs paid once after loading, not the "
+            "model's speed." if ratio >= 1 + gates.NOISE else
+            f"Cold and warm first tokens took about the same here ({ratio:.2f}×): the one-off costs were small.")
+    return Report(rows, head, ["Predicted for a later token: the machine profile's eager decode step.",
+                               f"The short question's first token took {warm_ms / itl_ms:.1f}× a later one: its "
+                               f"{len(prompt_ids)} prompt tokens are few."], key="first_calls")
 
 
-def itl_slope_cause(fitted_s: float, theory_s: float, rise_s: float, scatter_s: float, lo: int, hi: int,
-                    attention_s: float | None = None, cache_mb_at_hi: float | None = None,
-                    attention_scatter_s: float | None = None) -> str:
-    """Why the fitted ITL slope (seconds per cached token) sits where it does against theory's, phrased from the
-    values: "" where the sweep cannot resolve the slope (rise under twice the scatter: the fit's own sentence says
-    so). Far above theory, `attention_s` (attention_timing, with the scatter of its rounds) says how much the
-    attention call alone explains; far below, the cache's size at `hi` says whether it could have stayed in the
-    CPU's caches."""
-    if rise_s < 2 * scatter_s or theory_s <= 0:
-        return ""
-    ratio = fitted_s / theory_s
-    if ratio > FAR_OFF:
-        head = (f"Far above theory ({ratio:.1f}×): each cached token costs the eager step more than one read of its "
-                "K and V at the probe's bandwidth.")
-        if attention_s is None:
-            return head + " This run did not time the attention call alone, so the cause is not measured here."
-        spread = (f" ± {attention_scatter_s * 1e6:.2f}" if attention_scatter_s is not None else "")
-        if attention_scatter_s is not None and attention_s <= attention_scatter_s:
-            return head + (f" Timed alone in interleaved rounds, the model's attention call rose by "
-                           f"{attention_s * 1e6:.2f}{spread} µs per cached token (median ± the rounds' scatter): "
-                           "no more than its own scatter, so this timing cannot say how much of the slope is "
-                           "attention, and nothing is attributed here.")
-        share, theirs = attention_s / fitted_s, attention_s / theory_s
-        span_ms = (fitted_s - attention_s) * (hi - lo) * 1e3
-        out = (head + f" Timed alone, the model's attention call (scaled_dot_product_attention over every layer's "
-               f"cached K and V) added {attention_s * 1e6:.2f}{spread} µs per cached token, {theirs:.1f}× theory: "
-               f"{share:.0%} of the fitted slope.")
-        if share > MISMATCH:
-            return out + (" A part cannot cost more than the whole: the attention call timed alone does not behave "
-                          "as it does inside the step, so this lesson cannot attribute the slope.")
-        if share >= 0.8:
-            return out + " So the attention call is where the time goes."
-        if span_ms <= 2 * scatter_s * 1e3:
-            return out + (f" The rest ({span_ms:.2f} ms from C = {lo:,} to {hi:,}) is within twice the points' "
-                          f"scatter ({scatter_s * 1e3:.2f} ms): timing noise can account for it.")
-        return out + (f" The rest ({span_ms:.2f} ms from C = {lo:,} to {hi:,}) is more than the points' scatter "
-                      "explains; this lesson does not measure where it goes.")
-    if ratio < 1 / FAR_OFF:
-        where = (f" At C = {hi:,} the whole cache is {cache_mb_at_hi:.1f} MB, which "
-                 + ("a CPU's last-level cache can hold, so its reads need not reach memory."
-                    if cache_mb_at_hi <= 32 else "is larger than most CPUs' caches, so this is not the reason.")
-                 if cache_mb_at_hi is not None else "")
-        return (f"Far below theory ({ratio:.2f}×): a cached token cost less than a read of its K and V at the "
-                "probe's bandwidth." + where)
-    return (f"Close to theory ({ratio:.2f}×, within {FAR_OFF:g}× either way): each cached token costs about one "
-            "read of its K and V at the probe's bandwidth, as the lesson's byte count says.")
+def long_prompt(model, n_tokens: int = 600, n_out: int = 8) -> gates.Measured:
+    """One call with an `n_tokens` prompt of random ids (speed depends on how many tokens, not which), gated: its
+    first token takes at least one decode step."""
+    from course.engine.generate import generate
+    from course.measure.sweeps import random_prompt
+
+    ids = random_prompt(model, n_tokens)[0].tolist()
+    return gates.measured(lambda: generate(model, ids, n_out),
+                          lambda g: [gates.at_least(g.time_to_first_token, g.mean_inter_token_latency,
+                                                    f"TTFT of a {n_tokens}-token prompt", "one decode step")],
+                          "the long prompt's timing")
 
 
-def itl_slope_explained(model, latency_model, decode_sweep, machine) -> str:
-    """itl_slope_cause for the lesson's fit and sweep, timing the attention call where the slope is far above
-    theory (about a second); records the resolve test's rise and scatter for cache_rise_clause."""
-    from course.measure.costs import dtype_bytes, kv_bytes_per_token
-    from course.measure.latency import itl_scatter
-
-    per_token = kv_bytes_per_token(model.config, dtype_bytes(model.dtype))
-    theory = per_token / machine.bytes_per_s
-    lo, hi = min(decode_sweep.lengths), max(decode_sweep.lengths)
-    scatter = itl_scatter(latency_model, decode_sweep)  # as latency.itl_slope_sentence measures it
-    fitted = latency_model.itl_coef[1]
-    attention = attention_timing(model, lo, hi) if fitted > FAR_OFF * theory else None
-    from course.measure.results import record
-
-    record("itl_attention_us_per_token", None if attention is None else attention.seconds_per_token * 1e6)
-    record("itl_attention_scatter_us_per_token", None if attention is None else attention.scatter_per_token * 1e6)
-    # the resolve test of latency.itl_slope_sentence, for the interview answer and the recap
-    record("itl_theory_rise_ms", theory * (hi - lo) * 1e3)
-    record("itl_scatter_ms", scatter * 1e3)
-    return itl_slope_cause(fitted, theory, theory * (hi - lo), scatter, lo, hi,
-                           None if attention is None else attention.seconds_per_token, per_token * hi / 1e6,
-                           None if attention is None else attention.scatter_per_token)
-
-
-# ----------------------------------------------------------------------- section 10: two probes, one memory
-def probe_spread_sentence(section4_read_gb_s: float, line_probe_gb_s: float, line_probes_gb_s: list[float],
-                          fitted_gb_s: float, tolerance: float) -> str:
-    """The bytes line re-probes the memory between its models (its verdict uses the median, `line_probe_gb_s`);
-    say so, print both probes and their spread, and judge the line's slope against each (within `tolerance`, as
-    the line's own verdict counts "at the probe's bandwidth")."""
-    spread = abs(line_probe_gb_s - section4_read_gb_s) / min(line_probe_gb_s, section4_read_gb_s)
-    mine, theirs = fitted_gb_s / section4_read_gb_s, fitted_gb_s / line_probe_gb_s
-    near = [name for name, r in (("section 4's probe", mine), ("the line's probe", theirs))
-            if abs(r - 1) <= tolerance]
-    verdict = (f"within ±{tolerance:.0%} of both, so the slope streams at the probe's bandwidth whichever probe is "
-               "taken." if len(near) == 2 else
-               f"within ±{tolerance:.0%} of {near[0]} only, so whether the slope streams at the probe's bandwidth "
-               "depends on which probe is taken: read the line's verdict with that spread in mind." if near else
-               f"more than ±{tolerance:.0%} off both probes.")
-    probes = sorted(line_probes_gb_s)
-    rng = f" (median of {len(probes)} rounds, {probes[0]:.1f} to {probes[-1]:.1f})" if len(probes) > 1 else ""
-    return (f"Two probes of the same memory: section 4's streaming read gave {section4_read_gb_s:.1f} GB/s; the "
-            f"bytes line read it again between its models, minutes later, at {line_probe_gb_s:.1f} GB/s{rng}: "
-            f"{spread:.0%} apart. The slope's {fitted_gb_s:.1f} GB/s is {mine:.0%} of "
-            f"section 4's probe and {theirs:.0%} of the line's: " + verdict)
-
-
-def probes_of(machine, line) -> str:
-    """probe_spread_sentence for the lesson's machine (section 4) and bytes line (section 10)."""
-    from course.measure.bytes_line import BANDWIDTH_TOLERANCE
-
-    read = machine.read_bytes_per_s or machine.bytes_per_s
-    return probe_spread_sentence(read / 1e9, line.probe_bytes_per_s / 1e9, [p / 1e9 for p in line.probes],
-                                 line.fit.bandwidth_bytes_per_s / 1e9, BANDWIDTH_TOLERANCE)
+def long_prompt_report(run: gates.Measured, prof) -> Report:
+    g = run.value
+    ttft, itl = g.time_to_first_token * 1e3, g.mean_inter_token_latency * 1e3
+    n = len(g.prompt_ids)
+    _record_run(run, {"start_long_prompt_tokens": n, "start_long_ttft_ms": ttft, "start_long_itl_ms": itl})
+    rows = [(f"first token, {n}-token prompt", None, ttft, "ms"), ("each later token, eager", prof.decode_ms["eager"],
+                                                                    itl, "ms")]
+    if not run.ok:
+        print(run.notice)
+        return Report([(w, p, None, u) for w, p, _, u in rows], "Not compared: this machine was too busy.", key="long_prompt")
+    plot_token_timeline(g)
+    return Report(rows, f"With a {n}-token prompt the first token took {ttft / itl:.0f}× a later one: prefill reads "
+                        "the whole prompt before anything streams.",
+                  ["The prompt is random token ids: speed depends on how many tokens, not which."], key="long_prompt")

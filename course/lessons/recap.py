@@ -39,9 +39,11 @@ class Recap:
     next_lesson: tuple[str, str] | None  # (file name, title)
     exercises: list[str] = field(default_factory=list)  # paths relative to the lesson folder
     review: bool = False
+    empty: str = ""  # what to say when no number was shown (default: run the lesson from the top)
+    keys: list[str] = field(default_factory=list)  # the recorded key behind each number shown
 
     def values(self) -> dict:
-        return {"lesson": self.lesson, "numbers": self.numbers, "exercises": self.exercises,
+        return {"lesson": self.lesson, "numbers": self.numbers, "keys": self.keys, "exercises": self.exercises,
                 "next": self.next_lesson[0] if self.next_lesson else None}
 
     def links(self) -> list[str]:
@@ -57,7 +59,7 @@ class Recap:
 
     def _lines(self) -> list[str]:
         if not self.numbers:
-            return ["Nothing measured in this kernel passed its checks yet: run the lesson from the top "
+            return [self.empty or "Nothing measured in this kernel passed its checks yet: run the lesson from the top "
                     "(Run → Run All Cells) to see your own numbers here."]
         return [f"{label}: **{value}**" for label, value in self.numbers.items()]
 
@@ -96,7 +98,7 @@ def next_lesson(lesson: str, lessons_dir: Path = LESSONS) -> tuple[str, str] | N
     return None
 
 
-def recap(lesson: str, numbers=(), values: dict | None = None, lessons_dir: Path = LESSONS) -> Recap:
+def recap(lesson: str, numbers=(), values: dict | None = None, lessons_dir: Path = LESSONS, empty: str = "") -> Recap:
     """The end of a lesson: the numbers this kernel measured that passed their checks, and the links onward.
 
     The takeaways are the lesson's own hand-written Markdown; this shows the evidence beside them.
@@ -105,14 +107,16 @@ def recap(lesson: str, numbers=(), values: dict | None = None, lessons_dir: Path
     if lesson not in {c[0] for c in COURSE}:
         raise ValueError(f"unknown lesson {lesson!r}; expected one of {[c[0] for c in COURSE]}")
     v = recorded() if values is None else values
-    shown = {}
+    shown, keys = {}, []
     for label, key, fmt in numbers:
         value = lookup(v, key)
         if value is not None and key.split(".")[0] not in v.get("unreliable", []):
             shown[label] = fmt.format(value)
+            keys.append(key)
     exercises = [f"../exercises/{p}" for lid, _, ps in COURSE if lid == lesson for p in ps
                  if (lessons_dir.parent / "exercises" / p).exists()]
-    r = Recap(lesson, shown, next_lesson(lesson, lessons_dir), exercises, review=(lessons_dir / REVIEW).exists())
+    r = Recap(lesson, shown, next_lesson(lesson, lessons_dir), exercises, review=(lessons_dir / REVIEW).exists(),
+              empty=empty, keys=keys)
     record("recap", r.values())
     return r
 

@@ -1,7 +1,7 @@
 """The line that shows decode is bandwidth-bound: ms per decode step against bytes read per step.
 
     line = bytes_line()              # the course model, SmolLM2-360M and TinyLlama-1.1B, float32: ≤ 60 s on CPU
-    print(line)                      # the table, the fit and its verdict
+    print(line)                      # the table, its verdict and the details
     line.plot()
 
 Each point is a model of a real published shape (course.engine.config.PRESETS) built with random weights:
@@ -12,16 +12,11 @@ handle them up to ~100× slower, which would skew the time.
 
 The fit is time = bytes ÷ bandwidth + fixed cost per step (least squares over the points). If decode is
 bound by memory bandwidth, the points lie on a line (R² near 1) whose slope gives back the machine's
-streaming-read bandwidth (probed between the models with the same number of threads); the intercept is what
-a step costs beyond reading: Python, the framework's per-call work, kernel launches on a GPU. From the fit,
-each model's step is split into its bytes part and its fixed part, and the larger one names what bounds it.
+streaming-read bandwidth; the intercept is what a step costs beyond reading (Python, the framework's per-call
+work, kernel launches on a GPU).
 
-Every step runs the course's compiled decode block (course.engine.fast.decode_block), one block at a time,
-compiled once with dynamic shapes so that every model shape shares one compilation. On the CPU its products
-go through the course's row kernel (course.engine.row_product) where it builds: Inductor's streamed reduction,
-compiled for symbolic sizes, read the bigger shapes' weights at under half the probe's bandwidth (AMD EPYC,
-2 threads: TinyLlama-1.1B 16.8 GB/s against the kernel's 34.2, probe 39.3), which bent the line. Bigger shapes
-(Llama-3.2-1B, SmolLM2-1.7B on a CPU; up to Llama-2-7B in bfloat16 on a GPU) with KVCOURSE_FULL=1.
+Every step is the engine's compiled decode step with one compiled block shared by every model shape
+(course.engine.fast.DecodeStep, any_shape), so the shapes compile once. KVCOURSE_FULL=1 adds bigger shapes.
 """
 from __future__ import annotations
 
@@ -33,14 +28,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from course.engine import row_product
-from course.engine.arena import materialize_packed
 from course.engine.config import ModelConfig
-from course.engine.fast import decode_block, fused_block_weights, lm_head, row_linear, step_inputs, streamed_linear
+from course.engine.fast import DecodeStep
+from course.engine.kv_cache import KVCache
 from course.engine.model import Transformer, rope_tables
 from course.measure.costs import decode_cost, dtype_bytes as _dtype_bytes
 from course.measure.results import full_size
-from course.measure.timing import ReadProbe, Stopwatch, steadiness
+from course.measure.timing import ReadProbe, Stopwatch
 
 CPU_SHAPES = ("smollm2-135m", "smollm2-360m", "tinyllama-1.1b")  # 0.5, 1.4, 4.4 GB in float32
 CPU_FULL_SHAPES = CPU_SHAPES + ("llama-3.2-1b", "smollm2-1.7b")  # + 4.9, 6.8 GB
@@ -63,20 +57,17 @@ def random_model(config: ModelConfig, dtype: torch.dtype = torch.float32, device
                  context: int = CONTEXT) -> Transformer:
     """A course Transformer of this shape with random weights: normal(0, 0.02) numbers, norms at 1.
 
-    Built on the meta device, given its memory once (on the CPU one huge-page buffer, as the compiled step
-    wants it: course.engine.arena.materialize_packed) and filled from one random block (per-element random
-    numbers would take a minute for 4 GB); every tensor holds ordinary numbers, so no denormal slows it.
-    The RoPE tables cover only `context` + 1 positions (a real 128k table would be bigger than the
-    cache this measures).
+    Built on the meta device, given its memory once, in its final dtype, and filled from one random block
+    (per-element random numbers would take a minute for 4 GB); every tensor holds ordinary numbers, so no
+    denormal slows it. The RoPE tables cover only `context` + 1 positions (a real 128k table would be bigger
+    than the cache this measures).
     """
     config = config.with_(max_seq_len=context + 1)
     with torch.device("meta"):
         model = Transformer(config)
-    model = model.to(dtype)
-    if torch.device(device).type != "cpu" or not materialize_packed(model):  # CPU: one huge-page buffer
-        model = model.to_empty(device=device)  # allocated once, in the final dtype
-        if config.tie_embeddings:  # to_empty gives each module its own tensor: tie the head to the embedding again
-            model.output.weight = model.tok_embeddings.weight
+    model = model.to(dtype).to_empty(device=device)
+    if config.tie_embeddings:  # to_empty gives each module its own tensor: tie the head to the embedding again
+        model.output.weight = model.tok_embeddings.weight
     gen = torch.Generator().manual_seed(seed)
     block = (torch.randn(1 << 20, generator=gen) * WEIGHT_STD).to(device=device, dtype=dtype)
     with torch.no_grad():
@@ -93,52 +84,23 @@ def random_model(config: ModelConfig, dtype: torch.dtype = torch.float32, device
     return model.eval()
 
 
-class BlockwiseStep:
-    """One decode step of `model` (batch 1, the last cache position) with the compiled decode block.
-
-    The blocks run one after another from Python (L calls of one compiled graph), then the compiled norm +
-    head. compile=False runs the same functions eagerly.
-    """
-
-    _compiled: dict = {}  # (kind) → compiled function, shared by every shape (the products' function is an argument)
+class Step:
+    """One decode step of `model`: batch 1, `context` tokens cached, the last cache position rewritten every call.
+    Compiled, it is the engine's step with one compiled block shared by every model shape
+    (course.engine.fast.DecodeStep, any_shape), so the shapes of the line compile once; compile=False: eager."""
 
     def __init__(self, model: Transformer, context: int = CONTEXT, compile: bool = True):
-        c = model.config
-        self.model, self.config = model, c
-        S = context + 1
-        shape = (1, c.n_kv_heads, S, c.head_dim)
-        self.caches = [(torch.zeros(shape, dtype=model.dtype, device=model.device),
-                        torch.zeros(shape, dtype=model.dtype, device=model.device)) for _ in range(c.n_layers)]
-        # Plain tensors, not nn.Parameters: TorchDynamo keeps a parameter's shape static, and one compiled
-        # block must serve every model shape.
-        if model.device.type == "cpu":  # one huge-page buffer, as the lessons' compiled step has (course.engine.arena)
-            from course.engine.arena import pack_parameters
+        self.cache = KVCache(model.config, max_seq_len=context + 1, dtype=model.dtype, device=model.device)
+        self.step = DecodeStep(model, compile=compile, any_shape=True)
+        self.token = torch.zeros(1, 1, dtype=torch.long, device=model.device)
+        self.context, self.bytes_per_step = context, read_bytes(model.config, context, model.dtype)
 
-            pack_parameters(model)
-        self.weights = [fused_block_weights(layer) for layer in model.layers]  # q|k|v and gate|up as one weight each
-        self.norm_weight, self.head_weight = model.norm.weight.detach(), model.output.weight.detach()
-        self.positions = torch.tensor([context], device=model.device)  # every step rewrites the last slot
-        self.rows = torch.zeros(1, dtype=torch.long, device=model.device)
-        self.token = torch.zeros(1, dtype=torch.long, device=model.device)
-        self.linear = row_linear if compile and row_product.computes(self.head_weight) else streamed_linear
-        self.block, self.head = decode_block, lm_head
-        if compile:
-            if not BlockwiseStep._compiled:
-                options = {"size_asserts": False}  # no per-call size/stride checks of every input
-                BlockwiseStep._compiled = {"block": torch.compile(decode_block, dynamic=True, options=options),
-                                           "head": torch.compile(lm_head, dynamic=True, options=options)}
-            self.block, self.head = BlockwiseStep._compiled["block"], BlockwiseStep._compiled["head"]
-        self.bytes_per_step = read_bytes(c, context, model.dtype)
+    @property
+    def compiled(self) -> bool:
+        return self.step.compiled  # False after a failed compilation: the step then runs eagerly
 
-    @torch.inference_mode()
     def __call__(self) -> torch.Tensor:
-        m, c = self.model, self.config
-        cos, sin, hidden = step_inputs(m, self.positions, self.caches[0][0].shape[2])
-        x = m.tok_embeddings(self.token)  # [1, d]
-        for w, (k, v) in zip(self.weights, self.caches):
-            x = self.block(x, w, c.norm_eps, k, v, self.rows, self.positions, cos, sin, hidden,
-                           c.n_heads, c.n_kv_heads, False, self.linear)
-        return self.head(x, self.norm_weight, self.head_weight, c.norm_eps, self.linear)
+        return self.step(self.token, self.context, self.cache)
 
 
 def read_bytes(config: ModelConfig, context: int, dtype: torch.dtype) -> float:
@@ -173,7 +135,7 @@ class Fit:
 
 def signed_ms(ms: float, places: int = 2) -> str:
     """A fixed cost as the term of a sum, with a true minus sign: '+ 4.15 ms', '− 4.15 ms' (never '+ -4.15')."""
-    return f"{'−' if ms < 0 else '+'} {abs(ms):.{places}f} ms"
+    return f"{'−' if round(ms, places) < 0 else '+'} {abs(ms):.{places}f} ms"
 
 
 def fit_line(bytes_per_step: list[float], ms_per_step: list[float]) -> Fit:
@@ -250,67 +212,48 @@ class BytesLine:
                     threads=self.threads, compiled=self.compiled, load_average=list(self.load_average),
                     wall_s=self.wall_s)
 
-    @classmethod
-    def from_values(cls, v: dict) -> "BytesLine":
-        """The line back from its values() (as a notebook records them), with the same fit, verdict and table."""
-        points = [Point(p["name"], p["params"], p["bytes_per_step"], p["ms_per_step"], list(p.get("times_ms", [])))
-                  for p in v["points"]]
-        fit = Fit(v["fitted_bandwidth_bytes_per_s"], v["fixed_ms"], v["r2"])
-        return cls(points, v["probe_bytes_per_s"], list(v["probes"]), fit, v["device"], v["dtype"], v["threads"],
-                   v["compiled"], tuple(v["load_average"]), v["wall_s"])
-
-    def verdict(self) -> str:
-        """The sentence the lesson prints, generated from the fit."""
-        f = self.fit
-        fitted, probe = f.bandwidth_bytes_per_s / 1e9, self.probe_bytes_per_s / 1e9
+    def verdict(self, reference_bytes_per_s: float | None = None, reference: str = "the read probe") -> str:
+        """One headline (at most 30 words): does a step take its bytes ÷ a bandwidth? The slope is held against
+        `reference_bytes_per_s` (default: the line's own read probe; lesson 01 passes the machine profile's)."""
+        ref = reference_bytes_per_s or self.probe_bytes_per_s
         if not self.rising:
-            return (f"Fit over {len(self.points)} models: the step time did not grow with the bytes read in this "
-                    f"run (the fitted slope is not positive); the streaming-read probe gave {probe:.1f} GB/s. A busy "
-                    f"machine (load average {self.load_average[0]:.1f} → {self.load_average[1]:.1f} on "
-                    f"{os.cpu_count()} cores) made a bigger model's steps no slower than a smaller one's, so this run "
-                    "cannot say what bounds a decode step: rerun when it is quiet.")
-        head = (f"Fit over {len(self.points)} models: time = bytes ÷ {fitted:.1f} GB/s {signed_ms(f.fixed_ms)} "
-                f"(R² = {f.r2:.3f}); the streaming-read probe gave {probe:.1f} GB/s, so the slope's bandwidth is "
-                f"{self.bandwidth_ratio:.0%} of the probe's.")
-        steady, moved = steadiness(self.probes)  # moved: how far the read probe went between rounds
-        if self.bandwidth_bound:
-            claim = ("Decode is bandwidth-bound here: step time grows in proportion to the bytes read, at the "
-                     "speed this machine streams memory.")
-        elif not self.on_the_line:
-            claim = (f"The points are not on one line (R² {f.r2:.3f} < {R2_BOUND}), so this run cannot claim a "
-                     "bandwidth-bound step; a busy machine (load average "
-                     f"{self.load_average[0]:.1f} → {self.load_average[1]:.1f} on {os.cpu_count()} cores) "
-                     "scatters the times: rerun when it is quiet.")
-        elif not steady:
-            claim = (f"The times lie on a line (time does grow with bytes), but {moved}: the memory system was "
-                     "unsteady, so this run cannot say how close the slope comes to the machine's read bandwidth; "
-                     "rerun when it is quiet.")
-        else:
-            side = "slower" if self.bandwidth_ratio < 1 else "faster"
-            claim = (f"The times lie on a line (time does grow with bytes) but it streams {side} than the probe "
-                     f"by more than {BANDWIDTH_TOLERANCE:.0%}: "
-                     + ("the step's kernels read memory less efficiently than a plain sum does."
-                        if side == "slower" else "part of the weights was served from a cache, not memory."))
-        if not steady and (self.bandwidth_bound or not self.on_the_line):  # the verdict stands; the swing beside it
-            claim += f" ({moved[0].upper()}{moved[1:]}: the memory system was unsteady.)"
-        if f.fixed_ms < 0:  # no step costs less than nothing: the intercept is noise, and so is any split by it
-            return (f"{head} {claim}\nFrom the fit: the fixed cost came out negative (−{-f.fixed_ms:.2f} ms). "
-                    "A step cannot cost less than nothing, so the intercept is noise in the fit, and its split of "
-                    "each step into bytes and fixed cost is not meaningful in this run.")
-        parts = [f"{p.name}: {self.bytes_share(p):.0%} bytes, {1 - self.bytes_share(p):.0%} fixed cost "
-                 f"→ bound by {self.dominated_by(p)}" for p in self.points]
-        return f"{head} {claim}\nFrom the fit: " + "; ".join(parts) + "."
+            return "Step time did not grow with the bytes read: other programs hid the line. Run it again when quiet."
+        fitted, r2 = self.fit.bandwidth_bytes_per_s / 1e9, self.fit.r2
+        if not self.on_the_line:
+            return f"The points are off one line (R² {r2:.3f} < {R2_BOUND}): this run cannot call decode bandwidth-bound."
+        ratio = fitted * 1e9 / ref
+        if abs(ratio - 1) <= BANDWIDTH_TOLERANCE:
+            return (f"Bandwidth-bound: step time grows with bytes read at {fitted:.1f} GB/s, within "
+                    f"±{BANDWIDTH_TOLERANCE:.0%} of {reference}'s {ref / 1e9:.1f} GB/s (R² {r2:.3f}).")
+        return (f"On a line (R² {r2:.3f}), but at {fitted:.1f} GB/s: {ratio:.0%} of {reference}'s {ref / 1e9:.1f} "
+                f"GB/s, outside ±{BANDWIDTH_TOLERANCE:.0%}.")
+
+    def details(self) -> list[str]:
+        """The fit, its split of each step, the line's own read probes and how it ran: one short sentence each."""
+        f, probes = self.fit, sorted(self.probes)
+        out = []
+        if self.rising:
+            out.append(f"Fit: time = bytes ÷ {f.bandwidth_bytes_per_s / 1e9:.1f} GB/s {signed_ms(f.fixed_ms)} per step "
+                       f"(R² = {f.r2:.3f}).")
+            out.append("The fixed cost came out negative: noise in the fit, so it splits no step into parts."
+                       if round(f.fixed_ms, 2) < 0 else "Share of each step spent reading bytes, by the fit: "
+                       + ", ".join(f"{p.name} {self.bytes_share(p):.0%}" for p in self.points) + ".")
+        out.append(f"The line's own read probe: {statistics.median(probes) / 1e9:.1f} GB/s (median of {len(probes)}, "
+                   f"{probes[0] / 1e9:.1f} to {probes[-1] / 1e9:.1f}).")
+        threads = f"{self.threads} thread" + ("" if self.threads == 1 else "s")
+        out.append(f"Timed {'compiled' if self.compiled else 'eager'}, {self.dtype} on {self.device}, {threads}, "
+                   f"context {CONTEXT}; {self.wall_s:.0f} s in all.")
+        return out
 
     def __str__(self) -> str:
-        rows = [f"{'model':<16}{'params':>9}{'MB/step':>10}{'ms/step':>10}{'GB/s':>8}{'fit ms':>9}"]
+        rows = [f"{'model':<16}{'params':>9}{'MB/step':>10}{'ms/step':>10}{'GB/s':>8}"]
         for p in self.points:
             rows.append(f"{p.name:<16}{p.params / 1e6:>8.0f}M{p.bytes_per_step / 1e6:>10.0f}{p.ms_per_step:>10.2f}"
-                        f"{p.achieved_bytes_per_s / 1e9:>8.1f}{self.fit.predict_ms(p.bytes_per_step):>9.2f}")
-        threads = f"{self.threads} thread" + ("" if self.threads == 1 else "s")  # measure/ may not import wording
-        how = f"{self.dtype}, {self.device}, {threads}, " + ("compiled" if self.compiled else "eager")
-        return "\n".join(rows) + f"\n({how}; {self.wall_s:.0f} s)\n" + self.verdict()
+                        f"{p.achieved_bytes_per_s / 1e9:>8.1f}")
+        return "\n".join(rows + [self.verdict()] + self.details())
 
-    def plot(self, ax=None):
+    def plot(self, ax=None, reference_bytes_per_s: float | None = None, reference: str = "read probe"):
+        """The points, the fit, and the floor: bytes ÷ `reference_bytes_per_s` (default: the line's read probe)."""
         import matplotlib.pyplot as plt
 
         if ax is None:
@@ -322,8 +265,8 @@ class BytesLine:
             ax.plot([0, top], [self.fit.fixed_ms, self.fit.predict_ms(top * 1e9)], "-",
                     label=f"fit: bytes ÷ {self.fit.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
                           f"{signed_ms(self.fit.fixed_ms, 1)}")
-        ax.plot([0, top], [0, top * 1e9 / self.probe_bytes_per_s * 1e3], "--",
-                label=f"floor: bytes ÷ probe {self.probe_bytes_per_s / 1e9:.1f} GB/s")
+        ref = reference_bytes_per_s or self.probe_bytes_per_s
+        ax.plot([0, top], [0, top * 1e9 / ref * 1e3], "--", label=f"floor: bytes ÷ {reference} {ref / 1e9:.1f} GB/s")
         for p, x in zip(self.points, xs):
             ax.annotate(p.name, (x, p.ms_per_step), textcoords="offset points", xytext=(5, -12), fontsize=8)
         ax.set_xlabel("bytes read per decode step (GB)")
@@ -366,21 +309,15 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
         bar = tqdm(total=len(configs) * (2 if together else 1), desc="bytes line", unit="step")
 
     def prepare(config):
-        """Build the model and its step, and run it once (the first call compiles, for every shape at once)."""
-        model = random_model(config, dtype, device, context=context)
-        step = BlockwiseStep(model, context, compile=state["compile"])
-        try:
-            with torch.fx.experimental._config.patch(use_duck_shape=False):  # sizes equal by chance stay apart
-                step()
-        except Exception as exc:  # no C++ compiler: the same functions, eagerly
-            if not state["compile"]:
-                raise
-            if log:
-                log(f"[bytes line] compiling failed ({type(exc).__name__}); timing the eager block instead")
+        """Build the model and its step, and run it twice (the first call compiles, once for every shape)."""
+        step = Step(random_model(config, dtype, device, context=context), context, compile=state["compile"])
+        step()
+        if state["compile"] and not step.compiled:  # no C++ compiler, say: the engine warned, and the line is timed eagerly
             state["compile"] = False
-            step = BlockwiseStep(model, context, compile=False)
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=state["compile"]), Stopwatch(device) as sw:
-            step()  # warm now: the guards need not be evaluated again on the timed calls (they cost per call)
+            if log:
+                log(f"[bytes line] compiling failed ({step.step.fallback}); timing the eager step instead")
+        with Stopwatch(device) as sw:
+            step()
         n = max(min_repeats, min(50, int(budget_s / max(sw.seconds, 1e-4))))
         if bar:
             bar.update()
@@ -388,11 +325,10 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
 
     def timed(step, n) -> list[float]:
         out = []
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=state["compile"]):
-            for _ in range(n):
-                with Stopwatch(device) as sw:
-                    step()
-                out.append(sw.seconds * 1e3)
+        for _ in range(n):
+            with Stopwatch(device) as sw:
+                step()
+            out.append(sw.seconds * 1e3)
         return out
 
     def probe_once() -> float:

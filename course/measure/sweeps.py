@@ -2,12 +2,11 @@
 
     default_sizes    what the lesson measures (quick, or full with KVCOURSE_FULL=1)
     prefill_sweep    seconds to prefill T prompt tokens, for several T
-    decode_sweep     seconds per decode step with C tokens already cached, for several C
-    prepare_context  a cache already holding C tokens, and the next token to decode
+    decode_sweep     seconds per decode step with C tokens already cached, for several C (eager)
+    prepare_context  a cache already holding C tokens
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,11 +30,8 @@ class Sizes:
     full: bool
 
     def __str__(self) -> str:
-        kind = "full sweeps (KVCOURSE_FULL=1)" if self.full else "quick sweeps (KVCOURSE_FULL=1 for the full ones)"
-        return (f"{kind}: prefill at T = {', '.join(f'{t:,}' for t in self.prefill)} prompt tokens; decode at "
-                f"C = {', '.join(f'{c:,}' for c in self.decode)} cached tokens; held-out run: a "
-                f"{self.held_out_prompt:,}-token prompt, {self.held_out_new} new tokens, median of "
-                f"{self.held_out_repeats} runs")
+        return (f"{'full' if self.full else 'quick'} sweeps: prefill at T = {', '.join(f'{t:,}' for t in self.prefill)}; "
+                f"decode at C = {', '.join(f'{c:,}' for c in self.decode)}")
 
 
 def default_sizes(full: bool | None = None) -> Sizes:
@@ -77,18 +73,6 @@ class Sweep:
             raise ValueError(f"{length} was not measured; measured lengths are {self.lengths}")
         return self.seconds[self.lengths.index(length)]
 
-    def cache_extra_ms(self) -> tuple[float, float]:
-        """Decode: what a step at the longest context cost over one at the shortest, in ms, and the standard error
-        of that figure. Paired: the median over rounds of the difference within each round (decode_sweep times one
-        step per context per round, back to back, so a change in the machine's speed between rounds cancels)."""
-        first, last = self.timings[0].times, self.timings[-1].times
-        diffs = [(b - a) * 1e3 for a, b in zip(first, last)]
-        if len(diffs) < 2:
-            raise ValueError(f"a paired difference needs at least 2 rounds, got {len(diffs)}")
-        mid = statistics.median(diffs)
-        mad = statistics.median(abs(d - mid) for d in diffs)
-        return mid, 1.4826 * mad * 1.2533 / len(diffs) ** 0.5  # the median's standard error, from a robust spread
-
     def values(self) -> dict:
         """Plain numbers for course.measure.results.record, keyed by phase."""
         if self.phase == "prefill":
@@ -97,10 +81,7 @@ class Sweep:
             if 256 in self.lengths:
                 out["prefill_tokens_per_s_256"] = self.tokens_per_s[self.lengths.index(256)]
             return out
-        out = dict(decode_contexts=self.lengths, decode_ms_per_token=self.ms, decode_tokens_per_s=self.tokens_per_s)
-        if len(self.lengths) >= 2 and min(len(t.times) for t in self.timings) >= 2:
-            out["decode_cache_extra_ms"], out["decode_cache_extra_se_ms"] = self.cache_extra_ms()
-        return out
+        return dict(decode_contexts=self.lengths, decode_ms_per_token=self.ms, decode_tokens_per_s=self.tokens_per_s)
 
     def __repr__(self) -> str:
         unit = "ms per prompt" if self.phase == "prefill" else "ms per token"
@@ -143,18 +124,6 @@ def prepare_context(model, context: int, seed: int = 0) -> tuple[KVCache, torch.
     cache = KVCache(model.config, batch=1, max_seq_len=context + 1, dtype=model.dtype, device=model.device)
     prefill(model, ids, cache)
     return cache, ids
-
-
-def decode_step(model, context: int, budget_s: float = 1.0, max_repeats: int = 10, min_repeats: int = 3,
-                seed: int = 0) -> Timing:
-    """Seconds of one decode step with `context` tokens in the cache (the new token sees C + 1 keys).
-
-    Every repeat decodes at the same position, overwriting it, so each one reads the same cache.
-    """
-    cache, _ = prepare_context(model, context, seed)
-    token = torch.ones(1, 1, dtype=torch.long, device=model.device)
-    return _measure_within(lambda: decode_one_token(model, token, context, cache), model.device, budget_s,
-                           max_repeats, min_repeats)
 
 
 def decode_sweep(model, contexts: Sequence[int], budget_s: float = 1.0, max_repeats: int = 20,
