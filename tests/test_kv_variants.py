@@ -1,11 +1,9 @@
 """Cache variants: INT8 cache, beam search with a reordered cache, paging, attention by hand, and the
 formula against transformers' own cache."""
-import numpy as np
 import pytest
 import torch
 
-from course.lessons.attention_by_hand import (attend_one_query, attention_with_cache, attention_without_cache,
-                                      layer0_walkthrough, side_by_side, MARK)
+from course.lessons.attention_by_hand import attend_one_query, attention_with_cache, attention_without_cache, layer0_walkthrough
 from course.engine.beam import beam_search, sequence_logprob
 from course.measure.cache_speed import SpeedComparison, check_equivalence
 from course.engine.config import PRESETS
@@ -15,7 +13,6 @@ from course.engine.positions import Positions
 from course.engine.kv_quant import (Int8KVCache, cache_bytes_by_dtype, compare_int8_cache, dequantize_int8,
                              int8_bytes_per_token, quantize_int8)
 from course.measure.costs import kv_cache_bytes, tensor_bytes
-from course.lessons.paging import BlockAllocator, blocks_needed, plot_paging, sample_request_lengths, simulate_paging
 
 
 # ------------------------------------------------------------------ INT8 cache
@@ -126,59 +123,6 @@ def test_beam_search_rejects(tiny, kwargs):
         beam_search(tiny, [1, 2], **kwargs)
 
 
-# ------------------------------------------------------------------ paging
-
-def test_request_lengths_are_varied_and_bounded():
-    lengths = sample_request_lengths(500, max_seq_len=4096, seed=1)
-    assert lengths.min() >= 1 and lengths.max() <= 4096
-    assert 300 < np.median(lengths) < 1500
-    assert lengths.std() > 200  # varied, with a tail
-    assert (sample_request_lengths(20, seed=3) == sample_request_lengths(20, seed=3)).all()
-    with pytest.raises(ValueError, match="n_requests"):
-        sample_request_lengths(0)
-
-
-def test_blocks_needed():
-    assert [blocks_needed(n, 16) for n in (1, 15, 16, 17, 32, 33)] == [1, 1, 1, 2, 2, 3]
-    with pytest.raises(ValueError, match="block_size"):
-        blocks_needed(10, 0)
-
-
-def test_block_allocator_grows_frees_and_runs_out():
-    alloc = BlockAllocator(num_blocks=4, block_size=16)
-    assert len(alloc.append(0, 10)) == 1
-    for _ in range(6):
-        alloc.append(0)  # 16 tokens: still one block
-    assert len(alloc.tables[0]) == 1
-    alloc.append(0)  # the 17th token opens a second block
-    assert len(alloc.tables[0]) == 2 and alloc.blocks_in_use == 2
-    alloc.append(1, 32)
-    with pytest.raises(MemoryError, match="free"):
-        alloc.append(1)
-    alloc.free(0)
-    assert alloc.blocks_in_use == 2 and len(alloc.free_blocks) == 2
-    alloc.append(1)
-    assert set(alloc.tables[1]).isdisjoint(alloc.free_blocks)
-
-
-def test_paging_waste():
-    r = simulate_paging("smollm2-135m", n_requests=64, max_seq_len=4096, block_size=16, seed=0)
-    per = 23_040
-    assert r.used_bytes == r.lengths.sum() * per
-    assert r.preallocated_bytes == 64 * 4096 * per
-    assert r.paged_bytes == sum(-(-n // 16) for n in r.lengths) * 16 * per
-    assert r.paged_bytes - r.used_bytes < 64 * 16 * per  # under one block per request
-    assert r.preallocated_waste > 0.5 and r.paged_waste < 0.05 and r.saving > 2
-    exact = simulate_paging("smollm2-135m", max_seq_len=64, block_size=16, lengths=[16, 32, 64])
-    assert exact.paged_waste == 0 and exact.preallocated_waste == pytest.approx(1 - 112 / 192)
-    with pytest.raises(ValueError, match="max_seq_len"):
-        simulate_paging("smollm2-135m", max_seq_len=64, lengths=[65])
-    import matplotlib
-
-    matplotlib.use("Agg")
-    assert len(plot_paging(r).axes) == 2
-
-
 # ------------------------------------------------------------------ attention by hand
 
 def test_by_hand_attention_equals_the_model_layer(tiny):
@@ -198,15 +142,6 @@ def test_attend_one_query_is_sdpa():
     q, k, v = torch.randn(2, 6, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(attend_one_query(q, k, v), ref, atol=1e-5, rtol=1e-5)
-
-
-def test_side_by_side_marks_the_changed_lines():
-    view = side_by_side()
-    marked = [right for _, right, _ in view.rows if MARK in right]
-    assert 3 <= len(marked) <= 8
-    assert all(differs for _, right, differs in view.rows if MARK in right)
-    assert "cache.update" in "".join(marked)
-    assert "<table" in view._repr_html_() and "attention_with_cache" in str(view)
 
 
 def test_speed_comparison_arithmetic():

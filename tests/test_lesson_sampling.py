@@ -1,6 +1,5 @@
-"""Lesson 03 runs from top to bottom (lesson_run), and the numbers it records say what its prose says."""
-import math
-
+"""Lesson 03 runs from top to bottom (lesson_run), and the numbers it records say what its prose says: no demo
+claims what its run did not show, no printed sentence runs long, no word is used before it is defined."""
 import pytest
 
 from course.paths import LESSONS
@@ -37,11 +36,10 @@ def recorded(run):
 def test_runs_within_its_stated_time_with_a_recap_and_no_source_lesson_talk(run):
     import nbformat
 
-    from learner_text import assert_learner_output_clean, check_run_time
+    from learner_text import assert_reads_cleanly, check_run_time
 
     results, nb, elapsed = run
-    assert_learner_output_clean(nb, results, "03_sampling")
-    assert results["recap"]["next"] == "04_speculative_prefix.ipynb"
+    assert_reads_cleanly(nb, results, "03_sampling", "04_speculative_prefix.ipynb")
     assert any("04_checkpoint_quiz" in e for e in results["recap"]["exercises"])  # the quiz covers lessons 1-3
     outputs = " ".join(str(o.get("text", "")) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "(s) " not in outputs and "(es) " not in outputs, "counts take the noun in their own number"
@@ -58,15 +56,6 @@ def test_two_shapes_of_distribution(recorded):
 
 
 @pytest.mark.slow
-def test_redraw_latency_is_recorded(recorded):
-    # Speed is not asserted (shared machine); the lesson must have measured and recorded it.
-    median, slowest = recorded["sampling_redraw_ms_median"], recorded["sampling_redraw_ms_max"]
-    assert 0 < median <= slowest and math.isfinite(slowest)
-    print(f"redraw: median {median:.1f} ms, slowest {slowest:.1f} ms")
-    assert recorded["sampling_button_samples"] == 3
-
-
-@pytest.mark.slow
 def test_composition_order_and_one_knob(recorded):
     t_first, p_first = recorded["sampling_nucleus_t_first"], recorded["sampling_nucleus_p_first"]
     assert t_first == sorted(t_first) and t_first[0] < t_first[-1]
@@ -75,25 +64,23 @@ def test_composition_order_and_one_knob(recorded):
 
 
 @pytest.mark.slow
-def test_task_settings_examples(recorded):
+def test_task_settings_show_what_the_text_claims(recorded):
     tasks = recorded["sampling_tasks"]
-    cold, hot = tasks["extraction, T = 0.1"], tasks["extraction, T = 1.5"]
-    assert cold["passed"] >= cold["n"] - 1  # semantic check: the answer names Tokyo
-    assert hot["passed"] < cold["passed"]
+    greedy, hot = tasks["extraction, T = 0"], tasks["extraction, T = 1.5"]
+    assert greedy["distinct"] == 1 and greedy["passed"] == greedy["n"]  # no dice: one answer, and it names Tokyo
+    assert hot["passed"] <= greedy["passed"]
+    assert tasks["brainstorming, T = 0"]["distinct"] == 1  # too cold: four requests, one idea
     assert tasks["brainstorming, T = 1.0"]["distinct"] >= 2
     assert recorded["sampling_paris_pass"] >= 5
 
 
-def test_task_labels_claim_only_what_the_run_showed():
+def test_task_results_print_what_the_run_did_and_claim_nothing_else():
     from course.lessons.sampling_demos import GUIDANCE, TaskResult
 
-    hot, cold = GUIDANCE[1], GUIDANCE[4]
-    assert hot.meant == "too hot" and cold.meant == "too cold" and "(" not in hot.name + cold.name
-    assert TaskResult(cold, list("abcd")).label == "brainstorming, T = 0.2 (meant as too cold, but all 4 differ in this run)"
-    assert TaskResult(cold, list("aacd")).label == "brainstorming, T = 0.2 (too cold: only 3 distinct of 4)"
-    assert TaskResult(hot, ["Tokyo", "x", "Tokyo", "Tokyo"]).label == "extraction, T = 1.5 (too hot: 1 of 4 miss Tokyo)"
-    assert "meant as too hot, but all 4 name Tokyo" in TaskResult(hot, ["Tokyo"] * 4).label
-    assert TaskResult(GUIDANCE[0], ["Tokyo"] * 4).label == "extraction, T = 0.1"
+    assert [t.temperature for t in GUIDANCE if t.name.startswith("brainstorming")] == [1.0, 0.0]
+    hot = str(TaskResult(GUIDANCE[1], ["Tokyo", "x", "Tokyo", "tokyo."]))
+    assert hot.startswith("extraction, T = 1.5: 3 distinct of 4, 3 name Tokyo") and "meant" not in hot
+    assert str(TaskResult(GUIDANCE[4], ["a"] * 4)).startswith("brainstorming, T = 0: 1 distinct of 4\n")
 
 
 @pytest.mark.slow
@@ -103,22 +90,10 @@ def test_determinism_numbers(recorded):
     noise = recorded["determinism_batch_max_abs_diff"]
     assert 0 < noise < 1e-2  # low bits moved; nothing like a real change of the logits
     assert recorded["determinism_batch_frac_differ"] > 0
-    import torch
-
-    threads = recorded["determinism_threads_max_abs_diff"]  # compared on a CPU only: a GPU's kernels ignore them
-    assert (threads >= 0) if not torch.cuda.is_available() else threads is None
     assert recorded["determinism_near_tie_flipped"] is True
     assert recorded["determinism_near_tie_margin"] < noise
     assert recorded["determinism_min_gap"] > 0
     assert 0 < recorded["determinism_flip_rate_estimate"] < 1
-
-
-def test_counted_puts_the_noun_in_the_number_it_takes():
-    from course.lessons.wording import counted
-
-    assert counted(1, "token") == "1 token" and counted(0, "token") == "0 tokens"
-    assert counted(1_024, "token") == "1,024 tokens"
-    assert counted(1, "miss", "misses") == "1 miss" and counted(2, "miss", "misses") == "2 misses"
 
 
 def test_the_lesson_text_defines_top_p_as_at_least_p_and_cites_it():
@@ -126,6 +101,7 @@ def test_the_lesson_text_defines_top_p_as_at_least_p_and_cites_it():
 
     intro = nbformat.read(NOTEBOOK, as_version=4).cells[0].source
     assert "at least p" in intro and "Holtzman et al." in intro and "arxiv.org/abs/1904.09751" in intro
+    assert intro.index("[logit](glossary.ipynb#Logits)") < intro.index("logits")  # linked where it first appears
 
 
 def test_the_closing_text_sends_the_learner_to_the_graded_quiz_before_lesson_4():

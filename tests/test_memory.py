@@ -51,11 +51,16 @@ def test_seed_kv_table_rows():
     assert rows[("llama-2-7b", 4096, 1)]["total_bytes"] == 2 * GiB
     assert rows[("llama-2-7b", 4096, 8)]["GiB"] == 16.0
     assert rows[("gpt2-124m", 1024, 1)]["MiB"] == 36.0
-    assert rows[("llama-2-70b", 131_072, 1)]["GiB"] == 40.0
-    assert rows[("llama-2-70b", 32_000, 4)]["bytes_per_token"] == 327_680
+    assert rows[("llama-3.1-70b", 131_072, 1)]["GiB"] == 40.0
+    assert rows[("llama-3.1-70b", 32_000, 4)]["bytes_per_token"] == 327_680 == M.kv_bytes_per_token("llama-2-70b")
     assert len(rows) == len(M.QUOTED_KV_TABLE)
     for r in rows.values():
-        assert r["total_bytes"] == r["bytes_per_token"] * r["seq_len"] * r["batch"]
+        assert r["total_bytes"] == r["bytes_per_token"] * r["seq_len"] * r["batch"] == r["measured_bytes"]
+        assert r["seq_len"] <= M._config(r["model"]).max_seq_len  # no quoted length past its model's window
+        if "quoted_for" in r:  # quoted for a model whose window is too short: shown for one with its cache shape
+            short, shown = M._config(r["quoted_for"]), M._config(r["model"])
+            assert r["seq_len"] > short.max_seq_len
+            assert (short.n_layers, short.n_kv_heads, short.head_dim) == (shown.n_layers, shown.n_kv_heads, shown.head_dim)
     assert M.quoted_kv_table("int8")[0]["total_bytes"] == GiB
 
 

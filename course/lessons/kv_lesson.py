@@ -1,337 +1,224 @@
-"""Lesson 02 (and its appendix) helpers: each measurement comes back as a result object whose
-``values()`` the notebook records and whose ``str()`` is the short report a learner reads, every number
-and verdict in it computed from those values.
-
-Sources the lesson quotes (named here so every figure has an owner):
-  HF_KV_POST   Hugging Face, "KV Caching Explained: Optimizing Transformer Inference Efficiency":
-               GPT-2 on a T4 GPU, 61 s without the cache, 11.7 s with it, 5.21×.
-  VLLM_PAPER   Kwon et al., "Efficient Memory Management for Large Language Model Serving with
-               PagedAttention", SOSP 2023 (arXiv:2309.06180): the paged cache behind vLLM.
-"""
+"""Lesson 02 and its appendix: each helper measures or computes, records what passed, and returns a short table.
+The ideas are the notebook's Markdown; nothing here explains, it only puts numbers in their places."""
 from __future__ import annotations
 
-import textwrap
-from dataclasses import dataclass, field
+import math
+import statistics
 
+import numpy as np
 import torch
 
-from course.engine.config import ModelConfig
-from course.measure import costs
-from course.lessons.wording import speedup_trend, times_faster
-from course.measure.results import record
+from course.engine.kv_cache import KVCache
+from course.engine.paged import BlockAllocator
+from course.measure import gates, machine
+from course.measure.costs import _config, _positive_int, human_bytes, kv_bytes_per_token
+from course.measure.cache_speed import measure_cache_speedup
+from course.measure.display import Report, verdict
+from course.measure.results import record_all, record_gated
 
-HF_KV_POST = ("Hugging Face's post “KV Caching Explained”",
-              "https://huggingface.co/blog/not-lain/kv-caching", 5.21)
-VLLM_PAPER = ("Kwon et al., “Efficient Memory Management for Large Language Model Serving with PagedAttention” "
-              "(SOSP 2023)", "https://arxiv.org/abs/2309.06180")
-
-
-def wrap(line: str, width: int = 108) -> str:
-    """One printed sentence, wrapped so a notebook's output needs no horizontal scrolling."""
-    return textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False)
+SPEED_TOLERANCE = 0.25  # two unit costs leave out attention's growth with length, and one run's noise
 
 
-def record_all(values: dict) -> dict:
-    for key, value in values.items():
-        record(key, value)
-    return values
+# ---------------------------------------------------------------------------------------- §1 the prompt's cache
+@torch.inference_mode()
+def prompt_cache(model, prompt_ids) -> KVCache:
+    """Prefill the prompt into a cache sized for exactly its T tokens."""
+    cache = KVCache(model.config, batch=1, max_seq_len=len(prompt_ids), dtype=model.dtype, device=model.device)
+    model(torch.tensor([list(prompt_ids)], device=model.device), 0, cache, last_only=True)
+    return cache
 
 
-# ---------------------------------------------------------------------------------------- §3 speed
-@dataclass
-class SpeedReport:
-    lengths: list[int]
-    no_cache_s: list[float]
-    cache_s: list[float]
-    speedups: list[float]
-    work_ratios: list[float]  # tokens pushed through the model, uncached ÷ cached
-    tokens_identical: bool
+# ---------------------------------------------------------------------------------------- §3 the speedup
+def measure_speed(model, prompt_ids, lengths, prof, tries: int = 2) -> gates.Measured:
+    """Generate with and without the cache. A cached step under its bandwidth floor, or (from 32 new tokens on) a
+    run that recomputes everything beating the cached one beyond noise, is measured again, then flagged."""
+    floor_ms = prof.floor_ms(machine.step_bytes(model.config, prof.dtype, len(prompt_ids)))
 
-    def values(self) -> dict:
-        return {"speed_lengths": self.lengths, "speedups": self.speedups, "speed_tokens_identical":
-                self.tokens_identical, "cache_speedup": self.speedups[-1], "speed_work_ratios": self.work_ratios}
+    def rules(s):
+        return [gates.not_below_floor(s.unit_costs[1] * 1e3, floor_ms, "a cached decode step")] + [
+            gates.not_cheaper(s.cumulative(n, True) * 1e3, s.cumulative(n, False) * 1e3,
+                              f"{n} tokens with the cache", f"{n} tokens without it") for n in s.lengths if n >= 32]
 
-    def __str__(self) -> str:
-        rows = [f"{'new tokens':>10} {'no cache':>9} {'cache':>7} {'speedup':>8} {'work ratio':>11}"]
-        rows += [f"{n:>10} {a:>8.2f}s {b:>6.2f}s {s:>7.2f}× {w:>10.0f}×" for n, a, b, s, w in
-                 zip(self.lengths, self.no_cache_s, self.cache_s, self.speedups, self.work_ratios)]
-        name, _, quoted = HF_KV_POST
-        rows += ["", wrap(f"At {self.lengths[-1]} new tokens {times_faster(self.speedups[-1], 'the cache')} here; "
-                 f"the speedup {speedup_trend(self.speedups)}. {name} measured {quoted}× (GPT-2 on a T4 GPU)."),
-                 f"Same greedy tokens with and without the cache: {self.tokens_identical}."]
-        return "\n".join(rows)
+    return gates.measured(lambda: measure_cache_speedup(model, prompt_ids, lengths), rules, "the cache's speedup",
+                          tries)
 
 
-def speed_report(speed) -> SpeedReport:
-    T0 = speed.prompt_tokens
-    work = [(n * T0 + n * (n - 1) // 2) / (T0 + n - 1) for n in speed.lengths]
-    return SpeedReport(list(speed.lengths), [speed.cumulative(n, False) for n in speed.lengths],
-                       [speed.cumulative(n, True) for n in speed.lengths], list(speed.speedups), work,
-                       bool(speed.tokens_identical))
+def speed_report(run: gates.Measured, prof) -> Report:
+    s = run.value
+    predicted = s.predicted_speedups
+    record_all({"speed_lengths": s.lengths, "speed_prompt_tokens": s.prompt_tokens, "speed_predicted": predicted,
+                "speed_tokens_identical": s.tokens_identical})
+    record_gated("speedups", run, s.speedups)
+    record_gated("cache_speedup", run, s.speedups[-1])
+    rows = [(f"{n} new tokens", run.shown(p), run.shown(m), "×") for n, p, m in zip(s.lengths, predicted, s.speedups)]
+    if not run.ok:
+        print(run.notice)
+        return Report(rows, run.headline(""), key="cache_speed")
+    n, T0, (P, C) = s.lengths[-1], s.prompt_tokens, s.unit_costs
+    work = (n * T0 + n * (n - 1) // 2) / (T0 + n - 1)  # tokens pushed through the model, uncached ÷ cached
+    _, words = verdict(predicted[-1], s.speedups[-1], SPEED_TOLERANCE)
+    return Report(rows, f"At {n} new tokens the cache was {s.speedups[-1]:.1f}× faster: {words}.", [
+        f"Unit costs of this run: prefill of the {T0}-token prompt {P * 1e3:.0f} ms, a cached step {C * 1e3:.0f} ms.",
+        f"The machine profile's eager decode step: {prof.decode_ms['eager']:.0f} ms.",
+        f"{n} tokens took {s.cumulative(n, False):.1f} s without the cache and {s.cumulative(n, True):.1f} s with it.",
+        f"Tokens pushed through the model, uncached ÷ cached: {work:.0f}×. Every pass also reads all the weights.",
+        f"Greedy tokens identical with and without the cache: {'yes' if s.tokens_identical else 'NO'}."],
+        title="Speedup from the cache, uncached ÷ cached time", key="cache_speed")
 
 
-# ------------------------------------------------------------------------------ §5 published table
-@dataclass
-class PublishedTable:
-    rows: list[dict]
-
-    def values(self) -> dict:
-        return {"published_table": self.rows}
-
-    def __str__(self) -> str:
-        out = [f"{'model':<14} {'T':>8} {'B':>2} {'bytes/token':>12} {'GiB':>7} {'GB':>7}  "
-               f"{'= real KVCache':<15} quoted"]
-        for r in self.rows:
-            same = "yes" if r["measured_bytes"] == r["total_bytes"] else f"NO ({r['measured_bytes']:,})"
-            out.append(f"{r['model']:<14} {r['seq_len']:>8,} {r['batch']:>2} {r['bytes_per_token']:>12,} "
-                       f"{r['GiB']:>7.2f} {r['GB']:>7.2f}  {same:<15} {r['quoted']}")
-        for quoted, stand_in in sorted({(r["quoted_for"], r["model"]) for r in self.rows if r.get("quoted_for")}):
-            q, m = costs._config(quoted), costs._config(stand_in)
-            out.append(textwrap.fill(
-                f"{stand_in}: these lengths are quoted for {quoted}, whose context is {q.max_seq_len:,} tokens; "
-                f"{stand_in} ({m.max_seq_len:,} tokens) has the same cache shape (L = {m.n_layers}, "
-                f"H_kv = {m.n_kv_heads}, D_h = {m.head_dim}), so the same bytes.", 108, subsequent_indent="  "))
-        return "\n".join(out)
+# -------------------------------------------------- §5-§6 the quoted cache sizes, the cache against the weights
+def published_text(rows: list[dict]) -> str:
+    out = [f"{'model':<15}{'T':>9}{'B':>3}{'bytes/token':>13}{'GiB':>8}{'GB':>8}  {'= KVCache':<10}quoted"]
+    for r in rows:
+        same = "yes" if r["measured_bytes"] == r["total_bytes"] else "NO"
+        out.append(f"{r['model'] + ('*' if 'quoted_for' in r else ''):<15}{r['seq_len']:>9,}{r['batch']:>3}"
+                   f"{r['bytes_per_token']:>13,}{r['GiB']:>8.2f}{r['GB']:>8.2f}  {same:<10}{r['quoted']}")
+    for quoted, shown in sorted({(r["quoted_for"], r["model"]) for r in rows if "quoted_for" in r}):
+        q, m = _config(quoted), _config(shown)
+        out.append(f"* quoted for {quoted}, whose window is {q.max_seq_len:,} tokens; shown for {shown}: the same "
+                   f"cache shape, a {m.max_seq_len:,}-token window.")
+    return "\n".join(out)
 
 
-def published_table(dtype="fp16") -> PublishedTable:
-    """The FP16 cache sizes commonly quoted for Llama-2-7B/70B and GPT-2, recomputed from the presets and
-    checked against a real KVCache of that shape (on the meta device: shapes without memory)."""
-    rows = []
-    for row in costs.quoted_kv_table(dtype):
-        row = dict(row)
-        stand_in = costs.long_context_stand_in(row["model"], row["seq_len"])
-        if stand_in is not None:  # a quoted length past the model's own context: a model that has it
-            assert costs.kv_bytes_per_token(stand_in, dtype) == row["bytes_per_token"]
-            row["quoted_for"], row["model"] = row["model"], stand_in.name
-        row["measured_bytes"] = costs.measure_kv_cache_bytes(row["model"], row["seq_len"], row["batch"], dtype)
-        rows.append(row)
-    return PublishedTable(rows)
+def crossover_text(rows: list[dict]) -> str:
+    batches = list(rows[0]["crossover"])
+    out = [f"{'':15}{'weights':>10}{'cache/token':>13}" + "".join(f"{f'B = {b}':>11}" for b in batches)
+           + f"{'window':>10}"]
+    for r in rows:
+        cells = "".join(f"{f'{t:,}' + ('*' if t > r['window'] else ' '):>11}" for t in r["crossover"].values())
+        out.append(f"{r['model']:<15}{r['weights_bytes'] / 1e9:>7.2f} GB{r['kv_bytes_per_token'] / 1e6:>10.3f} MB"
+                   f"{cells}{r['window']:>10,}")
+    return "\n".join(out + ["* past the model's context window: at that batch its weights always stay larger."])
 
 
-# ---------------------------------------------------------------------------- §6 the live cache
-@dataclass
-class LiveCache:
-    tokens: int
-    dtype_bytes: int
-    formula: int
-    nbytes: int
-    tensor_bytes: int
-
-    def values(self) -> dict:
-        return {"smollm2_cache_tokens": self.tokens, "smollm2_cache_dtype_bytes": self.dtype_bytes,
-                "smollm2_cache_formula_bytes": self.formula, "smollm2_cache_measured_bytes": self.nbytes,
-                "smollm2_cache_tensor_bytes": self.tensor_bytes}
-
-    def __str__(self) -> str:
-        equal = len({self.formula, self.nbytes, self.tensor_bytes}) == 1
-        return (f"{'formula':>20}: {self.formula:,} bytes\n{'cache.nbytes':>20}: {self.nbytes:,} bytes\n"
-                f"{'tensor_bytes(cache)':>20}: {self.tensor_bytes:,} bytes\n"
-                f"all equal: {equal}" + ("" if equal else "  (they should be: look for a stray buffer)"))
+# ------------------------------------------- §7 preallocation (N · max_seq_len tokens) vs paging (blocks as needed)
+def sample_request_lengths(n_requests: int = 64, max_seq_len: int = 4096, seed: int = 0,
+                           prompt_median: int = 400, output_median: int = 250) -> np.ndarray:
+    """Total tokens (prompt + output) of n chat requests: two log-normals (many short, a long tail), capped."""
+    n, cap = _positive_int("n_requests", n_requests), _positive_int("max_seq_len", max_seq_len)
+    rng = np.random.default_rng(seed)
+    prompts = rng.lognormal(math.log(_positive_int("prompt_median", prompt_median)), 1.0, n)
+    outputs = rng.lognormal(math.log(_positive_int("output_median", output_median)), 0.8, n)
+    return np.clip(np.round(prompts + outputs), 1, cap).astype(int)
 
 
-def live_cache_check(model, prompt_ids, n_new: int = 32) -> LiveCache:
-    from course.engine.generate import generate
-    from course.engine.kv_cache import KVCache
-
-    cfg, T = model.config, len(prompt_ids)
-    cache = KVCache(cfg, batch=1, max_seq_len=T + n_new, dtype=model.dtype, device=model.device)
-    generate(model, prompt_ids, n_new, cache=cache)
-    elem = cache[0].k.element_size()
-    formula = costs.kv_cache_bytes(cfg.n_layers, 1, T + n_new, cfg.n_kv_heads, cfg.head_dim, elem,
-                                   n_heads=cfg.n_heads)
-    return LiveCache(T + n_new, elem, formula, cache.nbytes, costs.tensor_bytes(cache))
+def blocks_needed(length: int, block_size: int = 16) -> int:
+    """Blocks a sequence of `length` tokens occupies: ceil(length / block_size)."""
+    return -(-_positive_int("length", length) // _positive_int("block_size", block_size))
 
 
-# ----------------------------------------------------------------- when the cache outweighs the weights
-@dataclass
-class Crossover:
-    rows: list[dict]  # model, weights_bytes, kv_bytes_per_token, crossover at B=1 and B=8
-
-    def values(self) -> dict:
-        short = {"llama-2-7b": "crossover_7b", "llama-2-70b": "crossover_70b", "smollm2-135m": "crossover_smollm2"}
-        out = {short[r["model"]]: r["crossover_b1"] for r in self.rows if r["model"] in short}
-        return {**out, "crossover_rows": self.rows}
-
-    def __str__(self) -> str:
-        lines = []
-        for r in self.rows:
-            fits = (f"beyond its {r['max_context']:,}-token context window, so at batch 1 the weights always "
-                    "dominate" if r["crossover_b1"] > r["max_context"] else f"within its {r['max_context']:,}-"
-                    "token context window")
-            lines.append(wrap(f"{r['model']}: {r['weights_bytes'] / 1e9:.2f} GB of FP16 weights, "
-                              f"{r['kv_bytes_per_token'] / 1e6:.3f} MB of cache per token → the cache is the larger "
-                              f"past {r['crossover_b1']:,} tokens at batch 1 ({fits}); at batch 8 past "
-                              f"{r['crossover_b8']:,}."))
-        return "\n".join(lines)
+def simulate_paging(config="smollm2-135m", n_requests: int = 64, max_seq_len: int = 4096, block_size: int = 16,
+                    dtype="fp16", seed: int = 0, lengths=None) -> dict:
+    """Reserve cache for a batch of requests both ways (the paged side takes its blocks from the engine's allocator):
+    the bytes used and reserved, and the share of each reservation left empty."""
+    max_seq_len, block_size = _positive_int("max_seq_len", max_seq_len), _positive_int("block_size", block_size)
+    lengths = np.asarray(sample_request_lengths(n_requests, max_seq_len, seed) if lengths is None else lengths, int)
+    if lengths.size == 0 or lengths.min() < 1 or lengths.max() > max_seq_len:
+        raise ValueError(f"lengths must be between 1 and max_seq_len={max_seq_len} tokens")
+    per_token = kv_bytes_per_token(_config(config), dtype)
+    pool = BlockAllocator(sum(blocks_needed(int(n), block_size) for n in lengths), block_size)
+    tables = [[pool.allocate() for _ in range(blocks_needed(int(n), block_size))] for n in lengths]  # block tables
+    used, preallocated = int(lengths.sum()) * per_token, len(lengths) * max_seq_len * per_token
+    paged = (pool.num_blocks - pool.num_free) * block_size * per_token
+    return {"paging_lengths": [int(n) for n in lengths], "paging_blocks": [len(t) for t in tables],
+            "paging_max_seq_len": max_seq_len, "paging_block_size": block_size, "paging_used_bytes": used,
+            "paging_preallocated_bytes": preallocated, "paging_paged_bytes": paged,
+            "paging_preallocated_waste": 1 - used / preallocated, "paging_paged_waste": 1 - used / paged,
+            "paging_saving": preallocated / paged}
 
 
-def crossover(models=("smollm2-135m", "llama-2-7b", "llama-2-70b"), dtype="fp16") -> Crossover:
-    rows = []
-    for name in models:
-        cfg = ModelConfig.from_name(name)
-        rows.append(dict(model=name, weights_bytes=costs.weights_bytes(cfg, dtype),
-                         kv_bytes_per_token=costs.kv_bytes_per_token(cfg, dtype),
-                         crossover_b1=costs.crossover_context(cfg, 1, dtype),
-                         crossover_b8=costs.crossover_context(cfg, 8, dtype), max_context=cfg.max_seq_len))
-    return Crossover(rows)
+def paging_text(v: dict) -> str:
+    return (f"{len(v['paging_lengths'])} requests, {sum(v['paging_lengths']):,} tokens, "
+            f"{human_bytes(v['paging_used_bytes'])} of keys and values.\n"
+            f"Preallocated: {human_bytes(v['paging_preallocated_bytes'])} reserved, "
+            f"{v['paging_preallocated_waste']:.0%} empty. Paged: {human_bytes(v['paging_paged_bytes'])}, "
+            f"{v['paging_paged_waste']:.1%} empty.")
 
 
-# ---------------------------------------------------------------------- appendix: the INT8 cache
-@dataclass
-class Int8Report:
-    n_tokens: int
-    max_abs_logit_diff: float
-    mean_abs_logit_diff: float
-    greedy_agreement: float
-    free_run_same_prefix: int  # tokens before the free-running INT8 output first differs
-    top2_gaps: list[float] = field(repr=False)  # float cache: top-1 minus top-2 logit at each step
-    per_step_max_diff: list[float] = field(repr=False)
+def plot_paging(v: dict):
+    """Per request, the reserved-but-empty token slots under each scheme (log scale), sorted by length."""
+    import matplotlib.pyplot as plt
 
-    @property
-    def at_risk_steps(self) -> list[int]:
-        """Steps where the INT8 error could reorder the top two: 2 · max|Δ logit| ≥ their gap."""
-        return [i for i, (g, d) in enumerate(zip(self.top2_gaps, self.per_step_max_diff)) if 2 * d >= g]
-
-    def values(self) -> dict:
-        return {"int8_max_logit_diff": self.max_abs_logit_diff, "int8_mean_logit_diff": self.mean_abs_logit_diff,
-                "int8_greedy_agreement": self.greedy_agreement, "int8_free_run_same_prefix":
-                self.free_run_same_prefix, "int8_n_tokens": self.n_tokens, "int8_min_top2_gap":
-                min(self.top2_gaps), "int8_median_top2_gap": sorted(self.top2_gaps)[len(self.top2_gaps) // 2],
-                "int8_at_risk_steps": self.at_risk_steps, "int8_error_grade": self.error_grade}
-
-    @property
-    def error_grade(self) -> str:
-        """How large the error is against the margin greedy decoding needs: "small" when the largest error is
-        under a tenth of the median top-two gap and under 5% of the steps are at risk; "large" when it is half
-        the median gap or more, or a quarter of the steps are at risk; "moderate" in between."""
-        return grade_int8_error(self.max_abs_logit_diff, sorted(self.top2_gaps)[len(self.top2_gaps) // 2],
-                                len(self.at_risk_steps), self.n_tokens)
-
-    def __str__(self) -> str:
-        v = self.values()
-        gap_median = v["int8_median_top2_gap"]
-        lines = [f"over {self.n_tokens} steps fed the same tokens: max |Δ logit| = {self.max_abs_logit_diff:.3f}, "
-                 f"mean {self.mean_abs_logit_diff:.4f}",
-                 f"the gap between the top two logits (float cache): median {gap_median:.2f}, smallest "
-                 f"{v['int8_min_top2_gap']:.3f}; the error was {self.max_abs_logit_diff / gap_median:.0%} of the "
-                 "median gap",
-                 f"steps where the error could reorder the top two (2·|Δ| ≥ gap): "
-                 f"{len(self.at_risk_steps)} of {self.n_tokens}; greedy choice agreed at "
-                 f"{self.greedy_agreement:.0%} of steps",
-                 int8_grade_phrase(self.error_grade, len(self.at_risk_steps), self.n_tokens)]
-        if self.free_run_same_prefix >= self.n_tokens:
-            lines.append(f"free-running, the INT8 generation matched all {self.n_tokens} tokens")
-        else:
-            lines.append(f"free-running, the INT8 generation first differed at token {self.free_run_same_prefix + 1}"
-                         f" of {self.n_tokens}, and followed its own path from there")
-        return "\n".join(wrap(line) for line in lines)
+    order = np.argsort(v["paging_lengths"])
+    lengths, blocks = np.array(v["paging_lengths"])[order], np.array(v["paging_blocks"])[order]
+    x, top, size = np.arange(len(lengths)), v["paging_max_seq_len"], v["paging_block_size"]
+    fig, ax = plt.subplots(figsize=(11, 3.4))
+    ax.bar(x - 0.2, top - lengths, width=0.4, color="#e06666",
+           label=f"preallocated to max_seq_len = {top:,}: {v['paging_preallocated_waste']:.0%} empty")
+    ax.bar(x + 0.2, np.maximum(blocks * size - lengths, 0.5), width=0.4, color="tab:blue",
+           label=f"paged, {size}-token blocks: {v['paging_paged_waste']:.1%} empty (0 drawn as 0.5)")
+    ax.set(xlabel="request (sorted by length)", ylabel="empty token slots (log)", yscale="log",
+           ylim=(0.3, top * 40), title="Reserved but never used, per request")
+    ax.legend(loc="upper center", fontsize=8, ncol=2)
+    fig.tight_layout()
+    return fig
 
 
+# ---------------------------------------------------------------------------------- appendix: the INT8 cache
 def grade_int8_error(max_err: float, median_gap: float, at_risk: int, n_steps: int) -> str:
-    """"small", "moderate" or "large": the INT8 logit error against the top-two gap (Int8Report.error_grade)."""
+    """"small" when the largest error is under a tenth of the median top-two gap and under 5 % of the steps are
+    at risk; "large" from half the median gap or a quarter of the steps; "moderate" in between."""
     share, risky = max_err / median_gap, at_risk / max(n_steps, 1)
     if share >= 0.5 or risky >= 0.25:
         return "large"
-    if share < 0.1 and risky < 0.05:
-        return "small"
-    return "moderate"
+    return "small" if share < 0.1 and risky < 0.05 else "moderate"
 
 
-def int8_grade_phrase(grade: str, at_risk: int, n_steps: int) -> str:
-    """The grade in words with its count of at-risk steps, e.g. "a large error: 27 of 64 steps were close enough
-    to flip, not only near-ties" (the lesson's report and its recap both say it this way)."""
-    if at_risk == 0:
-        return f"a {grade} error: none of the {n_steps} steps was close enough to flip"
-    risk = f"{at_risk} of {n_steps} steps {'was' if at_risk == 1 else 'were'} close enough to flip"
-    # small: error < 0.1 × median gap, so an at-risk gap is < 0.2 × median; moderate: < 0.5 × median, so < median
-    scope = {"small": "all near-ties", "moderate": "all with a gap under the median",
-             "large": "not only near-ties"}[grade]
-    return f"a {grade} error: {risk}, {scope}"
-
-
-def int8_report(model, prompt_ids, n_tokens: int = 64) -> Int8Report:
+@torch.inference_mode()
+def int8_report(model, prompt_ids, n_tokens: int = 64) -> dict:
+    """The INT8 cache against the float one, fed the same tokens, and each step's margin: the top-two gap."""
     from course.engine.kv_quant import compare_int8_cache
 
     q = compare_int8_cache(model, prompt_ids, n_tokens=n_tokens)
-    # One teacher-forced pass over prompt + the float run's tokens gives the float logits at every step.
     ids = torch.tensor([list(prompt_ids) + q.reference_tokens[:-1]], device=model.device)
-    with torch.inference_mode():
-        logits = model(ids, 0, None)[0, len(prompt_ids) - 1:]  # [n_tokens, V]
-    top2 = logits.float().topk(2, dim=-1).values
+    top2 = model(ids)[0, len(prompt_ids) - 1:].float().topk(2, dim=-1).values  # [n_tokens, 2], one float pass
     gaps = (top2[:, 0] - top2[:, 1]).tolist()
-    return Int8Report(q.n_tokens, q.max_abs_logit_diff, q.mean_abs_logit_diff, q.greedy_agreement,
-                      q.free_run_same_prefix, gaps, list(q.per_step_max_diff))
+    at_risk = [i for i, (g, d) in enumerate(zip(gaps, q.per_step_max_diff)) if 2 * d >= g]
+    median_gap = statistics.median(gaps)
+    return record_all({
+        "int8_n_tokens": q.n_tokens, "int8_max_logit_diff": q.max_abs_logit_diff,
+        "int8_mean_logit_diff": q.mean_abs_logit_diff, "int8_greedy_agreement": q.greedy_agreement,
+        "int8_free_run_same_prefix": q.free_run_same_prefix, "int8_min_top2_gap": min(gaps),
+        "int8_median_top2_gap": median_gap, "int8_at_risk_steps": at_risk, "int8_top2_gaps": gaps,
+        "int8_per_step_max_diff": q.per_step_max_diff,
+        "int8_error_grade": grade_int8_error(q.max_abs_logit_diff, median_gap, len(at_risk), q.n_tokens)})
 
 
-# ---------------------------------------------------- appendix: why per-token key scales suffer (KIVI)
-KIVI_PAPER = ("Liu et al., “KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache” (ICML 2024)",
-              "https://arxiv.org/abs/2402.02750")
+def int8_text(v: dict) -> str:
+    n, same = v["int8_n_tokens"], v["int8_free_run_same_prefix"]
+    rows = [("largest |Δ logit|", f"{v['int8_max_logit_diff']:.3f}"),
+            ("median top-two gap", f"{v['int8_median_top2_gap']:.3f}"),
+            ("steps at risk (2·|Δ| ≥ gap)", f"{len(v['int8_at_risk_steps'])} of {n}"),
+            ("greedy choice agreed", f"{v['int8_greedy_agreement']:.0%}"),
+            ("free run matched the float run", f"{'all' if same >= n else 'the first'} {min(same, n)} tokens")]
+    return "\n".join([f"INT8 against the float cache, {n} greedy steps fed the same tokens:"]
+                     + [f"  {what:<33}{value}" for what, value in rows]
+                     + [f"Grade: a {v['int8_error_grade']} error against the margin greedy decoding needs."])
 
 
-@dataclass
-class ChannelReport:
-    """The prompt's post-RoPE keys and values, per layer and KV head: how far the largest channel stands out, and
-    the INT8 round-trip error with one scale per token (this course's cache) or one scale per channel."""
-    tokens: int
-    key_outlier: float  # median over layers and heads of (largest channel's max |k|) ÷ (median channel's)
-    value_outlier: float
-    key_err_per_token: float  # relative error ||x − x̂|| ÷ ||x||, mean over layers
-    key_err_per_channel: float
-    value_err_per_token: float
-    value_err_per_channel: float
-
-    def values(self) -> dict:
-        return {"channel_tokens": self.tokens, "key_outlier_ratio": self.key_outlier,
-                "value_outlier_ratio": self.value_outlier, "key_err_per_token": self.key_err_per_token,
-                "key_err_per_channel": self.key_err_per_channel, "value_err_per_token": self.value_err_per_token,
-                "value_err_per_channel": self.value_err_per_channel}
-
-    def __str__(self) -> str:
-        k_ratio = self.key_err_per_token / self.key_err_per_channel
-        lines = [f"over the prompt's {self.tokens} tokens, per layer and KV head: the largest channel's max |x| is "
-                 f"{self.key_outlier:.1f}× the median channel's in the keys, {self.value_outlier:.1f}× in the values "
-                 "(medians over layers and heads)",
-                 f"INT8 round-trip error, one scale per token (this cache): keys {self.key_err_per_token:.2%}, values "
-                 f"{self.value_err_per_token:.2%}; one scale per channel: keys {self.key_err_per_channel:.2%}, values "
-                 f"{self.value_err_per_channel:.2%}",
-                 (f"per-channel scales cut the keys' error {k_ratio:.1f}×" if k_ratio > 1 else
-                  f"per-channel scales did not cut the keys' error here ({k_ratio:.2f}×)")
-                 + (f", the values' {self.value_err_per_token / self.value_err_per_channel:.1f}×"
-                    if self.value_err_per_channel > 0 else "")]
-        return "\n".join(wrap(line) for line in lines)
-
-
-def channel_report(model, prompt_ids) -> ChannelReport:
-    """Prefill the prompt into a float cache and quantize its keys and values both ways (a round trip only: the
-    cache that decodes stays course.engine.kv_quant's per-token one)."""
-    import statistics
-
-    from course.engine.generate import prefill
-    from course.engine.kv_cache import KVCache
+@torch.inference_mode()
+def channel_report(model, prompt_ids) -> dict:
+    """The prompt's keys (after RoPE) and values: how far the largest channel stands out (per layer and KV head), and
+    the INT8 round-trip error with one scale per token (this course's cache) or one per channel (KIVI's keys)."""
     from course.engine.kv_quant import dequantize_int8, quantize_int8
 
-    T = len(prompt_ids)
-    cache = KVCache(model.config, max_seq_len=T, dtype=model.dtype, device=model.device)
-    with torch.inference_mode():
-        prefill(model, torch.tensor([list(prompt_ids)], device=model.device), cache)
+    cache, T = prompt_cache(model, prompt_ids), len(prompt_ids)
+    k, v = (torch.stack([getattr(layer, n)[:, :, :T] for layer in cache]).float() for n in "kv")  # [L, B, H_kv, T, D_h]
 
-    def outlier(x):  # [B, H_kv, T, D_h] → one ratio per head
-        channel = x.abs().amax(dim=2)  # [B, H_kv, D_h]
-        return (channel.amax(-1) / channel.median(-1).values).flatten().tolist()
+    def outlier(x):  # median over layers and heads of: the largest channel's max |x| ÷ the median channel's
+        channel = x.abs().amax(dim=-2)  # [L, B, H_kv, D_h]
+        return (channel.amax(-1) / channel.median(-1).values).median().item()
 
-    def err(x, per_channel: bool):  # quantize_int8 scales the last axis: channels there for per-token scales
-        y = x.transpose(-1, -2) if per_channel else x  # per channel: [B, H_kv, D_h, T], one scale per channel
-        back = dequantize_int8(*quantize_int8(y))
-        back = back.transpose(-1, -2) if per_channel else back
-        return ((x - back).norm() / x.norm()).item()
+    def err(x, per_channel: bool):  # quantize_int8 scales the last axis: put the tokens there for per-channel scales
+        y = x.transpose(-1, -2) if per_channel else x
+        return ((y - dequantize_int8(*quantize_int8(y))).norm() / y.norm()).item()
 
-    out = {name: [] for name in ("ko", "vo", "kt", "kc", "vt", "vc")}
-    for layer in cache:
-        k, v = layer.k[:, :, :T].float(), layer.v[:, :, :T].float()  # [B, H_kv, T, D_h]; keys after RoPE
-        out["ko"] += outlier(k)
-        out["vo"] += outlier(v)
-        out["kt"].append(err(k, False)), out["kc"].append(err(k, True))
-        out["vt"].append(err(v, False)), out["vc"].append(err(v, True))
-    return ChannelReport(T, statistics.median(out["ko"]), statistics.median(out["vo"]),
-                         *(statistics.mean(out[n]) for n in ("kt", "kc", "vt", "vc")))
+    return record_all({"channel_tokens": T, "key_outlier_ratio": outlier(k), "value_outlier_ratio": outlier(v),
+                       "key_err_per_token": err(k, False), "key_err_per_channel": err(k, True),
+                       "value_err_per_token": err(v, False), "value_err_per_channel": err(v, True)})
+
+
+def channel_text(v: dict) -> str:
+    return "\n".join([f"{'':8}{'largest ÷ median channel':>26}{'error, scale per token':>25}{'per channel':>14}"] + [
+        f"{name:8}{v[f'{x}_outlier_ratio']:>25.1f}×{v[f'{x}_err_per_token']:>25.2%}{v[f'{x}_err_per_channel']:>14.2%}"
+        for name, x in (("keys", "key"), ("values", "value"))])

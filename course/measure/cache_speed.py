@@ -10,6 +10,7 @@ cumulative clock at token n is the time an n-token generation takes.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +19,7 @@ from tqdm.auto import tqdm
 from course.engine.generate import generate, prefill, teacher_forced_logits
 
 
-ROUNDING_SLACK = 256  # how many roundings' worth a reordered computation may drift: sums of hundreds of terms, layer on layer
+ROUNDING_SLACK = 256  # roundings a reordered computation may drift: sums of hundreds of terms, layer on layer
 
 
 def rounding_unit(dtype: torch.dtype, device="cpu") -> float:
@@ -29,16 +30,16 @@ def rounding_unit(dtype: torch.dtype, device="cpu") -> float:
 
 
 def rounding_verdict(diff: float, scale: float, dtype: torch.dtype, device="cpu") -> str:
-    """Whether a difference |Δ| between two orders of the same arithmetic is rounding, for values up to `scale`."""
+    """Whether |Δ| between two orders of the same arithmetic is rounding, for values up to `scale`: a few words."""
     name = str(dtype).replace("torch.", "")
     unit = rounding_unit(dtype, device) * max(scale, 1e-30)  # one rounding at the largest values
     if diff == 0:
         return "bit for bit identical"
+    n = round(diff / unit)
+    roundings = f"{n:,} rounding{'s' * (n != 1)} at values up to {scale:.3g}"
     if diff <= ROUNDING_SLACK * unit:
-        return (f"{name} rounding: at values up to {scale:.3g} one rounding is about {unit:.1e}, and the largest "
-                f"difference is {diff / unit:.0f} of those")
-    return (f"MORE than {name} rounding explains: {diff / unit:,.0f}× one rounding ({unit:.1e} at values up to "
-            f"{scale:.3g}), a real difference to look for")
+        return f"{name} rounding ({roundings})"
+    return f"MORE than {name} rounding: {roundings}"
 
 
 @dataclass
@@ -52,11 +53,10 @@ class Equivalence:
     device: str = "cpu"
     logit_scale: float = 0.0  # largest |logit| compared
 
-    def sentence(self) -> str:
-        """The measured difference, read against the dtype's rounding, and whether greedy decoding agreed."""
-        return (f"Over {self.n_tokens} steps the logits differ by at most {self.max_abs_logit_diff:.2e}, which is "
-                f"{rounding_verdict(self.max_abs_logit_diff, self.logit_scale, self.dtype, self.device)}; greedy "
-                f"tokens {'identical' if self.tokens_identical else 'NOT identical'} with and without the cache.")
+    def __str__(self) -> str:
+        verdict = rounding_verdict(self.max_abs_logit_diff, self.logit_scale, self.dtype, self.device)
+        return (f"Largest logit difference over {self.n_tokens} steps: {self.max_abs_logit_diff:.1e}, {verdict}.\n"
+                f"Greedy tokens with and without the cache: {'' if self.tokens_identical else 'NOT '}identical.")
 
 
 @torch.inference_mode()
@@ -91,6 +91,19 @@ class SpeedComparison:
     def speedups(self) -> list[float]:
         """uncached time / cached time for an n-token generation, for each n in lengths."""
         return [self.cumulative(n, False) / self.cumulative(n, True) for n in self.lengths]
+
+    @property
+    def unit_costs(self) -> tuple[float, float]:
+        """(P, C) in seconds: the prefill of the prompt (either run's first token) and the median cached decode step."""
+        return min(self.cached_times[0], self.uncached_times[0]), statistics.median(self.cached_step_times[1:])
+
+    @property
+    def predicted_speedups(self) -> list[float]:
+        """Uncached ÷ cached time for each length from the two unit costs alone: a pass over T tokens costs one decode
+        step plus T − 1 tokens at the prefill's cost per token, and the uncached run makes one pass per new token."""
+        (P, C), T0 = self.unit_costs, self.prompt_tokens
+        per_token = max(P - C, 0.0) / max(T0 - 1, 1)
+        return [sum(C + (T0 + t - 1) * per_token for t in range(n)) / (P + (n - 1) * C) for n in self.lengths]
 
     @staticmethod
     def _steps(times):

@@ -115,17 +115,6 @@ LONG_CONTEXT: dict[str, ModelConfig] = {
 }
 
 
-def long_context_stand_in(config: ModelConfig | str, seq_len: int) -> ModelConfig | None:
-    """A model from LONG_CONTEXT with the same cache shape (L, H_kv, D_h) whose context covers seq_len, for a
-    quoted length past this model's own context; None if the model covers it or no such model is listed."""
-    c = _config(config)
-    if seq_len <= c.max_seq_len:
-        return None
-    shape = (c.n_layers, c.n_kv_heads, c.head_dim)
-    return next((m for m in LONG_CONTEXT.values() if (m.n_layers, m.n_kv_heads, m.head_dim) == shape
-                 and m.max_seq_len >= seq_len), None)
-
-
 def _config(config: ModelConfig | str) -> ModelConfig:
     if isinstance(config, ModelConfig):
         return config
@@ -148,26 +137,39 @@ def kv_formula(config: ModelConfig | str, seq_len: int, batch: int = 1, dtype="f
             f"{dtype_bytes(dtype):g} B = {total:,} B ({human_bytes(total)}, {human_bytes(total, binary=False)})")
 
 
-# KV-cache sizes as commonly quoted (FP16): model, context T, batch B, and the figure quoted for it.
-# "128k" is ambiguous: 128,000 tokens give the quoted "~39 GB" (in GiB), 131,072 (=128 Ki) give 40 GiB / 42.9 GB.
+# KV-cache sizes as commonly quoted (FP16): model, context T, batch B, the figure quoted, and the model it is quoted
+# for where that model's window is shorter than T (Llama-2-70B: 4,096 tokens; shown for Llama-3.1-70B, same cache
+# shape). "128k" is ambiguous: 128,000 tokens give the quoted "~39 GB" (in GiB), 131,072 give 40 GiB / 42.9 GB.
 QUOTED_KV_TABLE = (
-    ("llama-2-7b", 4096, 1, "2 GB"),
-    ("llama-2-7b", 4096, 8, "16 GB"),
-    ("gpt2-124m", 1024, 1, "~36 MB"),
-    ("llama-2-70b", 128_000, 1, "~39 GB"),
-    ("llama-2-70b", 131_072, 1, "~39 GB"),
-    ("llama-2-70b", 32_000, 4, "≈ 40 GB"),
+    ("llama-2-7b", 4096, 1, "2 GB", None),
+    ("llama-2-7b", 4096, 8, "16 GB", None),
+    ("gpt2-124m", 1024, 1, "~36 MB", None),
+    ("llama-3.1-70b", 128_000, 1, "~39 GB", "llama-2-70b"),
+    ("llama-3.1-70b", 131_072, 1, "~39 GB", "llama-2-70b"),
+    ("llama-3.1-70b", 32_000, 4, "≈ 40 GB", "llama-2-70b"),
 )
 
 
 def quoted_kv_table(dtype="fp16") -> list[dict]:
-    """The quoted table recomputed from the presets: bytes per token and total bytes for each row."""
+    """The quoted table recomputed from the presets (bytes per token, total bytes) and measured on a real KVCache of
+    each shape (on the meta device: shapes without memory)."""
     rows = []
-    for name, seq_len, batch, quoted in QUOTED_KV_TABLE:
+    for name, seq_len, batch, quoted, quoted_for in QUOTED_KV_TABLE:
         total = kv_cache_bytes_for(name, seq_len, batch, dtype)
         rows.append(dict(model=name, seq_len=seq_len, batch=batch, bytes_per_token=kv_bytes_per_token(name, dtype),
-                         total_bytes=total, GiB=total / GiB, GB=total / GB, MiB=total / MiB, quoted=quoted))
+                         total_bytes=total, GiB=total / GiB, GB=total / GB, MiB=total / MiB, quoted=quoted,
+                         measured_bytes=measure_kv_cache_bytes(name, seq_len, batch, dtype),
+                         **({"quoted_for": quoted_for} if quoted_for else {})))
     return rows
+
+
+def crossover_table(models=("smollm2-135m", "llama-2-7b", "llama-3.1-8b", "llama-3.1-70b"), batches=(1, 8),
+                    dtype="fp16") -> list[dict]:
+    """Per model: weights, cache per token, context window, and the context at which the cache outweighs the weights
+    for each batch size."""
+    return [dict(model=name, weights_bytes=weights_bytes(name, dtype), window=_config(name).max_seq_len,
+                 kv_bytes_per_token=kv_bytes_per_token(name, dtype),
+                 crossover={b: crossover_context(name, b, dtype) for b in batches}) for name in models]
 
 
 def kv_head_variants(config: ModelConfig | str, seq_len: int, batch: int = 1, dtype="fp16") -> list[dict]:

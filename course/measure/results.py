@@ -28,6 +28,13 @@ def record(key: str, value):
     return value
 
 
+def record_all(values: dict) -> dict:
+    """record() every key of `values`, and return them."""
+    for key, value in values.items():
+        record(key, value)
+    return values
+
+
 def record_gated(key: str, run, value=None):
     """Record a gated measurement (course.measure.gates.Measured): its value when it passed its physics gate;
     otherwise only its name, under "unreliable", so no recap, quiz or review card can quote it."""
