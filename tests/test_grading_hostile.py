@@ -198,8 +198,8 @@ def test_a_cell_that_swallows_its_timeout_is_stopped_when_it_goes_silent(tmp_pat
     """A loop that catches the timeout's interrupt held each attempt until the wall-clock limit (300 s, up to
     four attempts); a run silent for stall_s is now stopped and the rest graded."""
     hostile = "while True:\n    try:\n        while True:\n            pass\n    except BaseException:\n        pass\n"
-    outcome = _run(tmp_path, hostile, sandbox.Limits(cell_timeout=2, wall_s=300, stall_s=8))
-    assert any("went on 8 s without finishing" in p for p in outcome.problems), outcome.problems
+    outcome = _run(tmp_path, hostile, sandbox.Limits(cell_timeout=2, wall_s=300, stall_s=20))
+    assert any("went on 20 s without finishing" in p for p in outcome.problems), outcome.problems
     assert outcome.seconds < 100, outcome.seconds
     assert _values(outcome) == ALL_CORRECT
 
@@ -213,9 +213,9 @@ def test_a_submission_that_keeps_the_pipe_busy_gets_at_most_twice_the_wall_clock
                  "def double(x):\n    while True:\n        try:\n            for f in fds:\n                try:\n"
                  "                    os.write(f, b'\\n')\n                except OSError:\n                    pass\n"
                  "            time.sleep(0.5)\n        except BaseException:\n            pass\n")
-    outcome = _run(tmp_path, keepalive, sandbox.Limits(cell_timeout=2, wall_s=12, stall_s=6))
-    assert any("no further run" in p for p in outcome.problems), outcome.problems
-    assert outcome.seconds < 2 * 12 + 15, outcome.seconds
+    outcome = _run(tmp_path, keepalive, sandbox.Limits(cell_timeout=2, wall_s=30, stall_s=20))  # stall_s: the
+    assert any("no further run" in p for p in outcome.problems), outcome.problems  # start on a busy machine
+    assert outcome.seconds < 2 * 30 + 15, outcome.seconds
 
 
 # ----------------------------------------------------------------------------- 3: a sandbox that kills itself

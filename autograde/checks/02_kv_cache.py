@@ -152,7 +152,7 @@ EXACT_TOL = close(1e-5)
 BAD_POSITION = "hint: positions outside 0 .. max_seq_len-1 must raise ValueError"
 
 # The course's own KV cache: left out of the sandbox (course.grade.sandbox.course_tree).
-ABSENT: list[str] = []  # ["course.engine.kv_cache"] once course/engine/model.py no longer imports it when loaded
+ABSENT = ["course.engine.kv_cache"]
 
 CHECKS = {
     "test_cache_allocates": [

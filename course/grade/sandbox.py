@@ -1,24 +1,18 @@
 """The sealed runner: one submission, one bubblewrap sandbox, only plain data comes back.
 
-What is prevented here by construction (autograde/THREAT_MODEL.md has the whole list):
-* Debian's `bubblewrap` (bwrap), the unprivileged sandbox Flatpak is built on: `--unshare-all` (its own user,
-  PID, network, IPC, UTS and cgroup namespaces: no network at all), `--die-with-parent`, `--new-session`,
-  `--cap-drop ALL`, and a filesystem of read-only binds: the system (/usr, /etc with its private files
-  hidden), the interpreter and the venv, and a copy of the course package made for the exercise
-  (`course_tree`): the modules the harness, the checks and the released notebook import, and nothing else:
-  never the exercise's reference implementation (the checks module's ABSENT), never the solutions, the
-  gradebook, another submission or the grader's checks. /tmp and the working folder /sub are private tmpfs
-  of a fixed size (Limits.disk_mb), empty at every attempt.
-* The harness (course.grade.harness) runs the learner's cells first and reads the checks from its stdin only
-  after it said "cells_done"; the grader writes them only then, and keeps no cell output written after that
-  point (_accept): nothing printed while the checks run reaches anyone.
-* Caps (setrlimit before bwrap execs, inherited by everything inside): address space, CPU seconds, file size,
-  processes (as root also a `pids` cgroup, and a memory cgroup that counts tmpfs and memfd pages); a
-  wall-clock limit and a silence limit, after which the whole sandbox is killed.
+What it prevents by construction (autograde/THREAT_MODEL.md has the whole list):
+* bubblewrap (bwrap, the unprivileged sandbox Flatpak is built on) with `--unshare-all` (no network, not even
+  loopback), `--cap-drop ALL`, `--die-with-parent`, and a filesystem of read-only binds: the system (/etc with
+  its root-only files emptied), the interpreter and the venv, and a copy of the course package made for the
+  exercise (`course_tree`): what the harness, the checks and the released notebook import, minus the checks'
+  ABSENT (the reference). /tmp and /sub are private tmpfs of a fixed size, fresh at every attempt.
+* The harness runs the learner's cells first; the grader writes the checks to its stdin only after reading
+  "cells_done", and takes no cell output after that point (_accept): nothing printed while checks run leaves.
+* Caps set before bwrap execs (inherited inside): address space, CPU seconds, file size, processes (as root
+  also a pids cgroup, and a memory cgroup counting tmpfs and memfd pages); a wall-clock and a silence limit.
 
-`run_sealed` reruns past a cell that killed the kernel or ran past every timeout, and classifies how each run
-ended. bwrap needs no root: as a normal user it uses unprivileged user namespaces (where a distribution
-disables them, `sandbox_problem` says so and grading stops, naming what is missing).
+`run_sealed` reruns past a cell or check that killed the kernel and classifies how each run ended. bwrap needs
+no root (unprivileged user namespaces); where it cannot start, `sandbox_problem` says what is missing.
 """
 from __future__ import annotations
 
@@ -40,6 +34,7 @@ import course
 MAX_EVENTS_BYTES = 64 * 2 ** 20
 SHM_BYTES = 64 * 2 ** 20  # /dev/shm inside the sandbox
 KILLED_FROM_OUTSIDE = "the grading process was killed from outside (not by the submission's own code)"
+PACKAGE = Path(course.__file__).resolve().parent
 
 
 @dataclass
@@ -67,62 +62,45 @@ class Outcome:
     attempts: int = 0
 
 
-# ----------------------------------------------------------------------------- is the sandbox there?
+# ----------------------------------------------------------------------------- the filesystem inside
 
 def _binds() -> list[tuple[str, str]]:
-    """(kind, path) for the filesystem inside: read-only system, interpreter and venv (the course is bound apart)."""
-    entries: list[tuple[str, str]] = []
-    for top in ("/usr", "/etc"):
-        entries.append(("ro", top))
+    """(kind, path): the read-only system, interpreter and venv (the course is bound apart: bwrap_command)."""
+    entries = [("ro", "/usr"), ("ro", "/etc")]
     for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(link):
-            entries.append(("symlink", link))
-        elif os.path.isdir(link):
-            entries.append(("ro", link))
+        if os.path.islink(link) or os.path.isdir(link):
+            entries.append(("symlink" if os.path.islink(link) else "ro", link))
     for path in sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), sys.prefix,
                         os.path.dirname(os.path.realpath(sys.executable))}, key=len):
-        if any(path == p or path.startswith(p.rstrip("/") + "/") for kind, p in entries if kind == "ro"):
-            continue
-        entries.append(("ro", path))
+        if not any(path == p or path.startswith(p.rstrip("/") + "/") for kind, p in entries if kind == "ro"):
+            entries.append(("ro", path))
     return entries
 
 
 @lru_cache(maxsize=1)
 def _private_system_files() -> tuple[list[str], list[str]]:
-    """(files, folders) under /etc that not every user may read: /etc/shadow, private keys, a database's
-    password file. /etc is bound into the sandbox, and a grader run by root runs the sandbox as root (the
-    interpreter may live where only root can read it, e.g. /root/.pyenv), where its owner's rights read them;
-    the sandbox lays an empty file or folder over each."""
+    """(files, folders) under /etc that not every user may read (/etc/shadow, private keys). A root grader's
+    sandbox runs as root, whose rights would read them: an empty file or folder lies over each."""
+    def mode(path: str) -> int:
+        try:
+            return os.lstat(path).st_mode
+        except OSError:
+            return 0o777
+
     files, folders = [], []
     for top, dirs, names in os.walk("/etc", followlinks=False):
         for name in list(dirs):
             path = os.path.join(top, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if not os.path.islink(path) and st.st_mode & 0o005 != 0o005:
+            if not os.path.islink(path) and mode(path) & 0o005 != 0o005:
                 folders.append(path)
                 dirs.remove(name)  # nothing under it is seen
-        for name in names:
-            path = os.path.join(top, name)
-            try:
-                st = os.lstat(path)
-            except OSError:
-                continue
-            if os.path.isfile(path) and not os.path.islink(path) and not st.st_mode & 0o004:
-                files.append(path)
+        files += [os.path.join(top, n) for n in names if os.path.isfile(os.path.join(top, n))
+                  and not os.path.islink(os.path.join(top, n)) and not mode(os.path.join(top, n)) & 0o004]
     return files, folders
 
 
-# ----------------------------------------------------------------------------- the course, as the sandbox sees it
-
-PACKAGE = Path(course.__file__).resolve().parent
-
-
 def _module_file(name: str) -> Path | None:
-    parts = name.split(".")
-    base = PACKAGE.parent.joinpath(*parts)
+    base = PACKAGE.parent.joinpath(*name.split("."))
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 
@@ -142,8 +120,7 @@ def _imports(source: str, package: str = "") -> tuple[set[str], set[str]]:
                 if child.level:  # relative: from the package the file is in
                     base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1] + [base]).strip(".")
                 names = [base] + [f"{base}.{a.name}" for a in child.names]
-            for name in names:
-                parts = name.split(".")
+            for parts in (name.split(".") for name in names):
                 for i in range(1, len(parts) + 1):  # a package's __init__ runs before its modules
                     if parts[0] == "course" and _module_file(".".join(parts[:i])):
                         every.add(".".join(parts[:i]))
@@ -155,26 +132,23 @@ def _imports(source: str, package: str = "") -> tuple[set[str], set[str]]:
     return every, at_import
 
 
-def _notebook_code(path: Path) -> str:
-    """The code cells of a notebook, as one source (IPython's % and ! lines left out)."""
-    cells = json.loads(path.read_text()).get("cells", []) if path.is_file() else []
-    return "\n".join("\n".join(ln for ln in "".join(c.get("source", "")).splitlines() if not ln.lstrip().startswith(("%", "!")))
-                     for c in cells if c.get("cell_type") == "code")
-
-
 def course_tree(checks: Path) -> Path:
-    """The course package the sandbox gets for the exercise whose checks are `checks`: a copy holding the
-    modules that the harness, the checks and the released notebook import (at once or inside a function,
-    followed through the modules they import), minus the checks module's ABSENT: the exercise's reference
-    implementation is not in the sandbox at all, so no import, file read or bytecode trick can reach it.
-    Raises GradingError when a module that stays imports an absent one when it is loaded."""
+    """The course package the sandbox gets for the exercise whose checks are `checks`: a copy holding the modules
+    the harness, the checks and the released notebook import (at once or inside a function, followed through
+    their own imports), minus the checks module's ABSENT. The exercise's reference is not in the sandbox at all,
+    so no import, file read or bytecode trick reaches it. Raises GradingError when a module that stays imports
+    an absent one when it is loaded."""
     from course.grade.verdicts import load_module
     from course.paths import EXERCISES
 
     checks = Path(checks)
     absent = tuple(sorted(getattr(load_module(checks), "ABSENT", ())))
-    code = checks.read_text() + "\n" + "\n".join(_notebook_code(p) for p in sorted((EXERCISES / checks.stem).glob("*.ipynb")))
-    return _tree(frozenset(_imports(code)[0] | {"course.grade.harness"}), absent)
+    code = [checks.read_text()]
+    for notebook in sorted((EXERCISES / checks.stem).glob("*.ipynb")):
+        code += ["\n".join(ln for ln in "".join(c.get("source", "")).splitlines()  # IPython's % and ! lines out
+                           if not ln.lstrip().startswith(("%", "!")))
+                 for c in json.loads(notebook.read_text()).get("cells", []) if c.get("cell_type") == "code"]
+    return _tree(frozenset(_imports("\n".join(code))[0] | {"course.grade.harness"}), absent)
 
 
 @lru_cache(maxsize=None)
@@ -205,7 +179,7 @@ def _tree(roots: frozenset, absent: tuple) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
         for extra in source.parent.iterdir():  # data beside the code (a C++ source), never caches or the bank
-            if extra.is_file() and extra.suffix not in (".py", ".pyc", ".yaml") and not (target.parent / extra.name).exists():
+            if extra.is_file() and extra.suffix not in (".py", ".pyc", ".yaml"):
                 shutil.copyfile(extra, target.parent / extra.name)
     return folder / "course"
 
@@ -213,59 +187,47 @@ def _tree(roots: frozenset, absent: tuple) -> Path:
 def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes: int | None = None,
                   tree: Path | None = None) -> list[str]:
     """bwrap's command line. workdir None: /sub is a fresh tmpfs (the grader's runs); else that folder. tree: the
-    course package inside (course_tree; default: the harness's modules only).
-
-    tmpfs_bytes caps /tmp and a tmpfs /sub each (bwrap's --size); None leaves the kernel's default (half
-    the RAM), for the probes and tests only."""
+    course package inside (course_tree; default: the harness's modules). tmpfs_bytes caps /tmp and a tmpfs /sub
+    each (None: the kernel's default, half the RAM: for the probes and tests only)."""
     size = ["--size", str(int(tmpfs_bytes))] if tmpfs_bytes else []
-    # The private /tmp, /dev and /proc first: a later mount lies over an earlier one, and the venv or the
-    # course package may themselves live under /tmp (a fresh clone in a temporary folder).
-    # --cap-drop ALL: run by root (a container, CI), bwrap otherwise keeps nearly every capability inside, and
-    # with CAP_SYS_ADMIN a submission remounted the read-only course package writable and rewrote the grader.
+    # /tmp first: a later mount lies over an earlier one, and the venv or the course may live under /tmp.
+    # --cap-drop ALL: as root, bwrap otherwise keeps CAP_SYS_ADMIN inside (a submission remounted the package)
     cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
            "--dev", "/dev", "--proc", "/proc", *size, "--tmpfs", "/tmp"]
-    if tmpfs_bytes:  # bwrap's /dev has a /dev/shm of half the RAM: as small a one as the learner's code needs
+    if tmpfs_bytes:  # bwrap's /dev has a /dev/shm of half the RAM
         cmd += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
     for kind, path in _binds():
-        if kind == "symlink":
-            cmd += ["--symlink", os.readlink(path), path]
-        else:
-            cmd += ["--ro-bind", path, path]
-    # the exercise's copy lies over the package's own place (also when the venv holds a copy of it)
+        cmd += ["--symlink", os.readlink(path), path] if kind == "symlink" else ["--ro-bind", path, path]
+    # the exercise's copy lies over the package's own place (also where the venv holds an installed copy)
     cmd += ["--ro-bind", str(tree or _tree(frozenset({"course.grade.harness"}), ())), str(PACKAGE)]
     files, folders = _private_system_files()
     for path in files:
         cmd += ["--ro-bind", "/dev/null", path]
     for path in folders:
         cmd += ["--tmpfs", path]
-    if workdir is None:
-        cmd += [*size, "--tmpfs", "/sub", "--chdir", "/sub"]
-    else:
-        cmd += ["--bind", str(workdir), "/sub", "--chdir", "/sub"]
+    cmd += [*size, "--tmpfs", "/sub"] if workdir is None else ["--bind", str(workdir), "/sub"]
     for key, value in env.items():
         cmd += ["--setenv", key, value]
-    return cmd + ["--", *argv]
+    return cmd + ["--chdir", "/sub", "--", *argv]
 
 
 @lru_cache(maxsize=1)
 def sandbox_problem() -> str:
     """"" when bwrap can start a sealed process here; else what is missing and how to fix it."""
+    import tempfile
+
     if shutil.which("bwrap") is None:
         return ("the grading sandbox needs bubblewrap (`bwrap`), which is not installed: as root run "
                 "`sh scripts/ensure_bwrap.sh` (Debian/Ubuntu: apt-get install bubblewrap)")
-    import tempfile
-
-    probe = tempfile.mkdtemp(prefix="kvcourse-bwrap-probe-")  # 0700: only this user reads it
-    try:
-        package = str(PACKAGE)
-        # the harness must import from the package this process uses (a second checkout sharing a virtual
-        # environment imports another copy inside, which the sandbox does not show): 3 = not there, 4 = elsewhere
-        check = ("import os, sys\nif not os.path.isfile(sys.argv[1]): sys.exit(3)\n"
-                 "try:\n    import course.grade.harness as h\nexcept Exception: sys.exit(4)\n"
-                 "sys.exit(0 if os.path.dirname(os.path.dirname(os.path.abspath(h.__file__))) == "
-                 "os.path.dirname(sys.argv[1]) else 4)")
-        # with a sized /tmp, as every grading run has: an old bwrap without --size stops here, named
-        out = subprocess.run(bwrap_command(probe, [sys.executable, "-c", check, f"{package}/__init__.py"],
+    probe = tempfile.mkdtemp(prefix="kvcourse-bwrap-probe-")
+    # the harness must import from the package this process uses (a second checkout sharing a virtual
+    # environment imports another copy inside, which the sandbox does not show): 3 = not there, 4 = elsewhere
+    check = ("import os, sys\nif not os.path.isfile(sys.argv[1]): sys.exit(3)\n"
+             "try:\n    import course.grade.harness as h\nexcept Exception: sys.exit(4)\n"
+             "sys.exit(0 if os.path.dirname(os.path.dirname(os.path.abspath(h.__file__))) == "
+             "os.path.dirname(sys.argv[1]) else 4)")
+    try:  # with a sized /tmp, as every grading run has: an old bwrap without --size stops here, named
+        out = subprocess.run(bwrap_command(probe, [sys.executable, "-c", check, f"{PACKAGE}/__init__.py"],
                                            _sandbox_env(1), tmpfs_bytes=64 * 2 ** 20),
                              capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -273,33 +235,20 @@ def sandbox_problem() -> str:
     finally:
         shutil.rmtree(probe, ignore_errors=True)
     if out.returncode == 4:
-        return (f"inside the sandbox Python cannot import this copy of the course ({package}): the virtual "
+        return (f"inside the sandbox Python cannot import this copy of the course ({PACKAGE}): the virtual "
                 "environment was installed from another checkout. Run the grader from that checkout, or run "
                 "`make setup` (pip install -e .) in this one")
     if out.returncode != 0:
         why = (out.stderr.strip().splitlines() or ["no message"])[-1]
-        hint = ""
-        if "namespace" in why.lower() or "permission" in why.lower() or "operation not permitted" in why.lower():
-            hint = (" -- this host does not let unprivileged users create user namespaces: ask an administrator "
-                    "to allow them (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 an AppArmor "
-                    "profile for bwrap), or to install bwrap setuid root (chmod u+s /usr/bin/bwrap)")
+        hint = (" -- this host does not let unprivileged users create user namespaces: ask an administrator to "
+                "allow them (sysctl kernel.unprivileged_userns_clone=1, or on Ubuntu 24.04 an AppArmor profile "
+                "for bwrap), or to install bwrap setuid root (chmod u+s /usr/bin/bwrap)"
+                if any(w in why.lower() for w in ("namespace", "permission", "operation not permitted")) else "")
         return f"bwrap could not start a sandbox ({why}){hint}"
     return ""
 
 
-# ----------------------------------------------------------------------------- one run
-
-def _log_tail(path: Path, n: int = 400) -> str:
-    """The last lines of the harness's stderr, quoted in the report (the sandbox's folder is removed after it)."""
-    try:
-        with open(path, "rb") as fh:  # the tail only: the learner's code may have written hundreds of MiB there
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
-            text = fh.read().decode(errors="replace").strip()
-    except OSError:
-        return "no log"
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return " | ".join(lines[-3:])[-n:] if lines else "no output"
-
+# ----------------------------------------------------------------------------- caps
 
 def _sandbox_env(threads: int) -> dict:
     return {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp",
@@ -313,39 +262,42 @@ def _user_tasks() -> int:
     """Processes and threads of this user now (RLIMIT_NPROC counts them all)."""
     uid, n = os.getuid(), 0
     for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    n += len(os.listdir(f"/proc/{entry.name}/task"))
-            except OSError:
-                pass
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == uid:
+                n += len(os.listdir(f"/proc/{entry.name}/task"))
+        except OSError:
+            pass
     return n
 
 
-def _pids_cgroup(limit: int) -> Path | None:
-    """A fresh cgroup whose pids.max caps processes + threads (root only; None where it cannot be made)."""
-    if os.getuid() != 0:
-        return None  # RLIMIT_NPROC already holds for everyone else
-    for root in (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")):  # cgroup v1's controller, or v2
-        if not (root / "cgroup.procs").exists():
+def _cgroup(places: list[tuple[Path, str]], value: int, kind: str) -> Path | None:
+    """A fresh cgroup under the first of `places` (folder, knob) that takes one, its knob set to value."""
+    for base, knob in places:
+        if not (base / "cgroup.procs").exists():
             continue
-        path = root / f"kvcourse-{os.getpid()}-{time.monotonic_ns()}"
+        path = base / f"kvcourse-{kind}{os.getpid()}-{time.monotonic_ns()}"
         try:
             path.mkdir()
         except OSError:
             continue
         try:
-            (path / "pids.max").write_text(str(limit))
+            (path / knob).write_text(str(int(value)))
             return path
         except OSError:
             path.rmdir()
     return None
 
 
+def _pids_cgroup(limit: int) -> Path | None:
+    """A cgroup whose pids.max caps processes + threads (root only: RLIMIT_NPROC holds for everyone else)."""
+    if os.getuid() != 0:
+        return None
+    return _cgroup([(Path("/sys/fs/cgroup/pids"), "pids.max"), (Path("/sys/fs/cgroup"), "pids.max")], limit, "")
+
+
 def _memory_cgroup(limit_bytes: int) -> Path | None:
-    """A fresh cgroup under this process's own that caps the RAM of everything inside (root only; None where it
-    cannot be made): RLIMIT_AS counts one process's mappings, not memfd_create files, /dev/shm or the pages of
-    its tmpfs, and not several processes together (a submission held 2.5 GiB in memfds under a 2 GiB cap)."""
+    """A cgroup under this process's own that caps the RAM of everything inside (root only): RLIMIT_AS counts one
+    process's mappings, not memfd files, /dev/shm or tmpfs pages (2.5 GiB of memfds went under a 2 GiB cap)."""
     if os.getuid() != 0:
         return None
     try:
@@ -355,7 +307,7 @@ def _memory_cgroup(limit_bytes: int) -> Path | None:
     places = []
     for line in lines:
         num, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
-        if "memory" in controllers.split(","):  # cgroup v1: the memory hierarchy, limit_in_bytes
+        if "memory" in controllers.split(","):  # cgroup v1: the memory hierarchy
             places.append((Path("/sys/fs/cgroup/memory") / rel.lstrip("/"), "memory.limit_in_bytes"))
         elif num == "0" and controllers == "":  # cgroup v2: at the top, where "memory" is delegated
             for top in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
@@ -364,65 +316,44 @@ def _memory_cgroup(limit_bytes: int) -> Path | None:
                         places.append((top, "memory.max"))
                 except OSError:
                     pass
-    for base, knob in places:
-        if not (base / "cgroup.procs").exists():
-            continue
-        path = base / f"kvcourse-mem-{os.getpid()}-{time.monotonic_ns()}"
-        try:
-            path.mkdir()
-        except OSError:
-            continue
-        try:
-            (path / knob).write_text(str(int(limit_bytes)))
-            return path
-        except OSError:
-            path.rmdir()
-    return None
+    return _cgroup(places, limit_bytes, "mem-")
 
 
 def _oom_kills(groups) -> int:
     """How many processes the kernel killed in these cgroups for going over memory (0 where it cannot tell)."""
     n = 0
-    for group in groups if isinstance(groups, (list, tuple)) else [groups]:
+    for group in (g for g in groups if g is not None):
         for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
             try:
-                text = (group / name).read_text() if group is not None else ""
+                text = (group / name).read_text()
             except OSError:
                 continue
-            for line in text.splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill" and value.strip().isdigit():
-                    n += int(value)
+            n += sum(int(v) for k, _, v in (ln.partition(" ") for ln in text.splitlines())
+                     if k == "oom_kill" and v.strip().isdigit())
     return n
 
 
 def _remove_cgroup(path) -> None:
-    if isinstance(path, (list, tuple)):
-        for p in path:
-            _remove_cgroup(p)
-        return
-    for _ in range(50):
-        if path is None or not path.exists():
-            return
-        try:
-            path.rmdir()
-            return
-        except OSError:  # processes still leaving
-            time.sleep(0.1)
+    for group in path if isinstance(path, (list, tuple)) else [path]:
+        for _ in range(50):
+            if group is None or not group.exists():
+                break
+            try:
+                group.rmdir()
+                break
+            except OSError:  # processes still leaving
+                time.sleep(0.1)
 
 
 def _limiter(limits: Limits, nproc: int, cgroup=None):  # cgroup: a Path, or a list of them (None skipped)
     libc = ctypes.CDLL(None, use_errno=True)
-    memory = limits.memory_mb * 2 ** 20
-    cpu = int(limits.wall_s * 2) + 10
-    fsize = limits.file_mb * 2 ** 20
+    memory, cpu, fsize = limits.memory_mb * 2 ** 20, int(limits.wall_s * 2) + 10, limits.file_mb * 2 ** 20
 
     def preexec():  # runs in the child between fork and exec: the limits hold for everything inside
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the sandbox dies with the grader, even on kill -9
         for group in (cgroup if isinstance(cgroup, (list, tuple)) else [cgroup]):
             if group is not None:
-                with open(group / "cgroup.procs", "w") as fh:
-                    fh.write(str(os.getpid()))
+                (group / "cgroup.procs").write_text(str(os.getpid()))
         if limits.memory_mb > 0:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
@@ -432,6 +363,8 @@ def _limiter(limits: Limits, nproc: int, cgroup=None):  # cgroup: a Path, or a l
 
     return preexec
 
+
+# ----------------------------------------------------------------------------- the events
 
 def _runnable(nb: dict) -> set[int]:
     """Indices of the cells the harness runs (code, not a test cell, not empty): the only `i` an event may name."""
@@ -466,12 +399,11 @@ class _Run:
 def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], stop_before: int | None) -> _Run:
     """One pass over an attempt's events (linear in their number).
 
-    The learner's code runs in the harness's process and can write any event to the pipe, so an event counts
-    only where the harness itself could have written it. Up to the first "cells_done" (the point where the
-    grader wrote the checks into the sandbox): a cell_start names the cell after the last one started (the
-    harness runs every cell in order and skips none); a cell_done follows its own start (the last one wins: the
-    harness writes its own after the learner's code returned). After it: no cell event at all, whatever it
-    says, and a check must follow its own check_start and name a declared (grade_id, k)."""
+    The learner's code shares the harness's process and can write any event to the pipe, so an event counts only
+    where the harness could have written it. Up to the first "cells_done" (where the grader wrote the checks in):
+    a cell_start names the cell after the last one started (every cell runs, in order); a cell_done follows its
+    own start (the last one wins: the harness writes its own after the learner's code returned). After it: no
+    cell event at all, whatever it says; a check follows its own check_start and names a declared (gid, k)."""
     run, current, started = _Run(), None, None
     order = sorted(i for i in runnable if stop_before is None or i < stop_before)
     following = dict(zip([None, *order], order))
@@ -487,45 +419,41 @@ def _accept(events: list[dict], runnable: set[int], declared: dict[str, int], st
             current = run.last = ("cells_done",)
             run.full = [str(x)[:20] for x in e.get("full", [])][:2] if isinstance(e.get("full"), list) else []
         elif ev == "cell_start" and type(e.get("i")) is int and e["i"] == following.get(started, -1):
-            current = run.last = ("cell", e["i"])
-            started = e["i"]
+            current, run.last, started = ("cell", e["i"]), ("cell", e["i"]), e["i"]
         elif ev == "cell_done" and current == ("cell", e.get("i")):
             run.cells[e["i"]] = e
     return run
 
 
+# ----------------------------------------------------------------------------- one attempt, one submission
+
 def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: int, on_start=None,
              stall_s: float | None = None):
-    """One harness run. Returns (events, how it ended: done | killed | memory | wall | stalled | cpu | died:<code>).
+    """One harness run: (events, how it ended: done | killed | memory | wall | stalled | cpu | died:<code>).
 
-    stall_s: a run that writes nothing for this long is killed ("stalled"): the harness writes an event at
-    every cell's and check's start and end, each under a timeout, so silence that long means the learner's
-    code swallowed the timeout's interrupt; waiting for the wall-clock limit instead cost minutes per attempt.
-
-    The job goes in on stdin in two lines: the notebook at once, the checks only once the pump has read the
-    harness's "cells_done" (the same first "cells_done" _accept goes by). The events come back on a second
-    pipe, of which the grader keeps the first MAX_EVENTS_BYTES and drains the rest."""
+    stdin gets two lines: the notebook at once, the checks once the pump has read the harness's "cells_done" (the
+    same first "cells_done" _accept goes by). The events come back on a second pipe, of which the grader keeps
+    MAX_EVENTS_BYTES. A run silent for stall_s is killed: the harness writes at every cell's and check's start
+    and end, each under a timeout, so that much silence is code that swallowed the timeout's interrupt."""
     import threading
 
     read_fd, write_fd = os.pipe()
-    cells = {k: job[k] for k in ("notebook", "cell_timeout", "stop_before")}
-    checks = {k: job[k] for k in ("checks", "checks_name", "skip_checks")}
-    payloads = [json.dumps(dict(cells, events_fd=write_fd)).encode() + b"\n", json.dumps(checks).encode() + b"\n"]
+    payloads = [json.dumps({k: job[k] for k in ("notebook", "cell_timeout", "stop_before")} | {"events_fd": write_fd}),
+                json.dumps({k: job[k] for k in ("checks", "checks_name", "skip_checks")})]
     argv = [sys.executable, "-c", "import course.grade.harness as h; h.main()"]
     env = _sandbox_env(threads)
-    tree = job["tree"]
     if sealed:
-        cmd, cwd = bwrap_command(None, argv, env, limits.tmpfs_bytes(), tree), None
-        run_env = {"PATH": os.environ.get("PATH", "/usr/bin")}
-    else:  # the reference solution, trusted (or --unsandboxed): a fresh scratch folder, the same course tree
+        cmd, cwd, run_env = bwrap_command(None, argv, env, limits.tmpfs_bytes(), job["tree"]), None, {
+            "PATH": os.environ.get("PATH", "/usr/bin")}
+    else:  # the solution (trusted) or --unsandboxed: a fresh scratch folder, the same course tree
         scratch = workdir / "scratch"
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
         cmd, cwd = argv, str(scratch)
         run_env = dict(env, HOME=str(scratch), TMPDIR=str(scratch), MPLCONFIGDIR=str(scratch / ".mpl"),
-                       IPYTHONDIR=str(scratch / ".ipython"), PYTHONPATH=str(tree.parent))
+                       IPYTHONDIR=str(scratch / ".ipython"), PYTHONPATH=str(job["tree"].parent))
     cgroup = [_pids_cgroup(limits.extra_processes)]
-    if limits.memory_mb > 0 and sealed:  # RAM of the whole sandbox: its memory cap plus its two tmpfs
+    if limits.memory_mb > 0 and sealed:  # RAM of the whole sandbox: its memory cap plus its tmpfs
         cgroup.append(_memory_cgroup(limits.memory_mb * 2 ** 20 + 2 * limits.tmpfs_bytes() + SHM_BYTES))
     try:
         with open(workdir / "harness.log", "ab") as log:
@@ -538,9 +466,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
         raise
     finally:
         os.close(write_fd)
-    chunks: list[bytes] = []
-    heard = [time.monotonic()]
-    cells_done = threading.Event()
+    chunks, heard, cells_done = [], [time.monotonic()], threading.Event()
 
     def pump():
         kept, partial = 0, b""
@@ -563,34 +489,29 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
 
     def feed():
         try:
-            proc.stdin.write(payloads[0])
+            proc.stdin.write(payloads[0].encode() + b"\n")
             proc.stdin.flush()
             cells_done.wait()
             if proc.poll() is None:
-                proc.stdin.write(payloads[1])
+                proc.stdin.write(payloads[1].encode() + b"\n")
             proc.stdin.close()
         except OSError:  # it died before reading its job: the exit status says how
             pass
 
-    reader, feeder = threading.Thread(target=pump, daemon=True), threading.Thread(target=feed, daemon=True)
-    reader.start()
-    feeder.start()
+    threads_ = [threading.Thread(target=f, daemon=True) for f in (pump, feed)]
+    for t in threads_:
+        t.start()
     if on_start:
         on_start(proc)
-    ended = None
-    deadline = time.monotonic() + limits.wall_s
+    ended, deadline = None, time.monotonic() + limits.wall_s
     try:
-        while True:
+        while ended is None:
             try:
                 proc.wait(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
                 break
             except subprocess.TimeoutExpired:
-                if time.monotonic() >= deadline:
-                    ended = "wall"
-                    break
-                if stall_s and time.monotonic() - heard[0] > stall_s:
-                    ended = "stalled"
-                    break
+                ended = "wall" if time.monotonic() >= deadline else (
+                    "stalled" if stall_s and time.monotonic() - heard[0] > stall_s else None)
     finally:
         if proc.poll() is None:
             try:
@@ -600,38 +521,39 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
             proc.wait()
         oom = _oom_kills(cgroup)
         _remove_cgroup(cgroup)
-    reader.join(timeout=30)  # every writer is gone with the sandbox (bwrap's PID namespace)
-    feeder.join(timeout=5)
-    if not reader.is_alive():
+    threads_[0].join(timeout=30)  # every writer is gone with the sandbox (bwrap's PID namespace)
+    threads_[1].join(timeout=5)
+    if not threads_[0].is_alive():
         os.close(read_fd)
-    events = _parse(b"".join(chunks[:]))
-    code = proc.returncode
+    events, code = _parse(b"".join(chunks[:])), proc.returncode
     if code == 0 and any(e["ev"] == "done" for e in events):
         ended = "done"
     elif ended is None:
-        if code in (-signal.SIGKILL, 128 + signal.SIGKILL):
-            ended = "memory" if oom else "killed"
-        elif code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
-            ended = "cpu"
-        else:
-            ended = f"died:{code}"
+        ended = ("memory" if oom else "killed") if code in (-signal.SIGKILL, 128 + signal.SIGKILL) else (
+            "cpu" if code in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else f"died:{code}")
     return events, ended
 
 
-def _dead(why: str) -> dict:
-    return {"output_type": "error", "ename": "DeadKernelError", "evalue": why, "traceback": [why]}
+def _log_tail(path: Path, n: int = 400) -> str:
+    """The last lines of the harness's stderr (the learner's code may have written hundreds of MiB there)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 64 * 1024))
+            lines = [ln for ln in fh.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    return " | ".join(lines[-3:])[-n:] if lines else "no output"
 
 
 def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, sealed: bool = True,
                threads: int = 1, on_start=None, max_attempts: int = 4) -> Outcome:
     """Grade-run one notebook (already repaired) in a fresh sandbox; return the events that count.
 
-    A run that dies in a cell is rerun up to that cell (the cell and those after it count as not run); one
-    that dies in a check is rerun without that check. A SIGKILL may come from outside (an administrator,
-    the host's out-of-memory killer): the first one at a given step reruns the same job, a second one at the
-    same step is the submission's own doing and counts like any other death. When the attempts are used up,
-    what was recorded is graded (checks that never ran fail); only a run that never reached its first cell
-    (the sandbox itself failed) is left ungraded, as infrastructure."""
+    A run that dies in a cell is rerun up to that cell (the cell and those after it count as not run); one that
+    dies in a check is rerun without that check. A first SIGKILL at a step may come from outside (the host's
+    out-of-memory killer) and reruns the same job; a second at the same step is the submission's doing. When the
+    attempts are used up, what was recorded is graded (checks that never ran fail); only a run that never reached
+    its first cell (the sandbox itself failed) is left ungraded, as infrastructure."""
     from course.grade.verdicts import load_checks
 
     workdir.mkdir(parents=True, exist_ok=True)
@@ -645,12 +567,8 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     base = {"notebook": nb, "checks": Path(checks).read_text(), "checks_name": Path(checks).stem,
             "cell_timeout": limits.cell_timeout, "tree": course_tree(checks)}
     outcome, started = Outcome(), time.perf_counter()
-    stop_before, killed_at = None, None
-    cells: dict[int, dict] = {}
-    values: dict[tuple, object] = {}
-    dead_checks: dict[tuple, dict] = {}
-    full: set[str] = set()
-    finished = False
+    stop_before, killed_at, finished = None, None, False
+    cells, values, dead_checks, full = {}, {}, {}, set()
     while outcome.attempts < max_attempts:
         spent = time.perf_counter() - started
         if outcome.attempts and spent + min(limits.wall_s, 60) > 2 * limits.wall_s:  # one submission's whole budget
@@ -686,16 +604,16 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
                "killed": "the kernel died: killed by SIGKILL twice at the same step (its own code, or memory "
                          "the host could not give)"}.get(
             ended, "the kernel died (os._exit, a crash, or it ignored an interrupt"  # a check's exit status is not
-            + (f"; exit status {ended[5:]})" if last[0] == "cell" else ")"))  # told: its code chose it, seeing hidden inputs
+            + (f"; exit status {ended[5:]})" if last[0] == "cell" else ")"))  # told: code that saw hidden inputs chose it
         if last == ("start",):  # no learner's code ran yet: the sandbox itself failed, twice if killed
             outcome.infrastructure = (f"the harness stopped before running anything ({ended}): "
-                                      f"{_log_tail(workdir / 'harness.log')}"
-                                      if ended != "killed" else KILLED_FROM_OUTSIDE)
+                                      f"{_log_tail(workdir / 'harness.log')}" if ended != "killed" else KILLED_FROM_OUTSIDE)
             break
         if why not in outcome.problems:
             outcome.problems.append(why)
         if last[0] == "cell":
-            cells[last[1]] = {"ev": "cell_done", "i": last[1], "died": True, "outputs": [_dead(why)]}
+            cells[last[1]] = {"ev": "cell_done", "i": last[1], "died": True, "outputs": [
+                {"output_type": "error", "ename": "DeadKernelError", "evalue": why, "traceback": [why]}]}
             stop_before = last[1]
         elif last[0] == "check":
             dead_checks[last[1:]] = {"t": "rejected", "why": "died"}
@@ -704,13 +622,12 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     if not finished and not outcome.infrastructure:
         outcome.problems.append(f"graded on what {outcome.attempts} run(s) recorded: checks that never ran count "
                                 "as failed")
+    errors = " ".join(str(o.get("evalue", "")) for e in cells.values() for o in
+                      (e.get("outputs") if isinstance(e.get("outputs"), list) else []) if isinstance(o, dict))
     if full:
         outcome.problems.append(f"it filled its scratch space ({', '.join(sorted(full))}: "
                                 f"{limits.tmpfs_bytes() // 2 ** 20} MiB each): writes there failed")
-    elif any(o.get("output_type") == "error" and ("No space left on device" in str(o.get("evalue", ""))
-                                                  or "File too large" in str(o.get("evalue", "")))
-             for e in cells.values() for o in (e.get("outputs") if isinstance(e.get("outputs"), list) else [])
-             if isinstance(o, dict)):
+    elif "No space left on device" in errors or "File too large" in errors:
         outcome.problems.append(f"a write hit the disk cap ({limits.tmpfs_bytes() // 2 ** 20} MiB each in /sub and "
                                 f"/tmp, {limits.file_mb} MiB per file)")
     values.update(dead_checks)
