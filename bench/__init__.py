@@ -7,7 +7,7 @@ says what ctx offers and what the dict holds) and name it below; `kvcourse bench
 """
 from __future__ import annotations
 
-from bench import course_checks, decode, model, serving
+from bench import class_grading, course_checks, decode, model, serving
 from bench.core import Item
 
 ITEMS: dict[str, Item] = {
@@ -20,6 +20,7 @@ ITEMS: dict[str, Item] = {
     "grading": course_checks.GRADING,
     "widgets": course_checks.WIDGETS,
     "grading_sealed": course_checks.GRADING_SEALED,
+    "class_grading": class_grading.CLASS_GRADING,
     "decode_floor": decode.DECODE_FLOOR,
     "decode_batch": decode.DECODE_BATCH,
     "bytes_line": model.BYTES_LINE,

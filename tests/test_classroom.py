@@ -181,7 +181,8 @@ def test_release_without_force_refuses_before_regenerating(tmp_path):
 
 
 def test_collect_reports_a_submission_made_as_another_student(tmp_path):
-    """`nbgrader submit --CourseDirectory.student_id=daemon` by root: the folder's name and owner disagree."""
+    """`nbgrader submit --CourseDirectory.student_id=daemon` by root: the folder's name and owner disagree, so it is
+    held in quarantine/ (tests/test_classroom_faults.py: the student's own submission stands)."""
     import pwd
 
     claimed = "daemon"  # a Unix account that exists on Debian; the submission below is owned by this user
@@ -197,8 +198,9 @@ def test_collect_reports_a_submission_made_as_another_student(tmp_path):
     assert classroom.impersonations(ASSIGNMENT, exchange) == [(folder.name, claimed, me)]
     out = kvcourse("--course", str(course), "--exchange", str(exchange), "collect", ASSIGNMENT)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"claims to be by '{claimed}' but was made by '{me}'" in out.stderr
-    assert "cheating attempt" in out.stdout + out.stderr, "nbgrader's own warning is shown, not hidden"
+    assert f"claims to be by '{claimed}' but was made by '{me}': not collected" in out.stderr
+    assert not (course / classroom.INBOX / claimed).exists()
+    assert (course / classroom.QUARANTINE / me / folder.name / f"{NOTEBOOK}.ipynb").is_file()
 
 def classroom_main(capsys, *args) -> tuple[int, str, str]:
     """`kvcourse classroom ARGS` in this process (fast): (exit status, stdout, stderr)."""

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from course.grade import classroom
+from course.grade import classroom, files
 from course.paths import AUTOGRADE, SOLUTIONS
 from test_classroom import classroom_main
 
@@ -181,7 +181,8 @@ def test_an_exchange_that_is_a_file_is_named(tmp_path, capsys):
         assert "Errno" not in err and "Traceback" not in err, err
     assert not course.exists(), "init refused before making anything"
     code, out, err = classroom_main(capsys, "--course", course, "--exchange", blocker, "release", ASSIGNMENT)
-    assert code == 2 and f"the exchange {blocker} is a file, not a folder" in err and "no exchange" not in err, err
+    assert code == 2 and f"{blocker} is a file, not a folder" in err and "--exchange" in err, err
+    assert "no exchange" not in err, err
 
 
 def test_init_that_cannot_make_the_class_folder_makes_no_exchange(tmp_path, capsys, monkeypatch):
@@ -216,3 +217,188 @@ def test_course_and_exchange_are_accepted_after_the_step(tmp_path, capsys):
     code, out, err = classroom_main(capsys, "release", ASSIGNMENT, "--course", tmp_path / "c",
                                     "--exchange", tmp_path / "x")
     assert code == 2 and f"no exchange at {tmp_path / 'x'}" in err and "unrecognized" not in err, err
+
+
+# ----------------------------------------------------------------------------- 4. the fault sweep of issue 43
+
+def _filed_by_another(exchange, student: str, monkeypatch) -> "os.PathLike":
+    """A blank notebook handed in, later than the student's own, under `student`'s name from account stu2 (the
+    folder's owner as the exchange would show it: only root could make it so here, with chown)."""
+    later = "2026-01-02 10:00:00.000000 UTC"
+    fake = exchange / classroom.COURSE_ID / "inbound" / f"{student}+{ASSIGNMENT}+{later}"
+    fake.mkdir()
+    shutil.copy(AUTOGRADE / "samples" / "blank" / ASSIGNMENT / f"{NOTEBOOK}.ipynb", fake / f"{NOTEBOOK}.ipynb")
+    (fake / "timestamp.txt").write_text(later)
+    real = classroom._owner
+    monkeypatch.setattr(classroom, "_owner", lambda path: "stu2" if path.name == fake.name else real(path))
+    return fake
+
+
+def test_a_submission_filed_under_another_name_is_quarantined_not_collected(class_with_exchange, capsys,
+                                                                           monkeypatch):
+    """`stu2` filed a blank notebook as stu1's: collect copied it over stu1's collected copy, and the next grade
+    turned stu1's 14/14 into 0/14. Now it never reaches inbox/; it is held in quarantine/ and named."""
+    import pwd
+
+    course, exchange = class_with_exchange
+    me = pwd.getpwuid(os.getuid()).pw_name  # the claimed student: a real account, as impersonations() asks
+    submission(exchange, me)
+    assert classroom_main(capsys, "--course", course, "--exchange", exchange, "collect", ASSIGNMENT)[0] == 0
+    mine = course / classroom.INBOX / me / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
+    assert mine.read_bytes() == REFERENCE.read_bytes()
+    fake = _filed_by_another(exchange, me, monkeypatch)
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "collect", ASSIGNMENT)
+    assert code == 1 and f"claims to be by '{me}' but was made by 'stu2': not collected" in err, err
+    held = course / classroom.QUARANTINE / "stu2" / fake.name
+    assert str(held) in err and "cp -r" in err, err
+    assert mine.read_bytes() == REFERENCE.read_bytes(), "the student's own submission stays in the inbox"
+    assert (held / f"{NOTEBOOK}.ipynb").read_bytes() == (fake / f"{NOTEBOOK}.ipynb").read_bytes()
+    notes = classroom.quarantined(course, ASSIGNMENT)
+    assert list(notes) == [f"{me}/{ASSIGNMENT}"] and "stu2" in notes[f"{me}/{ASSIGNMENT}"], notes
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "status", ASSIGNMENT)
+    assert "quarantined 1" in out, out
+
+
+@pytest.mark.slow
+def test_a_quarantined_submission_leaves_the_students_grade_alone_and_report_says_so(class_with_exchange, capsys,
+                                                                                    monkeypatch):
+    import csv
+    import pwd
+
+    from course.grade import sandbox
+
+    if sandbox.sandbox_problem():
+        pytest.skip("the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
+    course, exchange = class_with_exchange
+    me = pwd.getpwuid(os.getuid()).pw_name
+    classroom.release(ASSIGNMENT, course, exchange, force=True)
+    submission(exchange, me)
+    fake = _filed_by_another(exchange, me, monkeypatch)
+    assert classroom_main(capsys, "--course", course, "--exchange", exchange, "collect", ASSIGNMENT)[0] == 1
+    (row,) = classroom.grade(ASSIGNMENT, course, exchange, progress=False, log=lambda *_: None)
+    assert row.status == "graded" and row.score == row.max_score > 0, row  # the reference, not the blank
+    (reported,) = list(csv.DictReader(open(course / "report.csv")))
+    assert "made by account stu2 is held in quarantine/stu2/" in reported["problems"], reported
+
+
+def test_export_writes_only_a_new_or_plain_file(tmp_path, capsys):
+    """`export --to /dev/full` exited 0 and the device became a CSV file."""
+    import socket
+
+    from course.cli import build_parser
+
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    classroom.init(course, exchange, ["alice"])
+    parser, _ = build_parser()
+    for device in ("/dev/full", "/dev/null"):  # parsed only: nothing runs, so nothing can touch the device
+        with pytest.raises(SystemExit):
+            parser.parse_args(["classroom", "export", "--to", device])
+        assert "is a device, named pipe or socket" in capsys.readouterr().err
+    os.mkfifo(tmp_path / "pipe")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "sock"))
+        for special in ("pipe", "sock"):
+            with pytest.raises(classroom.ClassroomError, match="is a device, named pipe or socket"):
+                classroom.export(course, exchange, tmp_path / special)
+            with pytest.raises(files.GradingError, match="is a device, named pipe or socket"):
+                files.atomic_write(tmp_path / special, "x")
+    assert (tmp_path / "pipe").is_fifo() and (tmp_path / "sock").is_socket()
+    (tmp_path / "old.csv").write_text("old")
+    assert classroom.export(course, exchange, tmp_path / "old.csv") == tmp_path / "old.csv"
+    assert (tmp_path / "old.csv").read_text().startswith("assignment,duedate,")  # a plain file is replaced
+
+
+@pytest.mark.timeout(60)
+def test_a_roster_is_checked_for_type_and_size_before_it_is_read(tmp_path, capsys):
+    """`init --roster /dev/zero` read the device whole, until the machine's memory ran out."""
+    course, exchange = tmp_path / "class", tmp_path / "exchange"
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as fh:
+        fh.truncate(50 * 2**30)  # sparse: 50 GiB that take no disk
+    os.mkfifo(tmp_path / "pipe")
+    for roster, says in (("/dev/zero", "not a regular file"), (tmp_path / "pipe", "not a regular file"),
+                         (huge, "over the")):
+        code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "init", "--roster", roster)
+        assert code == 2 and says in err and str(roster) in err and "Traceback" not in err, err
+    for roster in ("/dev/zero", tmp_path / "pipe", huge):  # and what the command itself reads
+        with pytest.raises(files.GradingError, match="not a plain file|over the"):
+            classroom.read_roster(roster)
+    assert not (course / "gradebook.db").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_named_pipe_called_ipynb_does_not_hang_the_grader(tmp_path):
+    """It held the grade lock forever: discover read it as a notebook and waited for a writer."""
+    from course.grade import grader, submissions
+
+    folder = tmp_path / "subs"
+    (folder / "ann" / ASSIGNMENT).mkdir(parents=True)
+    os.mkfifo(folder / "ann" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+    (sub,) = submissions.discover(folder, {ASSIGNMENT: [NOTEBOOK]})
+    assert "not a plain file" in sub.problem, sub
+    (row,) = grader.grade(folder, tmp_path / "course", progress=False, log=lambda *_: None, unsandboxed=True)
+    assert row.status == "invalid" and "named pipe" in row.problems, row
+    assert "invalid notebook" in submissions.invalid_reason(folder / "ann" / ASSIGNMENT / f"{NOTEBOOK}.ipynb")
+
+
+def test_an_empty_path_is_an_error_never_the_current_folder(tmp_path, capsys, monkeypatch):
+    """`grade "" --course X` graded everything below the current folder; `grade DIR --course ""` wrote a
+    gradebook, grades.csv and feedback/ into it."""
+    from course import cli
+
+    (tmp_path / "here" / "ann" / ASSIGNMENT).mkdir(parents=True)
+    shutil.copy(REFERENCE, tmp_path / "here" / "ann" / ASSIGNMENT)
+    monkeypatch.chdir(tmp_path / "here")
+    for argv in (["grade", "", "--course", str(tmp_path / "course")], ["grade", str(tmp_path / "here"), "--course", ""],
+                 ["classroom", "--course", "", "status"], ["classroom", "--exchange", "", "status"],
+                 ["classroom", "export", "--to", ""], ["classroom", "init", "--roster", ""], ["check", ""]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "empty path" in err, (argv, err)
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["ann"] and not (tmp_path / "course").exists()
+
+
+def test_a_full_disk_names_the_path_and_says_the_grades_are_intact(tmp_path, monkeypatch):
+    """It said only `[Errno 28] No space left on device`, or showed nbgrader's traceback."""
+    import errno
+
+    from course.grade import nbgrader_api
+
+    where = tmp_path / "class"
+    err = str(files.disk_error(OSError(errno.ENOSPC, "No space left on device"), where / "report.csv"))
+    assert str(where / "report.csv") in err and "grades written before are intact" in err, err
+    traceback = {"success": False, "log": "[GenerateAssignmentApp | ERROR] There was an error processing assignment",
+                 "error": "Traceback (most recent call last):\n  File \"/x/nbgrader/converters/base.py\", line 1, in f\n"
+                          "    self.write()\nOSError: [Errno 28] No space left on device: '/x/release/a.ipynb'\n"}
+    with pytest.raises(files.GradingError) as full:
+        nbgrader_api.check_result(traceback, "generate_assignment x", where)
+    assert str(where) in str(full.value) and "grades written before are intact" in str(full.value)
+    assert "Traceback" not in str(full.value) and "File " not in str(full.value)
+    traceback["error"] = traceback["error"].replace("OSError: [Errno 28] No space left on device", "KeyError: 'cells'")
+    with pytest.raises(files.GradingError) as other:
+        nbgrader_api.check_result(traceback, "generate_assignment x", where)
+    assert "KeyError: 'cells'" in str(other.value) and "Traceback" not in str(other.value), other.value
+
+
+def test_feedback_without_the_submission_secret_says_so(class_with_exchange, capsys):
+    """Right after a successful grade it said "run grade first" while `status` counted the feedback."""
+    course, exchange = class_with_exchange
+    page = course / "feedback" / "alice" / ASSIGNMENT / f"{NOTEBOOK}.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("<html>14/14</html>")
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "feedback", ASSIGNMENT)
+    assert code == 2 and "submission_secret.txt" in err and "alice" in err and "run `kvcourse classroom grade" not in err
+    assert "feedback 1" in classroom_main(capsys, "--course", course, "--exchange", exchange, "status")[1]
+
+
+def test_a_zero_byte_gradebook_is_damage_not_a_fresh_start(class_with_exchange, capsys):
+    """An empty gradebook.db (cut short by a crash or a full disk) was taken for none and rebuilt silently."""
+    from course.grade import nbgrader_api
+
+    course, exchange = class_with_exchange
+    (course / "gradebook.db").write_bytes(b"")
+    assert "empty" in nbgrader_api.gradebook_problem(course / "gradebook.db")
+    code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "export")
+    assert code == 2 and "is damaged (it is empty" in err, err
+    assert (course / "gradebook.db").read_bytes() == b""

@@ -296,3 +296,75 @@ def test_check_maps_a_renamed_copy_to_its_exercise(tmp_path):
     assert exercise_of(folder / "scratch.ipynb") == "memory_formula"
     (tmp_path / "notes.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     assert exercise_of(tmp_path / "notes.ipynb") is None  # not recorded as an exercise the course does not have
+
+
+# --------------------------------------------------------------------------- every path argument, hostile files
+# Issue 43: an empty path meant the current folder, /dev/zero was read whole, a named pipe hung the grader,
+# --to /dev/full became a CSV file. Every path argument of every subcommand, found in the parser (so a new one is
+# covered), gets each of these; parsing may refuse it, else the command runs here, under a time limit.
+HOSTILE = ("", "/dev/zero", "/dev/full", "{fifo}", "{dir}", "{huge}")
+RUNS_FOR_LONG = {("bench",)}  # given a folder it can use, it would measure for real: parsing is checked only
+
+
+def _is_path(action) -> bool:
+    return action.type is Path or getattr(action.type, "is_path", False) or any(
+        str(v).startswith("{") for v in getattr(action.type, "bad_values", []))
+
+
+def _path_cases():
+    for prefix, sub in _leaves():
+        for action in sub._actions:
+            if _is_path(action):
+                for value in HOSTILE:
+                    yield pytest.param(prefix, action.dest, value, id=f"{' '.join(prefix)} {action.dest}={value or '<empty>'}")
+
+
+def test_every_path_argument_is_fuzzed():
+    fuzzed = {(p, d) for p, d, _ in (c.values for c in _path_cases())}
+    for must in ((("grade",), "folder"), (("grade",), "course"), (("check",), "notebook"), (("classroom", "export"), "to"),
+                 (("classroom", "init"), "roster"), (("classroom", "status"), "course"), (("generate",), "model")):
+        assert must in fuzzed, (must, sorted(fuzzed))
+
+
+@pytest.mark.parametrize("prefix, dest, value", list(_path_cases()))
+def test_a_hostile_path_never_hangs_or_shows_a_traceback(prefix, dest, value, paths, tmp_path, capsys, monkeypatch):
+    import signal
+
+    huge = tmp_path / "huge.ipynb"
+    with open(huge, "wb") as fh:
+        fh.truncate(20 * 2**30)  # sparse: 20 GiB that take no disk
+    value = {**paths, "{huge}": str(huge)}.get(value, value)
+    monkeypatch.setenv("KVCOURSE_CLASS_DIR", str(tmp_path / "class"))  # never the home folder
+    monkeypatch.setenv("KVCOURSE_EXCHANGE", str(tmp_path / "exchange"))
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filler").mkdir()  # the other positionals' value: a folder that exists (grade's submissions)
+    sub = SUBCOMMANDS[prefix]
+    argv = _argv(prefix, sub, dest, value)
+    if prefix == ("grade",) and dest != "course":
+        argv += ["--course", str(tmp_path / "course")]  # not autograde/
+    try:
+        PARSER.parse_args(argv)
+        parsed = True
+    except SystemExit:
+        parsed = False
+    capsys.readouterr()
+    if parsed and prefix in RUNS_FOR_LONG:
+        return
+
+    def hung(signum, frame):
+        raise TimeoutError(f"kvcourse {' '.join(argv)} still running after 60 s")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        code, out, err = _run_main(argv, capsys)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert "Traceback" not in out + err, f"kvcourse {' '.join(argv)} printed a traceback:\n{err[-1500:]}"
+    action = next(a for a in sub._actions if a.dest == dest)
+    if not (value == paths["{dir}"] and "{dir}" not in getattr(action.type, "bad_values", ["{dir}"])):  # folders work
+        assert code not in (0, None), f"kvcourse {' '.join(argv)} exited {code}:\n{out[-500:]}\n{err[-500:]}"
+        assert "error" in err.lower() and len(err.strip()) < 2000, err
+    assert Path("/dev/full").is_char_device() and Path("/dev/zero").is_char_device()

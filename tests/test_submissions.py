@@ -79,13 +79,12 @@ def test_every_file_found_is_on_some_row(tmp_path):
 
 def test_odd_nbgrader_metadata_and_deep_code_are_read_without_error():
     """A submission's metadata and code are the student's: `"nbgrader": []`, a list or dict as grade_id, and a
-    cell nested past Python's parser limits (RecursionError, MemoryError) raised before any sandbox started."""
+    cell nested past Python's parser limits are repaired without error before any sandbox starts."""
     import copy
 
     import nbformat
     from nbformat.v4 import new_code_cell
 
-    from course.grade import integrity
     from course.grade.submissions import grade_id, repair
     from course.paths import AUTOGRADE
 
@@ -101,7 +100,6 @@ def test_odd_nbgrader_metadata_and_deep_code_are_read_without_error():
     problems = repair(nb, ref)
     assert [grade_id(c) for c in nb.cells if grade_id(c)] == [grade_id(c) for c in ref.cells if grade_id(c)]
     assert any("the release does not have" in p for p in problems), problems
-    assert integrity.flags(nb, ref) == []
     assert all(isinstance(c.metadata["nbgrader"], dict) for c in nb.cells if "nbgrader" in c.metadata)
 
 

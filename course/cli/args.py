@@ -22,6 +22,7 @@ HUGE = 2**31  # no count, size, time or port the course takes comes near it
 def _typed(fn, name: str, bad_values: list[str]):
     fn.__name__ = name  # argparse names the type in "invalid <name> value" messages
     fn.bad_values = bad_values
+    fn.is_path = "" in bad_values and "abc" not in bad_values  # tests/test_cli_fuzz.py hands these hostile files
     return fn
 
 
@@ -92,8 +93,18 @@ def _text(text: str) -> str:
 utf8_text = _typed(_text, "text", ["caf\udce9"])
 
 
+def _path(text: str) -> Path:
+    """A path that names something: '' would be the current folder to Path (`grade ""` graded everything in it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path names no file or folder: give one")
+    return Path(text).expanduser()
+
+
+path = _typed(_path, "path", [""])
+
+
 def _existing_file(text: str) -> Path:
-    path = Path(text).expanduser()
+    path = _path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is a folder; give a file")
     if not path.exists():
@@ -108,7 +119,8 @@ def _existing_file(text: str) -> Path:
     return path
 
 
-existing_file = _typed(_existing_file, "file", ["{missing}", "{dir}", "{unreadable}", "{fifo}"])
+existing_file = _typed(_existing_file, "file", ["", "{missing}", "{dir}", "{unreadable}", "{fifo}"])
+text_file = _typed(lambda text: _existing_file(text), "file", ["", "{missing}", "{dir}", "{fifo}"])  # any bytes may be text
 
 
 def _gguf_file(text: str) -> Path:
@@ -120,7 +132,7 @@ def _gguf_file(text: str) -> Path:
     return path
 
 
-gguf_file = _typed(_gguf_file, "GGUF file", ["{missing}", "{dir}", "{unreadable}", "{file}", "{fifo}"])
+gguf_file = _typed(_gguf_file, "GGUF file", ["", "{missing}", "{dir}", "{unreadable}", "{file}", "{fifo}"])
 
 
 def check_writable_dir(path: Path) -> Path:
@@ -140,34 +152,34 @@ def check_writable_dir(path: Path) -> Path:
 
 def _writable_dir(text: str) -> Path:
     try:
-        return check_writable_dir(Path(text))
+        return check_writable_dir(_path(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-writable_dir = _typed(_writable_dir, "folder", ["{unwritable}", "{file}"])
+writable_dir = _typed(_writable_dir, "folder", ["", "{unwritable}", "{file}"])
 
 
 def _folder(text: str) -> Path:
     """A folder that exists or can be created: neither it nor anything above it is a file. (Whether it can be
     written is the command's business: `status` only reads.)"""
-    path = Path(text).expanduser()
+    path = _path(text)
     for above in (path, *path.parents):
         if above.exists():
             if not above.is_dir():
-                what = "is a file" if above == path else f"is inside {above}, which is a file"
-                raise argparse.ArgumentTypeError(f"{path} {what}, not a folder: give a folder (it is created if "
-                                                 "missing)")
+                inside = "" if above == path else f"{path} cannot be a folder: "
+                raise argparse.ArgumentTypeError(f"{inside}{above} is a file, not a folder: give a folder (it is "
+                                                 "created if missing)")
             break
     return path
 
 
-folder = _typed(_folder, "folder", ["{file}", "{unwritable}"])
+folder = _typed(_folder, "folder", ["", "{file}", "{unwritable}", "{fifo}"])
 
 
 def _existing_folder(text: str) -> Path:
     """A folder that exists (what a command reads, e.g. the submissions `kvcourse grade` grades)."""
-    path = Path(text).expanduser()
+    path = _path(text)
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{path} does not exist: give the folder of submissions")
     if not path.is_dir():
@@ -175,7 +187,22 @@ def _existing_folder(text: str) -> Path:
     return path
 
 
-existing_folder = _typed(_existing_folder, "folder", ["{missing}", "{file}"])
+existing_folder = _typed(_existing_folder, "folder", ["", "{missing}", "{file}", "{fifo}"])
+
+
+def _output_file(text: str) -> Path:
+    """A file to write: new, or a plain file it replaces; never a folder, a device (/dev/full), a pipe or a socket."""
+    path = _path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is a folder: give the file to write, e.g. {path / 'grades.csv'}")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{path} is a device, named pipe or socket, not a file: give a new file or a "
+                                         "plain file to replace")
+    _folder(str(path.parent))  # not below a file
+    return path
+
+
+output_file = _typed(_output_file, "file", ["", "{dir}", "{fifo}", "{unwritable}"])
 
 
 # ------------------------------------------------------------------ options of the layers below
@@ -196,6 +223,8 @@ def harden(parser: argparse.ArgumentParser) -> None:
             action.type = folder
         elif action.type is Path and action.dest == "folder" and not action.option_strings:  # grade's submissions
             action.type = existing_folder  # told before a sandbox problem or a course-folder problem
+        elif action.type is Path:  # classroom's --exchange, --roster, export --to; check's notebook
+            action.type = {"exchange": folder, "roster": text_file, "to": output_file}.get(action.dest, path)
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 harden(sub)

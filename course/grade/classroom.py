@@ -8,10 +8,12 @@ no link: nbgrader's would follow a student's link to the solutions with the inst
     release A            nbgrader generate_assignment (from solutions/) + release_assignment
     (students fetch and submit with the Assignment List in JupyterLab)
     collect A            nbgrader collect, into the class folder's inbox/; a submission made as another
-                         student (its folder's owner is not the student it names) is reported, exit 1; one
-                         holding a symbolic link (or a pipe, socket, device) is not collected, exit 1
-    grade A [--jobs N]   `kvcourse grade` (course/grade/grader.py: each submission sealed off in a
-                         bubblewrap sandbox, verdicts from plain data, one gradebook writer)
+                         student (its folder's owner is not the student it names) goes to quarantine/ instead,
+                         never over that student's own, exit 1; one holding a symbolic link (or a pipe, socket,
+                         device) is not collected, exit 1
+    grade A [--jobs N | --cluster ADDRESS]
+                         `kvcourse grade` (course/grade/grader.py: each submission sealed off in a bubblewrap
+                         sandbox, here or on Dask workers, verdicts from plain data, one gradebook writer)
     feedback A           nbgrader release_feedback (students then fetch it from the Assignment List)
     export [--to CSV]    nbgrader's CSV export of the gradebook
     cycle A              collect, grade, feedback and export in one go
@@ -44,6 +46,7 @@ CLASSROOM = AUTOGRADE / "classroom"
 ROLE_CONFIG = {"instructor": CLASSROOM / "jupyter-config" / "instructor",
                "student": CLASSROOM / "jupyter-config" / "student"}
 INBOX = "inbox"  # nbgrader collect writes here; `kvcourse grade` copies (and repairs) into submitted/
+QUARANTINE = "quarantine"  # submissions made under another student's name, kept out of inbox/ (collect)
 EXCHANGE_MODE = 0o777  # nbgrader's documented `chmod ugo+rw` on the exchange root: everyone creates in it
 
 
@@ -129,6 +132,7 @@ def check_class_dir(course: Path) -> Path:
 # ("alice+02_kv_cache+<time>"): nbgrader refuses ids with a path separator or '+', and JupyterHub user names
 # have no spaces. So: letters, digits and . _ @ -, starting with a letter or digit, never '..'.
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]*")
+ROSTER_LIMIT = 2**20  # bytes: 20,000 user names of 50 characters
 
 
 def read_roster(path: Path) -> tuple[list[str], list[str]]:
@@ -136,13 +140,10 @@ def read_roster(path: Path) -> tuple[list[str], list[str]]:
     A line that is not a valid id raises ValueError naming the file, the line and what an id may be."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = grading.read_small(path, ROSTER_LIMIT, "the roster").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"roster {path} is not UTF-8 text (byte offset {exc.start}): give a text file with one student "
                          "user name per line") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read the roster {path} ({exc.strerror or exc}): give a text file with one "
-                         "student user name per line") from None
     students, notes, bad = [], [], []
     first_line = {}
     for number, line in enumerate(text.splitlines(), 1):
@@ -217,17 +218,10 @@ def _api(course: Path, exchange: Path, log_level: str = "ERROR", **changes):
 
 def _run(result: dict, what: str, course: Path) -> str:
     if not result.get("success"):
-        text = f"{result.get('log') or ''}\n{result.get('error') or ''}"
-        failure = _gradebook_failure(course, text)
+        failure = _gradebook_failure(course, f"{result.get('log') or ''}\n{result.get('error') or ''}")
         if failure:
             raise failure
-        detail = (result.get("error") or result.get("log") or "").strip().splitlines()[-12:]
-        # nbgrader often ends with "Please see the above traceback": keep the first error line, the cause
-        cause = next((line for line in text.splitlines() if re.match(r"\s*\[?[\w.]*(Error|Exception)\b", line)
-                      and line not in detail), None)
-        raise ClassroomError(f"nbgrader {what} failed:\n" + "\n".join(([cause.strip(), "..."] if cause else [])
-                                                                      + detail))
-    return result.get("log") or ""
+    return grading.check_result(result, what, course)
 
 
 # ----------------------------------------------------------------------------- the steps
@@ -305,14 +299,21 @@ def impersonations(assignment: str, exchange: Path) -> list[tuple[str, str, str]
             pwd.getpwnam(claimed)
         except KeyError:  # students without Unix accounts (a test hub's one-account spawner): owners say nothing
             continue
-        uid = entry.lstat().st_uid  # the folder's own owner, even where it is a link (collect refuses those)
-        try:
-            owner = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            owner = f"uid {uid}"
+        owner = _owner(entry)
         if owner != claimed:
             found.append((entry.name, claimed, owner))
     return found
+
+
+def _owner(path: Path) -> str:
+    """The user name of the folder's own owner, even where it is a link (collect refuses those)."""
+    import pwd
+
+    uid = path.lstat().st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 # ----------------------------------------------------------------------------- collecting plain files only
@@ -411,18 +412,24 @@ def _copy_folder(dir_fd: int, src: Path, dest: Path, rel: str, ignore) -> None:
     os.chmod(dest, stat.S_IMODE(os.fstat(dir_fd).st_mode) | 0o700)
 
 
-def _plain_files_collect(refused: list):
-    """nbgrader's collect (newest submission per student, --update, due dates, its owner warning), except that
-    a submission holding anything but plain files and folders is left in the exchange and added to `refused`
-    as (student, folder name, UnsafeSubmission)."""
+def _plain_files_collect(refused: list, held: set[str]):
+    """nbgrader's collect (newest submission per student, --update, due dates), except that a submission holding
+    anything but plain files and folders is left in the exchange and added to `refused` as (student, folder name,
+    UnsafeSubmission), and one whose folder name is in `held` (made under another student's name) is never taken:
+    that student's newest own submission is."""
     from nbgrader.exchange.default.collect import ExchangeCollect
     from nbgrader.utils import ignore_patterns
 
     class PlainFilesCollect(ExchangeCollect):
+        def _sort_by_timestamp(self, records):
+            return super()._sort_by_timestamp([r for r in records if r["filename"] not in held] or records)
+
         def init_src(self):
             super().init_src()
             safe = []
             for rec in self.src_records:
+                if rec["filename"] in held:  # only ones in the student's name: quarantined by collect()
+                    continue
                 problem = unsafe_entry(Path(self.inbound_path) / rec["filename"])
                 if problem:
                     refused.append((rec["username"], rec["filename"], problem))
@@ -452,21 +459,32 @@ def _plain_files_collect(refused: list):
 
 class Collected(NamedTuple):
     students: list[str]  # every student with a collected copy of the assignment in inbox/
-    suspicious: list[tuple[str, str, str]]  # impersonations(): (folder, claimed student, real owner)
+    suspicious: list[tuple[str, str, str]]  # impersonations(): (folder, claimed student, real owner): quarantined
     refused: list[tuple[str, str, UnsafeSubmission]]  # (student, folder, what it holds): left in the exchange
 
 
 def collect(assignment: str, course: Path, exchange: Path) -> Collected:
     """nbgrader collect (newest submission of each student) into inbox/, plain files and folders only.
 
-    nbgrader's own warnings (its "cheating attempt?" included) are shown, not silenced."""
+    A submission made under another student's name (impersonations) never reaches inbox/, where it would displace
+    that student's own: it is copied to quarantine/<account that made it>/<folder>/ for the instructor to judge
+    (README: "Handing in"). nbgrader's own warnings are shown, not silenced."""
     _assignment(assignment)
-    released_course(exchange, assignment)
+    root = released_course(exchange, assignment)
     check_gradebook(course)  # collect reads the due date from it
     suspicious = impersonations(assignment, exchange)
     refused: list = []
+    for folder, claimed, owner in suspicious:
+        held = course / QUARANTINE / owner / folder
+        if not held.exists():
+            try:
+                held.parent.mkdir(parents=True, exist_ok=True)
+                copy_plain_tree(root / "inbound" / folder, held)
+            except UnsafeSubmission as problem:  # left in the exchange, as any other
+                shutil.rmtree(held, ignore_errors=True)
+                refused.append((claimed, folder, problem))
     api = _api(course, exchange, log_level="WARN", CourseDirectory={"submitted_directory": INBOX},
-               ExchangeFactory={"collect": _plain_files_collect(refused)})
+               ExchangeFactory={"collect": _plain_files_collect(refused, {f for f, _, _ in suspicious})})
     log = _run(api.collect(assignment, update=True), f"collect {assignment}", course)
     if "WARN" in log:  # nbgrader's own warnings (its "cheating attempt?" among them), as nbgrader wrote them
         print(log.strip(), file=sys.stderr)
@@ -483,16 +501,28 @@ def _report_refused(refused, course: Path, assignment: str) -> int:
     return 1 if refused else 0
 
 
-def _report_impersonations(found) -> int:
+def _report_impersonations(found, course: Path) -> int:
     for folder, claimed, owner in found:
-        print(f"error: submission {folder} claims to be by {claimed!r} but was made by {owner!r}: {owner} "
-              f"submitted as {claimed}. Check {claimed}'s grade by hand (their collected copy may be {owner}'s work).",
-              file=sys.stderr)
+        held, assignment = course / QUARANTINE / owner / folder, folder.split("+")[1]
+        print(f"error: submission {folder} claims to be by {claimed!r} but was made by {owner!r}: not collected, "
+              f"{claimed}'s own submission stands; it is held in {held}. Only if it is {claimed}'s work after all: "
+              f"cp -r '{held}/.' '{course / INBOX / claimed / assignment}/' and grade again", file=sys.stderr)
     return 1 if found else 0
 
 
+def quarantined(course: Path, assignment: str) -> dict[str, str]:
+    """{"student/assignment": note} for report.csv: each submission held in quarantine/ in a student's name."""
+    notes: dict[str, str] = {}
+    for held in sorted((course / QUARANTINE).glob(f"*/*+{assignment}+*")):
+        key = f"{held.name.split('+')[0]}/{assignment}"
+        notes[key] = "; ".join(filter(None, [notes.get(key), (
+            f"a submission in this student's name made by account {held.parent.name} is held in "
+            f"{QUARANTINE}/{held.parent.name}/{held.name}: not graded (see `kvcourse classroom collect`)")]))
+    return notes
+
+
 def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout: int | None = None,
-          force: bool = False, progress: bool = True, log=print) -> list:
+          force: bool = False, progress: bool = True, log=print, cluster: str | None = None) -> list:
     """`kvcourse grade` on the collected submissions (every collected assignment; the ledger skips what
     is already graded), then give each feedback folder the submission's secret, which nbgrader's
     release_feedback names the student's feedback file by."""
@@ -501,7 +531,8 @@ def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout:
     if not any(inbox.glob(f"*/{assignment}/*.ipynb")):
         raise ClassroomError(f"nothing collected for {assignment} in {inbox}: run `kvcourse classroom "
                              f"collect {assignment}` first (or wait for submissions)")
-    rows = grading.grade(inbox, course, jobs=jobs, timeout=timeout, force=force, progress=progress, log=log)
+    rows = grading.grade(inbox, course, jobs=jobs, timeout=timeout, force=force, progress=progress, log=log,
+                         cluster=cluster, notes_for=quarantined(course, assignment))
     for folder in sorted(inbox.glob(f"*/{assignment}")):
         feedback = course / "feedback" / folder.parent.name / assignment
         for name in ("submission_secret.txt", "timestamp.txt"):
@@ -513,13 +544,22 @@ def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout:
 def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
     """nbgrader release_feedback for every graded student. Returns the students whose feedback went out."""
     _assignment(assignment)
-    ready = sorted(p.parent.name for p in (course / "feedback").glob(f"*/{assignment}")
-                   if any(p.glob("*.html")) and (p / "submission_secret.txt").exists())
-    if not ready:
+    made = [p for p in (course / "feedback").glob(f"*/{assignment}") if any(p.glob("*.html"))]
+    if not made:
         raise ClassroomError(f"no feedback for {assignment} in {course / 'feedback'}: run `kvcourse classroom "
                              f"grade {assignment}` first")
+    ready = sorted(p.parent.name for p in made if (p / "submission_secret.txt").is_file())
+    secretless = sorted(p.parent.name for p in made if p.parent.name not in ready)
+    if secretless:  # release_feedback names a student's copy by that file: it would fail on theirs
+        print(f"note: the feedback of {', '.join(secretless)} is in {course / 'feedback'} but cannot go through the "
+              "exchange: their submission has no submission_secret.txt (nbgrader submit writes one; this one was "
+              "put in the inbox another way). Give them the HTML file there yourself", file=sys.stderr)
+        if not ready:
+            raise ClassroomError(f"no feedback of {assignment} can be released through the exchange (see the note)")
     existing_exchange(exchange)
-    _run(_api(course, exchange).release_feedback(assignment), f"release_feedback {assignment}", course)
+    api = _api(course, exchange)
+    for student in ready if secretless else [None]:  # one by one only to leave those without a secret out
+        _run(api.release_feedback(assignment, student_id=student), f"release_feedback {assignment}", course)
     return ready
 
 
@@ -534,6 +574,9 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
                              if dest != course / "grades.csv" else
                              f"{dest} is a folder where the CSV file goes: move it out of the way, or write the "
                              "grades elsewhere with --to FILE.csv")
+    if dest.exists() and not dest.is_file():
+        raise ClassroomError(f"{dest} is a device, named pipe or socket, not a file: give --to a new file or a plain "
+                             "file to replace (nothing was written)")
     blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise ClassroomError(f"cannot write {dest}: {blocker} is a file, not a folder; give --to a path in a folder")
@@ -563,7 +606,8 @@ def status(course: Path, exchange: Path, assignment: str | None = None) -> dict:
                   "submitted": len(inbound),
                   "collected": len(list((course / INBOX).glob(f"*/{a}"))),
                   "graded": len(list((course / "autograded").glob(f"*/{a}"))),
-                  "feedback": len(list((course / "feedback").glob(f"*/{a}")))}
+                  "feedback": len(list((course / "feedback").glob(f"*/{a}"))),
+                  "quarantined": len(list((course / QUARANTINE).glob(f"*/*+{a}+*")))}
     return out
 
 
@@ -588,6 +632,7 @@ def add_arguments_classroom(p: argparse.ArgumentParser) -> None:
         s = sub.add_parser(name, help=text)
         s.add_argument("assignment")
         s.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
+        s.add_argument("--cluster", default=None, help="grade on a Dask cluster: tcp://HOST:8786, or local:N")
         s.add_argument("--timeout", type=int, default=None, help="seconds per cell (default 30)")
         s.add_argument("--force", action="store_true", help="regrade submissions that are already graded")
         s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -636,7 +681,7 @@ def run_classroom(args) -> int:
         elif args.step == "collect":
             students, suspicious, refused = collect(args.assignment, course, exchange)
             print(f"collected {len(students)} submission(s) of {args.assignment} into {course / INBOX}")
-            return max(_report_impersonations(suspicious), _report_refused(refused, course, args.assignment))
+            return max(_report_impersonations(suspicious, course), _report_refused(refused, course, args.assignment))
         elif args.step == "feedback":
             students = feedback(args.assignment, course, exchange)
             print(f"released feedback on {args.assignment} for {len(students)} student(s); "
@@ -654,12 +699,13 @@ def run_classroom(args) -> int:
                 students, suspicious, refused = collect(args.assignment, course, exchange)
                 print(f"collected {len(students)} submission(s)")
             rows = grade(args.assignment, course, exchange, jobs=args.jobs, timeout=args.timeout,
-                         force=args.force, progress=not args.quiet)
+                         force=args.force, progress=not args.quiet, cluster=args.cluster)
             code = _print_rows(rows, args.assignment)
             if args.step == "cycle":
                 released = feedback(args.assignment, course, exchange)
                 print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")
-            return max(code, _report_impersonations(suspicious), _report_refused(refused, course, args.assignment))
+            return max(code, _report_impersonations(suspicious, course),
+                       _report_refused(refused, course, args.assignment))
     except (ClassroomError, grading.GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,11 +2,13 @@
 version intact), under a lock (one grader per course folder), and read back with a clear error."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from contextlib import contextmanager
@@ -15,6 +17,38 @@ from pathlib import Path
 
 class GradingError(RuntimeError):
     """The pipeline itself could not run (not one student's problem); the message says what to do."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+KEPT = ("the grades written before are intact (the gradebook, grades.csv and the ledger are only ever replaced "
+        "whole)")
+
+
+def read_small(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them, else GradingError naming it: never a named
+    pipe (opening it would wait for a writer), a device (/dev/zero never ends) or a folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise GradingError(f"cannot read {what} {path} ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise GradingError(f"{what} {path} is not a plain file (a folder, named pipe or device): give a file")
+        data = fh.read(limit + 1) if st.st_size <= limit else b""
+    if st.st_size > limit or len(data) > limit:
+        raise GradingError(f"{what} {path} is {max(st.st_size, len(data)):,} bytes, over the {limit:,} it may "
+                           "take: is it the right file?")
+    return data
+
+
+def full_disk(text: str, where: Path) -> GradingError | None:
+    """The clear error for a failure (nbgrader's or SQLite's, as text) that was a full disk; None otherwise."""
+    if not any(s in text for s in ("No space left on device", "[Errno 28]", "Disk quota exceeded",
+                                   "database or disk is full")):
+        return None
+    return GradingError(f"the disk holding {where} is full; {KEPT}. Free some space and run the same command "
+                        "again: it goes on where it stopped")
 
 
 def _mode_for(path: Path) -> int:
@@ -34,11 +68,23 @@ def _mode_for(path: Path) -> int:
     return 0o666 & ~umask
 
 
+def _plain_target(path: Path) -> Path:
+    """`path`, its folder made, once it is known to be a new or plain file (or a folder, which the rename
+    refuses): a device, pipe or socket there would be replaced by the file (`--to /dev/full`)."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise GradingError(f"{path} is a device, named pipe or socket, not a file: nothing was written there; "
+                               "give the path of a new file or of a plain file to replace")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
     """Write `data` to `path` through a temp file in the same folder, fsync it, then rename over `path` (with the
     file's permissions, or the umask's for a new one; `private`: readable by its owner only)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _plain_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -55,8 +101,7 @@ def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
 @contextmanager
 def atomic_output(path: Path):
     """Yield a temp path in `path`'s folder; on success it replaces `path`, on any error it is removed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _plain_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -89,9 +134,9 @@ def disk_error(exc: OSError, what: Path) -> GradingError:
     again = "run the same command again (graded submissions are kept)"
     elsewhere = "or write elsewhere (`kvcourse grade --course DIR`, `kvcourse classroom export --to FILE`)"
     code = exc.errno
-    if code in (errno.ENOSPC, errno.EDQUOT):
+    if code in DISK_FULL:
         why = "the disk is full" if code == errno.ENOSPC else "your disk quota is used up"
-        return GradingError(f"could not write {what}: {why}{intact}. Free some space and {again}.")
+        return GradingError(f"could not write {what}: {why}{intact}; {KEPT}. Free some space and {again}.")
     if code in (errno.EACCES, errno.EPERM):
         return GradingError(f"could not write {what}: permission denied in {folder}{intact}. Make it yours to write "
                             f"(`chmod u+rwx {folder}`, or fix its owner) {elsewhere}, and {again}.")
@@ -111,13 +156,16 @@ def disk_error(exc: OSError, what: Path) -> GradingError:
     return GradingError(f"could not write {what}: {exc.strerror or exc}{intact}. Fix that and {again}.")
 
 
+JSON_LIMIT = 256 * 2**20  # bytes of the ledger or a cache: 500 students x 5 assignments is about 2 MB
+
+
 def read_json(path: Path, what: str, default=None):
     """JSON from `path` (default when missing); a corrupt file raises GradingError naming it."""
     path = Path(path)
     if not path.exists():
         return default
     try:
-        return json.loads(path.read_text())
+        return json.loads(read_small(path, JSON_LIMIT, what))
     except (ValueError, UnicodeDecodeError) as exc:
         raise GradingError(f"{path} ({what}) is corrupt: {exc}. Move it aside (or delete it) and run again: "
                            "every submission is then graded afresh.") from None

@@ -8,12 +8,13 @@ sandbox, and every problem met).
 How one run goes (one grader per course folder: work/grade.lock):
   1. find the submissions (course.grade.submissions): invalid files and missing notebooks get a row, never
      silence; edited or deleted test cells are put back as released;
-  2. the gradebook is checked (a truncated or corrupt gradebook.db is named, moved aside and rebuilt by
+  2. the gradebook is checked (a truncated, empty or corrupt gradebook.db is named, moved aside and rebuilt by
      regrading), and generate_assignment fills it with the tests;
   3. the reference values: the exercise's checks (autograde/checks/) run on the solution notebook, outside
      any sandbox, once per version of the solution and the checks;
-  4. each submission runs in its own sandbox (course.grade.sandbox, --jobs at once) and hands back one file
-     of plain data; the clean grader process compares it with the reference (course.grade.verdicts);
+  4. each submission runs in its own sandbox (course.grade.sandbox), one at a time here or as a task on Dask
+     workers (course.grade.cluster: --jobs N, --cluster), and hands back plain data; this process alone compares
+     it with the reference (course.grade.verdicts) and writes everything below, as results arrive;
   5. the verdicts become the test cells' outputs of the executed notebook, which nbgrader merges into the
      gradebook without executing anything (and its scores are checked against the verdicts); feedback is
      generated from it and swapped into feedback/ whole;
@@ -29,6 +30,7 @@ that failed for the grader's own reasons (a sandbox killed from outside) is regr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import csv
 import io
@@ -37,16 +39,16 @@ import shutil
 import stat
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from course.grade import sandbox, verdicts
-from course.grade.files import (GradingError, atomic_write, course_lock, disk_error, read_json, replace_dir)
+from course.grade import cluster as clusters, sandbox, verdicts
+from course.grade.files import (DISK_FULL, GradingError, atomic_write, course_lock, disk_error, full_disk, read_json,
+                               read_small, replace_dir)
 from course.grade.nbgrader_api import (assignments, check_result, export_csv, gradebook_problem, load_config,
                                        nbgrader_api, sha, source_hash)
 from course.grade.plain import decode
-from course.grade.submissions import Submission, discover, grade_id, repair
+from course.grade.submissions import NOTEBOOK_SIZE_LIMIT, Submission, discover, grade_id, repair
 from course.paths import AUTOGRADE, SOLUTIONS
 
 UNSANDBOXED = "UNSANDBOXED: graded without the sandbox (--unsandboxed); not safe for a real class"
@@ -303,10 +305,15 @@ def submitted_timestamp(folder: Path) -> tuple[str | None, str]:
 
 def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | None = None,
           memory_mb: int | None = None, force: bool = False, progress: bool = True, log=print,
-          unsandboxed: bool = False, on_sandbox_start=None) -> list[Row]:
-    """Grade every submission under `folder` into the course folder `course`. Returns one Row each."""
+          unsandboxed: bool = False, on_sandbox_start=None, cluster: str | None = None,
+          notes_for: dict[str, str] | None = None) -> list[Row]:
+    """Grade every submission under `folder` into the course folder `course`. Returns one Row each.
+
+    jobs > 1 or `cluster` (course.grade.cluster.parse): the sandboxes run on Dask workers; without, one at a time
+    here. `notes_for` {"student/assignment": note}: added to that row of report.csv (a "missing" row if none)."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    where = clusters.parse(cluster, jobs)
     if timeout is not None and timeout < 1:
         raise ValueError(f"timeout must be at least 1 second, got {timeout}")
     if memory_mb is not None and memory_mb < 256:
@@ -316,21 +323,26 @@ def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | 
         raise GradingError(f"the course folder {course} is inside the submissions folder {Path(folder).resolve()}: "
                            "its copies of the notebooks would be graded as a student's. Give --course a folder "
                            "outside the submissions folder")
-    with course_lock(course):
-        return _grade(Path(folder), course, jobs, timeout, memory_mb, force, progress, log, unsandboxed,
-                      on_sandbox_start)
-
-
-def _grade(folder, course, jobs, timeout, memory_mb, force, progress, log, unsandboxed, on_sandbox_start):
-    import nbformat
-
-    work = course / "work"
-    if not unsandboxed:
+    if not unsandboxed and not where:  # a cluster's workers are asked the same by clusters.connect
         problem = sandbox.sandbox_problem()
         if problem:
             raise GradingError(f"{problem}. Grading stopped: nothing was graded. (`--unsandboxed` grades without "
                                "the sandbox, for your own tests only: submissions could then read the solutions "
                                "and change each other's grades.)")
+    with course_lock(course), contextlib.ExitStack() as stack:
+        pool = stack.enter_context(clusters.connect(where, sealed=not unsandboxed)) if where else None
+        try:
+            return _grade(Path(folder), course, pool, timeout, memory_mb, force, progress, log, unsandboxed,
+                          on_sandbox_start, notes_for or {})
+        except OSError as exc:  # a write this code did not expect to fail (a full disk, mostly): named, not raw
+            raise disk_error(exc, Path(exc.filename or course)) from None
+
+
+def _grade(folder, course, pool, timeout, memory_mb, force, progress, log, unsandboxed, on_sandbox_start,
+           notes_for):
+    import nbformat
+
+    work = course / "work"
     known = assignments()
     subs = discover(folder, known)
     if not any(s.path for s in subs):
@@ -359,14 +371,14 @@ def _grade(folder, course, jobs, timeout, memory_mb, force, progress, log, unsan
         shutil.rmtree(stale, ignore_errors=True)
     run_dir.mkdir(parents=True)
     try:
-        return _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, force, progress, log,
-                         unsandboxed, notes, on_sandbox_start, nbformat)
+        return _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, force, progress, log,
+                         unsandboxed, notes, on_sandbox_start, notes_for, nbformat)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, force, progress, log, unsandboxed,
-              notes, on_sandbox_start, nbformat):
+def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, force, progress, log, unsandboxed,
+              notes, on_sandbox_start, notes_for, nbformat):
     gradable = sorted({s.assignment for s in subs if not s.problem})
     checks, references = {}, {}
     in_gradebook, held = _held(cfg, course)  # the ledger is trusted only as far as the gradebook agrees
@@ -375,7 +387,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
         if (ledger.data["sources"].get(assignment) != digest or not (course / "release" / assignment).exists()
                 or assignment not in in_gradebook):
             check_result(api.generate_assignment(assignment, force=True, create=True),
-                         f"generate_assignment {assignment}")
+                         f"generate_assignment {assignment}", course)
             ledger.data["sources"][assignment] = digest
             ledger.save()
         checks[assignment] = verdicts.load_checks(verdicts.checks_path(assignment))
@@ -390,14 +402,20 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
             rows[key] = Row(sub.student, sub.assignment, sub.notebook, "missing" if sub.missing else "invalid",
                             problems="; ".join([sub.problem] + sub.problems + _earlier_grade(ledger, sub)))
             continue
-        sub.digest = sha(sub.path.read_bytes(), ledger.data["sources"][sub.assignment].encode())
+        try:  # what discover saw may have been swapped since (for a pipe): read once, as a plain file
+            data = read_small(sub.path, NOTEBOOK_SIZE_LIMIT, "the notebook")
+        except GradingError as exc:
+            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "invalid",
+                            problems="; ".join([f"{exc}: not graded"] + sub.problems + _earlier_grade(ledger, sub)))
+            continue
+        sub.digest = sha(data, ledger.data["sources"][sub.assignment].encode())
         done = ledger.data["graded"].get(sub.key)
         if not force and done and done.get("hash") == sub.digest and _reusable(done, held, sub, course):
             rows[key] = Row(**done["row"])
             continue
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
         try:
-            nb = nbformat.read(str(sub.path), as_version=4)
+            nb = nbformat.reads(data.decode("utf-8"), as_version=4)
             sub.problems += repair(nb, release_nb)
         except Exception as exc:  # the file is the student's: one that breaks the repair must not stop the class
             rows[key] = Row(sub.student, sub.assignment, sub.notebook, "failed", problems="; ".join(
@@ -427,13 +445,13 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
                     r.score, r.max_score = float(held.score), float(held.max_score)
 
     started = time.perf_counter()
+    where = pool.where if pool else "one sandbox at a time"
     if pending:
-        n = min(jobs, len(pending))
-        log(f"grading {len(pending)} submission(s) with {n} sandbox(es) at a time"
+        log(f"grading {len(pending)} submission(s) on {where}"
             f"{' WITHOUT the sandbox (--unsandboxed)' if unsandboxed else ''} "
             f"({len(subs) - len(pending)} already graded or not gradable)")
-        for row in _run_all(pending, course, run_dir, cfg, ledger, limits, n, progress, unsandboxed, checks,
-                            references, on_sandbox_start, nbformat):
+        for row in _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed, checks, references,
+                            on_sandbox_start, nbformat):
             row.sandbox = box
             if unsandboxed:
                 row.problems = "; ".join(p for p in (UNSANDBOXED, row.problems) if p)
@@ -445,6 +463,10 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
                 ledger.save()
     elapsed = time.perf_counter() - started
 
+    for key, note in notes_for.items():  # e.g. the classroom's quarantine: a row for every student it names
+        mine = [r for r in rows.values() if f"{r.student}/{r.assignment}" == key]
+        for row in mine or [rows.setdefault(key, Row(*key.split("/", 1), "", "missing"))]:
+            row.problems = "; ".join(p for p in (row.problems, note) if p)
     ordered = [rows[k] for k in sorted(rows)]
     if notes:
         for row in ordered:
@@ -460,54 +482,44 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, jobs, forc
     except OSError as exc:
         raise disk_error(exc, course / "report.csv") from None
     if pending:
-        log(f"{len(pending)} submission(s) in {elapsed:.1f} s: {elapsed / len(pending):.1f} s per submission "
-            f"with {min(jobs, len(pending))} sandbox(es) at a time")
+        log(f"{len(pending)} submission(s) in {elapsed:.1f} s: {elapsed / len(pending):.1f} s per submission on {where}")
     return ordered
 
 
-def _run_all(pending, course, run_dir, cfg, ledger, limits, n, progress, unsandboxed, checks, references,
+def _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed, checks, references,
              on_sandbox_start, nbformat):
+    """Each submission's sandbox (here, or on the cluster's workers), then its merge here, as results arrive."""
     from tqdm.auto import tqdm
 
-    threads = max(1, (os.cpu_count() or 1) // n)
     merge_cfg = cfg.copy()
     merge_cfg.CourseDirectory.submitted_directory = str(run_dir / "executed")
     merge_cfg.CourseDirectory.feedback_directory = str(run_dir / "feedback")
     merge_cfg.Execute.enabled = False  # nothing executes here: the outputs are the grader's verdicts
     merge_cfg.ClearOutput.enabled = False
     merge_api = nbgrader_api(merge_cfg)
-
-    def one(i, sub, nb):
-        box = run_dir / "sandbox" / f"{i:04d}"
-        box.mkdir(parents=True)
-        path = box.parent / f"{i:04d}.ipynb"
-        nbformat.write(nb, str(path))
-        try:
-            return sandbox.run_sealed(path, verdicts.checks_path(sub.assignment), box, limits,
-                                      sealed=not unsandboxed, threads=threads, on_start=on_sandbox_start)
-        finally:
-            shutil.rmtree(box, ignore_errors=True)
-
-    bar = tqdm(total=len(pending), desc="grading", unit="submission", disable=not progress)
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        futures = {pool.submit(one, i, sub, nb): (sub, nb) for i, (sub, nb) in enumerate(pending)}
-        try:
-            for future in as_completed(futures):
-                sub, nb = futures[future]
-                try:
-                    row = _merge(sub, nb, future.result(), course, run_dir, merge_cfg, merge_api,
-                                 checks[sub.assignment], references[sub.assignment], nbformat)
-                except GradingError:
+    local = pool is None or pool.where.startswith("a local")
+    (run_dir / "sandbox").mkdir()
+    jobs = [{"notebook": nb, "assignment": sub.assignment, "checks": verdicts.checks_path(sub.assignment).read_text(),
+             "limits": asdict(limits), "sealed": not unsandboxed, "version": clusters.course_version(),
+             "threads": pool.threads if pool else max(1, os.cpu_count() or 1),
+             "scratch": str(run_dir / "sandbox") if local else None} for sub, nb in pending]
+    with tqdm(total=len(pending), desc="grading", unit="submission", disable=not progress) as bar:
+        for i, outcome in (pool.run(jobs, bar) if pool else clusters.serial(jobs, on_sandbox_start)):
+            sub, nb = pending[i]
+            try:
+                row = _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks[sub.assignment],
+                             references[sub.assignment], nbformat)
+            except GradingError:
+                raise
+            except OSError as exc:
+                if exc.errno in DISK_FULL:  # every later merge would fail the same way: stop, saying why
                     raise
-                except Exception as exc:  # one submission must never stop the class
-                    row = Row(sub.student, sub.assignment, sub.notebook, "failed",
-                              problems=f"merging into the gradebook failed: {type(exc).__name__}: {exc}")
-                bar.update(1)
-                yield row
-        finally:
-            bar.close()
-            for future in futures:
-                future.cancel()
+                row = Row(sub.student, sub.assignment, sub.notebook, "failed", problems=f"merging failed: {exc}")
+            except Exception as exc:  # one submission must never stop the class
+                row = Row(sub.student, sub.assignment, sub.notebook, "failed",
+                          problems=f"merging into the gradebook failed: {type(exc).__name__}: {exc}")
+            bar.update(1)
+            yield row
 
 
 def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, reference, nbformat) -> Row:
@@ -542,6 +554,8 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
     result = merge_api.autograde(sub.assignment, sub.student, force=True, create=True)
     if not result.get("success"):
         error = result.get("error") or result.get("log") or ""
+        if full_disk(error):
+            raise full_disk(error, course)
         if "database is locked" in error:  # formgrader (or another tool) is writing the gradebook right now
             why = ("the gradebook is busy (formgrader or another program is writing to it): the previous grade is "
                    "kept; close it and grade again")
@@ -586,7 +600,11 @@ def add_arguments_grade(p: argparse.ArgumentParser) -> None:
                                              "`kvcourse classroom collect` copies it unchanged")
     p.add_argument("--course", type=Path, default=AUTOGRADE,
                    help="course folder for the gradebook, feedback and CSVs (default: autograde/)")
-    p.add_argument("--jobs", "-j", type=int, default=1, help="grade this many submissions at once (default 1)")
+    p.add_argument("--jobs", "-j", type=int, default=1,
+                   help="grade this many submissions at once, on a local Dask cluster (default 1: one at a time)")
+    p.add_argument("--cluster", default=None,
+                   help="grade on the Dask cluster whose scheduler is at tcp://HOST:8786, or on local:N (N local "
+                        "worker processes); this process alone writes the gradebook")
     p.add_argument("--timeout", type=int, default=None, help="seconds per cell before it is interrupted "
                                                              "(default: autograde/nbgrader_config.py, 30)")
     p.add_argument("--memory-mb", type=int, default=None, help="memory cap per submission in MiB (default 4096)")
@@ -606,7 +624,7 @@ def print_rows(rows: list[Row], width: int | None = None) -> None:
 def run_grade(args) -> int:
     try:
         rows = grade(args.folder, args.course, jobs=args.jobs, timeout=args.timeout, memory_mb=args.memory_mb,
-                     force=args.force, progress=not args.quiet, unsandboxed=args.unsandboxed)
+                     force=args.force, progress=not args.quiet, unsandboxed=args.unsandboxed, cluster=args.cluster)
     except (GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

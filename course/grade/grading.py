@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from course.grade.check import (HIDDEN_BEGIN, TestResult, _changed_locked_cells, add_arguments_check, check,  # noqa: F401
                                 full_check, run_check)
-from course.grade.files import GradingError  # noqa: F401
+from course.grade.files import GradingError, read_small  # noqa: F401
 from course.grade.grader import Ledger, Row, add_arguments_grade, grade, run_grade  # noqa: F401
-from course.grade.nbgrader_api import (_export_csv, _venv_on_path, assignments, generate_exercises,  # noqa: F401
-                                       load_config, nbgrader_api, source_hash)
+from course.grade.nbgrader_api import (_export_csv, _venv_on_path, assignments, check_result,  # noqa: F401
+                                       generate_exercises, load_config, nbgrader_api, source_hash)
 from course.grade.submissions import Submission, discover as _discover, grade_id as _grade_id, invalid_reason, repair  # noqa: F401
 from course.grade.submissions import invalid_reason as _invalid_reason  # noqa: F401
 

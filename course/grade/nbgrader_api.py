@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import stat
 import sqlite3
 import sys
 import warnings
 from pathlib import Path
 
-from course.grade.files import GradingError, atomic_output, disk_error
+from course.grade.files import GradingError, atomic_output, disk_error, full_disk
 from course.paths import AUTOGRADE, EXERCISES, SOLUTIONS
 
 
@@ -64,10 +66,18 @@ def nbgrader_api(cfg, log_level: str = "ERROR"):
     return api
 
 
-def check_result(result: dict, what: str) -> None:
-    if not result.get("success"):
-        detail = (result.get("error") or result.get("log") or "").strip().splitlines()[-12:]
-        raise GradingError(f"{what} failed:\n" + "\n".join(detail))
+def check_result(result: dict, what: str, where: Path = AUTOGRADE) -> str:
+    """nbgrader's log of a step that worked; GradingError otherwise, with its cause (the error line that its
+    traceback ends in, not the traceback; a full disk said as such) and the last lines of its log."""
+    if result.get("success"):
+        return result.get("log") or ""
+    text = f"{result.get('log') or ''}\n{result.get('error') or ''}"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    causes = [line for line in lines if re.match(r"\[?[\w.]*(Error|Exception)\b", line)
+              and not line.startswith(("Traceback", "[ERROR]"))]
+    detail = [line for line in lines if not line.startswith(("File ", "Traceback", "^", "~", "Please see"))][-6:]
+    raise full_disk(text, where) or GradingError(f"nbgrader {what} failed: " + "; ".join(
+        dict.fromkeys(causes[-1:] + [line for line in detail if line not in causes[-1:]])))
 
 
 def sha(*chunks: bytes) -> str:
@@ -127,6 +137,10 @@ def gradebook_problem(path: Path, retry: str = "grade again") -> str:
     path = Path(path)
     if not path.exists():
         return ""
+    if not stat.S_ISREG(path.stat().st_mode):
+        return "it is not a plain file (a folder, named pipe or device)"
+    if path.stat().st_size == 0:
+        return "it is empty, 0 bytes (cut short by a crash or a full disk?)"
     if not os.access(path, os.R_OK | os.W_OK) or not os.access(path.parent, os.W_OK | os.X_OK):
         raise GradingError(gradebook_unreachable(path, PermissionError("permission denied"), retry))
     try:
@@ -153,15 +167,17 @@ def gradebook_problem(path: Path, retry: str = "grade again") -> str:
     except sqlite3.DatabaseError as exc:  # "file is not a database", "database disk image is malformed"
         return f"not a readable SQLite database ({exc})"
     missing = NBGRADER_TABLES - tables
-    if missing and tables:
-        return f"nbgrader's tables are missing: {', '.join(sorted(missing))}"
-    if not tables and path.stat().st_size > 0:
-        return "it holds no tables (truncated?)"
+    if missing:
+        return f"nbgrader's tables are missing: {', '.join(sorted(missing))}" if tables else "it holds no tables"
     return ""
 
 
 def export_csv(cfg, dest: Path) -> None:
-    """nbgrader's CSV export of the gradebook, written atomically (the previous file survives a failure)."""
+    """nbgrader's CSV export of the gradebook, written atomically (the previous file survives a failure), its rows
+    sorted by assignment and student: nbgrader lists students in the order they reached the gradebook, which
+    differs between grading runs (on a cluster, results arrive in any order)."""
+    import csv
+
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 
@@ -169,6 +185,10 @@ def export_csv(cfg, dest: Path) -> None:
     try:
         with atomic_output(dest) as tmp, Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:
             CsvExportPlugin(to=str(tmp)).export(gb)
+            header, *rows = tmp.read_text().splitlines(keepends=True)
+            fields = [next(csv.reader([row])) for row in rows]  # assignment, duedate, timestamp, student_id, ...
+            order = sorted(range(len(rows)), key=lambda i: (fields[i][0], fields[i][3]))
+            tmp.write_text(header + "".join(rows[i] for i in order))
     except OSError as exc:
         raise disk_error(exc, dest) from None
 

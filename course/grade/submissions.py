@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,26 +187,36 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
 
 
 def too_large(path: Path) -> str:
-    """Why the notebook is too large to grade ("" when it is not): its size, read without following a link and
-    before anything reads the file, over NOTEBOOK_SIZE_LIMIT."""
+    """Why the file cannot be a notebook to grade ("" when it can): not a plain file (a named pipe would hang the
+    read, a device never end), or over NOTEBOOK_SIZE_LIMIT; told from lstat, before anything reads it."""
     try:
-        size = os.lstat(path).st_size
+        st = os.lstat(path)
     except OSError as exc:
         return f"cannot be read ({exc.strerror}): not graded"
-    if size <= NOTEBOOK_SIZE_LIMIT:
+    if not stat.S_ISREG(st.st_mode):
+        return "not a plain file (a named pipe, socket or device named .ipynb): not graded"
+    if st.st_size <= NOTEBOOK_SIZE_LIMIT:
         return ""
-    return (f"too large to grade: {size / 2**20:,.1f} MB, over the grader's limit of "
+    return (f"too large to grade: {st.st_size / 2**20:,.1f} MB, over the grader's limit of "
             f"{NOTEBOOK_SIZE_LIMIT / 2**20:g} MB (NOTEBOOK_SIZE_LIMIT in course/grade/submissions.py); not graded. "
             "Ask the student to clear the outputs (Edit > Clear Outputs of All Cells), save and hand it in again")
+
+
+def read_notebook(path: Path):
+    """The notebook at `path`, read through read_small (a plain file of at most NOTEBOOK_SIZE_LIMIT bytes)."""
+    import nbformat
+
+    from course.grade.files import read_small
+
+    return nbformat.reads(read_small(path, NOTEBOOK_SIZE_LIMIT, "the notebook").decode("utf-8"), as_version=4)
 
 
 def invalid_reason(path: Path) -> str:
     import nbformat
 
     try:
-        nb = nbformat.read(str(path), as_version=4)
-        nbformat.validate(nb)
-    except Exception as exc:  # not JSON, not a notebook, wrong schema: report it, grade the others
+        nbformat.validate(read_notebook(path))
+    except Exception as exc:  # not JSON, not a notebook, wrong schema, not a file: report it, grade the others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"invalid notebook ({type(exc).__name__}): {first[:160]}"
     return ""
