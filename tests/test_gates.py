@@ -99,3 +99,16 @@ def test_a_profile_taken_busy_is_kept_until_the_machine_is_quiet(monkeypatch, tm
 def test_eager_decode_is_timed_on_the_tiny_model(tiny):
     ms = machine.eager_decode_ms(tiny, context=4, repeats=3)
     assert 0 < ms < 5000
+
+
+def test_a_flagged_figure_is_shown_as_a_dash_and_its_notice_recorded_once(fresh_progress):
+    from course.measure import gates
+    from course.measure.results import record_gated, recorded
+
+    ok = gates.measured(lambda: 5.0, lambda v: [], "a figure")
+    assert ok.shown(5.0) == 5.0 and ok.headline("5 ms, as predicted.") == "5 ms, as predicted."
+    bad = gates.measured(lambda: 5.0, lambda v: [gates.not_below_floor(v, 10.0)], "the step time", tries=1)
+    assert bad.shown(5.0) is None and bad.headline("5 ms, as predicted.").startswith("Not used: the step time")
+    for key in ("step_ms", "step_ratio"):  # two figures of one flagged measurement: one notice
+        record_gated(key, bad, 5.0)
+    assert recorded()["unreliable"] == ["step_ms", "step_ratio"] and recorded()["busy_notices"] == [bad.notice]

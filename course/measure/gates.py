@@ -84,6 +84,14 @@ class Measured(Generic[T]):
         return (f"{busy_words(self.others).capitalize()}: {self.figure} is unreliable. {why[0].upper()}{why[1:]}. "
                 f"Close other programs and run this cell again.")
 
+    def shown(self, value):
+        """`value` when the figure passed its gate, else None (a Report shows "—": never quoted as if real)."""
+        return value if self.ok else None
+
+    def headline(self, text: str) -> str:
+        """A Report's headline: `text` when the figure passed; else a short busy line (put .notice in the details)."""
+        return text if self.ok else f"Not used: {self.figure} broke a physical limit. Close other programs and re-run."
+
     def _repr_pretty_(self, p, cycle):
         p.text(self.notice or f"{self.figure}: passed its physics checks")
 

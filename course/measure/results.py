@@ -41,7 +41,7 @@ def record_gated(key: str, run, value=None):
     if run.ok:
         return record(key, run.value if value is None else value)
     record("unreliable", sorted({*_recorded.get("unreliable", []), key}))
-    record("busy_notices", [*_recorded.get("busy_notices", []), run.notice])
+    record("busy_notices", list(dict.fromkeys([*_recorded.get("busy_notices", []), run.notice])))  # each once
     return None
 
 
