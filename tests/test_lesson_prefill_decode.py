@@ -244,3 +244,15 @@ def test_a_busy_machine_is_said_once_and_no_flagged_figure_escapes(cpu_burner, t
     assert long_sentences(nb, 35) == [] and "Traceback" not in notebook_text(nb)
     check_no_flagged_figure_escapes(r, nb, ProgressStore(progress))
     assert ProgressStore(progress).rows("predictions") == []  # headless: nothing locked in, nothing scored
+
+
+@pytest.mark.parametrize("name", ["00_start_here", "01_prefill_decode"])
+def test_every_glossary_link_lands_on_a_heading(name):
+    import nbformat
+
+    headings = {line[3:].strip().replace(" ", "-") for c in nbformat.read(LESSONS / "glossary.ipynb", as_version=4).cells
+                for line in c.source.splitlines() if line.startswith("## ")}
+    text = "\n".join(c.source for c in nbformat.read(LESSONS / f"{name}.ipynb", as_version=4).cells
+                     if c.cell_type == "markdown")
+    anchors = re.findall(r"\]\(glossary\.ipynb#([^)]+)\)", text)
+    assert anchors and set(anchors) <= headings, set(anchors) - headings

@@ -26,12 +26,6 @@ def token_latencies(gen: Generation) -> list[float]:
     return [gen.token_times[0]] + gen.inter_token_latencies
 
 
-def call_values(gen: Generation) -> dict:
-    return dict(call_prompt_tokens=len(gen.prompt_ids), call_new_tokens=len(gen.tokens),
-                call_ttft_ms=gen.time_to_first_token * 1e3, call_itl_ms=gen.mean_inter_token_latency * 1e3,
-                call_stop_reason=gen.stop_reason)
-
-
 def record_all(values: dict) -> dict:
     for key, value in values.items():
         record(key, value)
@@ -42,6 +36,12 @@ def _record_run(run: gates.Measured, values: dict) -> None:
     """Record every value of a gated measurement, or list them all as unreliable."""
     for key, value in values.items():
         record_gated(key, run, value)
+
+
+def _flagged(run: gates.Measured, rows, key: str, headline: str = "Not compared: this machine was too busy.") -> Report:
+    """A figure its gate flagged: its one notice printed, its measured column left blank, nothing claimed."""
+    print(run.notice)
+    return Report([(w, p, None, u) for w, p, _, u in rows], headline, key=key)
 
 
 def plot_token_timeline(gen: Generation, tokenizer=None, ax=None):
@@ -105,11 +105,10 @@ def compiled_ms(run: gates.Measured) -> float | None:
 
 def bytes_line_report(run: gates.Measured, prof) -> Report:
     line = run.value
-    rows = [(f"{p.name}, {p.bytes_per_step / 1e6:,.0f} MB", prof.floor_ms(p.bytes_per_step),
-             p.ms_per_step if run.ok else None, "ms") for p in line.points]
+    rows = [(f"{p.name}, {p.bytes_per_step / 1e6:,.0f} MB", prof.floor_ms(p.bytes_per_step), p.ms_per_step, "ms")
+            for p in line.points]
     if not run.ok:
-        print(run.notice)
-        return Report(rows, "Not judged: this machine was too busy for the line.", key="bytes_line")
+        return _flagged(run, rows, "bytes_line", "Not judged: this machine was too busy for the line.")
     head = line.verdict(prof.bandwidth_gb_s * 1e9, "the machine profile")
     return Report(rows, head, ["Predicted: bytes ÷ the profile's bandwidth, with no fixed cost."] + line.details(),
                   title="One decode step per model shape: the bandwidth floor against the measured time",
@@ -195,11 +194,9 @@ def sweeps_report(run: gates.Measured, model, prof) -> Report:
     points = {(p.phase, p.tokens): p for p in compare(model.config, pre, dec, Machine.from_profile(prof))}
     shown = [("prefill", T, f"prefill, T = {T:,} (whole prompt)")] + [
         ("decode", c, f"decode step, C = {c:,} (eager)") for c in (dec.lengths[0], dec.lengths[-1])]
-    rows = [(label, points[k, n].predicted_s * 1e3, points[k, n].measured_s * 1e3 if run.ok else None, "ms")
-            for k, n, label in shown]
+    rows = [(label, points[k, n].predicted_s * 1e3, points[k, n].measured_s * 1e3, "ms") for k, n, label in shown]
     if not run.ok:
-        print(run.notice)
-        return Report(rows, "Not compared: the sweeps were unreliable on this busy machine.", key="sweeps")
+        return _flagged(run, rows, "sweeps", "Not compared: the sweeps were unreliable on this busy machine.")
     ratio = T / pre.at(T) / dec.tokens_per_s[0]
     record("prefill_over_decode_tokens_per_s", ratio)
     kv_ms = prof.floor_ms(kv_bytes_per_token(model.config, dtype_bytes(model.dtype))) * (dec.lengths[-1] - dec.lengths[0])
@@ -208,6 +205,8 @@ def sweeps_report(run: gates.Measured, model, prof) -> Report:
                   ["Predicted: the roofline time, the slower of bytes ÷ bandwidth and FLOPs ÷ FLOP/s: a lower bound.",
                    f"From C = {dec.lengths[0]:,} to {dec.lengths[-1]:,} the cache adds {kv_ms:.2f} ms of reads at "
                    f"{prof.bandwidth_gb_s:.1f} GB/s; measured: {dec.ms[-1] - dec.ms[0]:+.2f} ms.",
+                   f"Same step, another moment: the sweep's C = {dec.lengths[0]} step took {dec.ms[0]:.0f} ms, the "
+                   f"machine profile's {prof.decode_ms['eager']:.0f} ms.",
                    "Each point is a median of repeats; decode steps were timed in rounds across the contexts."],
                   key="sweeps")
 
@@ -271,9 +270,7 @@ def held_out_report(run: gates.Measured | None, tolerance: float) -> Report:
         return Report([], "Not checked: there is no fit in this run.", key="held_out")
     ho, rows = run.value, run.value.rows()
     if not run.ok:
-        print(run.notice)
-        return Report([(w, p, None, u) for w, p, _, u in rows], "Not checked: the held-out run was unreliable here.",
-                      key="held_out")
+        return _flagged(run, rows, "held_out", "Not checked: the held-out run was unreliable here.")
     judged = [(what, *verdict(p, m, tolerance)) for what, p, m, _ in rows]
     record_all({**ho.values(), "heldout_within": all(ok for _, ok, _ in judged)})
     misses = [(what, words) for what, ok, words in judged if not ok]
@@ -343,8 +340,7 @@ def first_calls_report(model, tokenizer, prompt_ids, cold: Generation, answer: G
     rows = [("first token, cold", None, cold_ms, "ms"), ("first token, warm", None, warm_ms, "ms"),
             ("each later token, eager", prof.decode_ms["eager"], itl_ms, "ms")]
     if not run.ok:
-        print(run.notice)
-        return Report([(w, p, None, u) for w, p, _, u in rows], "Not compared: this machine was too busy.", key="first_calls")
+        return _flagged(run, rows, "first_calls")
     ratio = cold_ms / warm_ms
     head = (f"The cold call's first token took {ratio:.1f}× a warm one: costs paid once after loading, not the "
             "model's speed." if ratio >= 1 + gates.NOISE else
@@ -375,8 +371,7 @@ def long_prompt_report(run: gates.Measured, prof) -> Report:
     rows = [(f"first token, {n}-token prompt", None, ttft, "ms"), ("each later token, eager", prof.decode_ms["eager"],
                                                                     itl, "ms")]
     if not run.ok:
-        print(run.notice)
-        return Report([(w, p, None, u) for w, p, _, u in rows], "Not compared: this machine was too busy.", key="long_prompt")
+        return _flagged(run, rows, "long_prompt")
     plot_token_timeline(g)
     return Report(rows, f"With a {n}-token prompt the first token took {ttft / itl:.0f}× a later one: prefill reads "
                         "the whole prompt before anything streams.",
