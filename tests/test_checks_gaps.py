@@ -183,6 +183,7 @@ def test_review_bug_sample_loses_exactly_its_cells(name):
 
 # ----------------------------------------------------------------------------- correct code keeps full marks
 
+@pytest.mark.slow  # every expect-full sample is graded again in tests/test_grading.py
 @pytest.mark.parametrize("name", ["paged-alt-pop-highest-first", "paged-alt-random-policy-runs", "paged-alt-heap-index",
                                   "paged-alt-fifo-loops"])
 def test_any_free_list_policy_gets_full_marks(name):
@@ -190,6 +191,7 @@ def test_any_free_list_policy_gets_full_marks(name):
     assert failed_cells("05_paged_cache", sample("05_paged_cache", name)) == set()
 
 
+@pytest.mark.slow  # every expect-full sample is graded again in tests/test_grading.py
 @pytest.mark.parametrize("assignment, name", [
     (assignment, name) for assignment in ("02_kv_cache", "05_paged_cache")
     for name, s in SAMPLES[assignment].items() if s["expect"] == "full"])

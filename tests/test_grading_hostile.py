@@ -505,30 +505,35 @@ def graded(tmp_path_factory):
     return {r.student: r for r in rows}
 
 
+@pytest.mark.slow  # grades nine submissions
 def test_a_sandbox_killed_by_its_own_code_is_graded_not_left_ungraded(graded):
     row = graded["sigkill-self"]
     assert row.status == "graded" and row.score == row.max_score > 0, row
     assert "SIGKILL" in row.problems and "kernel died" in row.problems
 
 
+@pytest.mark.slow  # grades nine submissions
 def test_a_submission_that_corrupts_the_checks_is_graded(graded):
     row = graded["corrupt-checks"]
     assert row.status == "graded" and row.score == row.max_score > 0, row
     assert "kernel died" in row.problems
 
 
+@pytest.mark.slow  # grades nine submissions
 def test_an_unknown_test_cell_is_ignored_and_reported(graded):
     row, full = graded["extra-test-cell"], graded["sigkill-self"].max_score
     assert row.status == "graded" and row.score == row.max_score == full, row
     assert "test_bonus" in row.problems and "ordinary code" in row.problems
 
 
+@pytest.mark.slow  # grades nine submissions
 def test_an_answer_cell_marked_graded_gets_the_released_metadata(graded):
     row = graded["answer-graded"]
     assert row.status == "graded" and row.score == row.max_score == graded["sigkill-self"].max_score, row
     assert "cell metadata restored as released: gqa_saving" in row.problems
 
 
+@pytest.mark.slow  # grades nine submissions
 @pytest.mark.parametrize("student", ["meta-list", "meta-gid-list", "meta-gid-dict", "deep-expression"])
 def test_odd_metadata_or_deep_code_is_graded_and_stops_no_one(graded, student):
     """Parsed outside the sandbox before any ran: an AttributeError, TypeError or RecursionError there ended
@@ -537,6 +542,7 @@ def test_odd_metadata_or_deep_code_is_graded_and_stops_no_one(graded, student):
     assert row.status == "graded" and row.score == row.max_score == full, row
 
 
+@pytest.mark.slow  # grades nine submissions
 def test_a_renamed_answer_id_is_graded_on_its_code(graded):
     row = graded["renamed-answer-id"]
     assert row.status == "graded" and row.score == row.max_score > 0, row

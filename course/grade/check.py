@@ -1,14 +1,10 @@
 """`kvcourse check NOTEBOOK`: the learner's own check, with hints; `--full` adds the grader's hidden checks.
 
-Plain `check` executes the notebook in a fresh kernel and prints every visible test with its result and a
-hint, then one summary line (`summary`: "k of n visible tests pass; first failing: <test> — <hint>"), the line
-JupyterLab's Validate button shows too (`validate`, installed by autograde/nbgrader_config.py); it exits 1 when
-any test fails.
-The visible tests compare values with course.grade.verdicts.expect, the grader's own comparison. Test cells the learner
-edited or deleted are put back as released before it runs, and it says so: the results shown are always
-those of the original tests. `--full` grades the notebook the way the instructor's `kvcourse grade` does
-(sealed off, hidden checks included) and prints each test cell's verdict and the score, never a hidden
-test's code or inputs.
+Plain `check` runs the notebook (released test cells put back, and said so) in a fresh kernel, prints every
+visible test with its result and hint, and ends with `summary`'s one line ("k of n visible tests pass; first
+failing: <test> — <hint>"), which JupyterLab's Validate shows too (`validate`); it exits 1 when a test fails. The
+visible tests compare with course.grade.verdicts.expect, the grader's own comparison. `--full` grades the
+notebook as `kvcourse grade` does and prints each test cell's verdict and the score, never a hidden input.
 """
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
 """Runs inside the sandbox: the notebook's cells first, then the exercise's checks; writes plain-data events.
 
-    python -c "import course.grade.harness as h; h.main()"   (stdin: two JSON lines; see sandbox._attempt)
-
-Line 1 on stdin: {"notebook", "cell_timeout", "stop_before", "events_fd"}. Every code cell but the test cells
-runs in an IPython shell in this process, each under a timeout; its outputs (at most OUTPUT_CAP characters per
-stream) go out as a "cell_done" event, then "cells_done". Only THEN does the grader write line 2, {"checks":
-the checks module's source, "checks_name", "skip_checks"}: while the learner's cells run, the hidden checks are
-in no file, no pipe and no memory of this sandbox. After the grader has read "cells_done" it takes no cell
-output any more (sandbox._accept), so whatever the learner's code prints or writes once the checks are here
-never reaches anyone: a check's value, judged outside by course.grade.verdicts, is all that comes back of it.
-
-Nothing here is trusted: the learner's code shares this process and may write any event to the pipe. An event
-can only claim a value for a check, which is judged outside like any value the learner's function returns.
+stdin carries two JSON lines (sandbox._attempt). Line 1, {"notebook", "cell_timeout", "stop_before",
+"events_fd"}: every code cell but the test cells runs in an IPython shell here, each under a timeout, and its
+outputs (at most OUTPUT_CAP characters per stream) go out as "cell_done"; then "cells_done". Only then does the
+grader write line 2, {"checks", "checks_name", "skip_checks"}: while the learner's cells run, the hidden checks
+are in no file, pipe or memory of the sandbox, and once they are in, the grader takes no cell output (what is
+printed now goes nowhere). Nothing here is trusted: an event the learner's code writes can only claim a value
+for a check, judged outside like any value its functions return.
 """
 from __future__ import annotations
 

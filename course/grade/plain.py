@@ -1,17 +1,11 @@
-"""Plain data across the sandbox wall: what a learner's function returned, as tagged JSON.
+"""Plain data across the sandbox wall: `encode` (inside, on the learner's value) to tagged JSON, `decode` (in the
+grader) back to Python and numpy values, anything malformed refused.
 
-`encode` runs inside the sandbox on the learner's return value; `decode` runs in the clean grader process and
-rebuilds Python and numpy values from the JSON alone, refusing anything malformed.
-
-A number travels by its value, whatever carries it: int, a numpy integer and a Fraction equal to a whole
-number are integers; float and numpy floats are reals; any other Fraction stays an exact Fraction; bool and
-numpy.bool are booleans (not numbers). 0-d tensors and arrays stay arrays (course.grade.verdicts reads a 0-d
-one as a number where a number is asked). A number carried by anything but the built-in type comes back as
-`Number(value, carrier)`, so that a hint can say what the learner's code returned.
-
-Nothing the learner's code chooses freely comes back as text: a carrier's name is one of NAMES (anything
-else is "an object of its own class"), a refusal one of WHY, an exception only the built-in classes it
-derives from. Feedback can therefore say what kind of value failed a hidden check, never carry its inputs.
+A number travels by value whatever carries it: int, numpy integers and whole Fractions are integers; float and
+numpy floats reals; other Fractions stay exact; bool and numpy.bool are booleans; 0-d tensors stay arrays. A
+number carried by another type than Python's own decodes as `Number(value, carrier)`, so a hint can name it.
+Nothing the learner's code chooses freely comes back as text: a carrier's name is one of NAMES (else "an object
+of its own class"), a refusal one of WHY, an exception only the built-in classes it derives from.
 """
 from __future__ import annotations
 

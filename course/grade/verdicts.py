@@ -1,34 +1,17 @@
 """Verdicts the student's process cannot fake: declared checks, run in the sandbox, judged outside it.
 
-Each exercise declares its checks in autograde/checks/<assignment>.py (outside the installed package, so a
-learner's kernel never sees the hidden inputs), as a dict from test-cell grade_id to a list of `Check`s:
-
-    from course.grade.verdicts import Check, exact, close, raises
-
-    CHECKS = {
-        "test_kv_cache_bytes": [
-            Check("Llama-2-7B, one token", lambda ns: ns["kv_cache_bytes"](32, 1, 1, 32, 128, 2), exact,
-                  "hint: one K and one V per layer ..."),
-        ],
-    }
-
-`run(ns)` receives the learner's namespace (every cell but the test cells has run) and returns what the
-learner's code gives on fixed inputs; it should only call the learner's functions and return their results
-(tensors included): the sandbox converts them to plain data (course.grade.plain) and hands back a file.
-The same `run` is applied to the solution notebook outside the sandbox for the reference value. `compare(got,
-reference)` then runs in the clean grader process, on decoded plain data only: patched torch functions,
-`__eq__` tricks, printed "passed" lines or edited test cells change nothing there. A test cell earns its
-points when every one of its checks passes; `hint` (start it with "hint:") is what feedback shows.
-
-To add an exercise (say 05_paged_kv): write solutions/05_paged_kv/<nb>.ipynb with its test cells as usual,
-then autograde/checks/05_paged_kv.py with one CHECKS entry per test cell (tests/test_exercises.py checks that
-the grade ids and the points agree, and tests/test_grading.py that the reference scores full marks).
+autograde/checks/<assignment>.py declares, per test-cell grade_id, a list of `Check(label, run, compare, hint)`.
+`run(ns)` gets the learner's namespace in the sandbox and returns what the learner's functions give on fixed
+inputs (course.grade.plain carries it out as plain data); the same `run` on the solution notebook gives the
+reference. `compare(got, reference)` runs in the grader's own process on decoded plain data: patched torch,
+`__eq__` tricks, printed "passed" or edited test cells change nothing. A test cell earns its points when all its
+checks pass; a failure shows the check's `hint` ("hint: ...") and, for a value of the wrong kind, its type.
+A checks module may name the course modules the sandbox leaves out (ABSENT: course.grade.sandbox.course_tree).
 """
 from __future__ import annotations
 
 import importlib.util
 import math
-from fractions import Fraction
 from fractions import Fraction
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,8 +196,7 @@ def checks_path(assignment: str, folder: Path | None = None) -> Path:
 
 
 def load_module(path: Path):
-    """Import a checks module from its file (in the grader): its CHECKS, and its ABSENT (course/ files the
-    sandbox leaves out: the exercise's reference, see course.grade.sandbox.course_tree)."""
+    """A checks module imported from its file (in the grader)."""
     path = Path(path)
     spec = importlib.util.spec_from_file_location(f"kvcourse_checks_{path.stem.replace('-', '_')}", path)
     module = importlib.util.module_from_spec(spec)
