@@ -111,12 +111,6 @@ def test_bad_settings_and_prompt_raise(explorer):
         SamplingExplorer(None, None, top_n=1)
 
 
-def test_time_redraws_reports_every_setting(explorer):
-    settings = [(t, k, p, "a") for t, k, p in GRID[:12]]
-    timing = explorer.time_redraws(settings)
-    assert timing["n"] == 12 and 0 <= timing["median_ms"] <= timing["max_ms"]
-
-
 def test_widget_sliders_drive_the_callback(explorer):
     pytest.importorskip("ipywidgets")
     box = explorer.widget(prompt="a", temperature=1.0)

@@ -9,7 +9,6 @@ Every number comes from course.measure.costs, so the widget, the lesson's formul
 from __future__ import annotations
 
 import base64
-import time
 
 import ipywidgets as widgets
 from matplotlib.figure import Figure
@@ -113,16 +112,6 @@ def calculator_view(preset="llama-2-7b", T: int = 4096, B: int = 1, dtype: str =
     numbers = calculator_numbers(preset, T, B, dtype, beam, weights_dtype)
     fig = draw_calculator(fig or Figure(figsize=(6.4, 3.2), dpi=90), numbers)
     return dict(numbers=numbers, text=calculator_text(numbers), figure=fig)
-
-
-def time_redraw(repeats: int = 5, **kwargs) -> float:
-    """Median seconds for one full update (numbers, text, redraw and PNG encoding): what a slider move costs."""
-    fig, times = Figure(figsize=(6.4, 3.2), dpi=90), []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        figure_png(calculator_view(fig=fig, **kwargs)["figure"])
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 def kv_calculator(preset: str = "llama-2-7b", T: int = 4096, B: int = 1, dtype: str = "fp16/bf16", beam: int = 1):

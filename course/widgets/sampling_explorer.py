@@ -4,7 +4,7 @@
     view = explorer.redraw(temperature=0.7, top_k=0, top_p=0.9, prompt="factual")   # the slider callback
     explorer.show()                                     # sliders + chart + sample button (static view headless)
 
-`redraw` is a plain function: tests and the notebook drive it over a grid of settings without a front end.
+`redraw` is a plain function: tests drive it over a grid of settings without a front end.
 It recomputes the distribution from the cached (sorted) logits with the reference sampler and renders the
 bar chart as SVG; `View.redraw_ms` is the whole wait a slider move costs in the kernel. The SVG goes
 straight to the browser (a matplotlib PNG render alone takes longer than the budget on a busy CPU); the
@@ -13,7 +13,6 @@ static view for a headless run is a matplotlib figure (`figure()`, `static_grid(
 from __future__ import annotations
 
 import html
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -133,16 +132,6 @@ class SamplingExplorer:
         view.redraw_ms = (time.perf_counter() - t0) * 1e3
         self.last = view
         return view
-
-    def time_redraws(self, settings: list[tuple[float, int, float, str]]) -> dict:
-        """Redraw once per (temperature, top_k, top_p, prompt); median and max in milliseconds.
-
-        Every prompt's logits are computed before the clock starts: the sliders never wait for the model.
-        """
-        for prompt in {s[3] for s in settings}:
-            self._cached(prompt)
-        times = [self.redraw(*s).redraw_ms for s in settings]
-        return {"median_ms": statistics.median(times), "max_ms": max(times), "n": len(times)}
 
     def sample_continuations(self, n: int = 3, max_new_tokens: int = 12, temperature: float = 1.0,
                              top_k: int | None = 0, top_p: float | None = 1.0, prompt: str = "factual",
