@@ -125,6 +125,14 @@ def test_a_compiled_engine_that_fell_back_to_eager_is_refused_not_reported():
     assert row == {"engine": "compiled", "threads": 1,
                    "refused": "compiled fell back to eager: torch._dynamo hit its recompile limit"}
     assert refused("eager", tiny_model()) is None  # an eager engine is what its label says
+    from course.engine.fast import FastModel
+    from course.engine.kv_cache import KVCache
+
+    fast = FastModel(tiny_model())
+    fast.step._compiled = lambda *a: (_ for _ in ()).throw(RuntimeError("hit config.recompile_limit (8)"))
+    with pytest.warns(UserWarning, match="fell back to eager"):
+        fast(torch.tensor([[1]]), 0, KVCache(fast.config, 1, 4))  # the real engine, after its fallback
+    assert "recompile_limit" in refused("compiled", fast)["refused"] and refused("compiled", fast.step)
     item = {"status": "ok", "rows": [row, dict(engine="eager", threads=1, x_floor=2.0, ms_per_step=50.0)]}
     target = next(t for t in ITEMS["decode_floor"].targets if t.name == "compiled_1t_x_floor")
     assert target.measure(item) == (None, "not measured")
