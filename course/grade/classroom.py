@@ -48,6 +48,7 @@ ROLE_CONFIG = {"instructor": CLASSROOM / "jupyter-config" / "instructor",
 INBOX = "inbox"  # nbgrader collect writes here; `kvcourse grade` copies (and repairs) into submitted/
 QUARANTINE = "quarantine"  # submissions made under another student's name, kept out of inbox/ (collect)
 EXCHANGE_MODE = 0o777  # nbgrader's documented `chmod ugo+rw` on the exchange root: everyone creates in it
+EXCHANGE_OPTION = ("exchange", "--exchange", "KVCOURSE_EXCHANGE")  # folder_or_error's words for the exchange
 
 
 class ClassroomError(RuntimeError):
@@ -78,7 +79,7 @@ def config(course: Path, exchange: Path, timeout: int | None = None, memory_mb: 
 def make_exchange(exchange: Path) -> Path:
     """Create nbgrader's exchange root, writable by everyone (nbgrader makes the per-course folders in it
     with its own, narrower permissions: inbound is write-only for students, outbound read-only)."""
-    exchange = _check_exchange_path(Path(exchange))
+    exchange = folder_or_error(Path(exchange), *EXCHANGE_OPTION)
     try:
         exchange.mkdir(parents=True, exist_ok=True)
         if stat.S_IMODE(exchange.stat().st_mode) & EXCHANGE_MODE != EXCHANGE_MODE:
@@ -89,13 +90,15 @@ def make_exchange(exchange: Path) -> Path:
     return exchange
 
 
-def _check_exchange_path(exchange: Path) -> Path:
-    """`exchange`, unless it (or a folder above it) is a file: then ClassroomError saying which."""
-    blocker = next((p for p in (exchange, *exchange.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:  # mkdir would only say "[Errno 17] File exists"
-        raise ClassroomError(f"the exchange {exchange} cannot be created: {blocker} is a file, not a folder. Give "
-                             "the exchange folder with --exchange or $KVCOURSE_EXCHANGE (or move the file away)")
-    return exchange
+def folder_or_error(path: Path, what: str = "class folder", option: str = "--course",
+                    env: str = "KVCOURSE_CLASS_DIR") -> Path:
+    """`path`, unless it (or a folder above it) is a file: then ClassroomError saying which (mkdir would say only
+    "[Errno 17] File exists")."""
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ClassroomError(f"the {what} {path} cannot be used: {blocker} is a file, not a folder. Give a folder "
+                             f"with {option} or ${env} (or move the file away)")
+    return path
 
 
 def existing_exchange(exchange: Path) -> Path:
@@ -117,15 +120,6 @@ def released_course(exchange: Path, assignment: str) -> Path:
         raise ClassroomError(f"nothing is released in the exchange {exchange} yet, so there is nothing to collect: "
                              f"run `kvcourse classroom release {assignment}` first, then let the students submit")
     return root
-
-
-def check_class_dir(course: Path) -> Path:
-    """`course`, unless it (or a folder above it) is a file: then ClassroomError saying which."""
-    blocker = next((p for p in (course, *course.parents) if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise ClassroomError(f"the class folder {course} cannot be used: {blocker} is a file, not a folder. Give a "
-                             "folder with --course or $KVCOURSE_CLASS_DIR")
-    return course
 
 
 # A student id becomes a folder name in the class folder and part of a submission's name in the exchange
@@ -229,8 +223,8 @@ def _run(result: dict, what: str, course: Path) -> str:
 def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     """Class folder, exchange, and the roster in the gradebook (so the export lists who did not submit).
     Returns the students that were new to the gradebook."""
-    check_class_dir(course)
-    _check_exchange_path(Path(exchange))
+    folder_or_error(course)
+    folder_or_error(Path(exchange), *EXCHANGE_OPTION)
     made = not course.exists()
     try:  # before the exchange, so that a class folder that cannot be made leaves nothing half done
         course.mkdir(parents=True, exist_ok=True)
@@ -250,7 +244,7 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
         from sqlalchemy.exc import DatabaseError
 
         check_gradebook(course)
-        grading._venv_on_path(os.environ)  # a new gradebook runs `alembic`
+        grading.venv_on_path(os.environ)  # a new gradebook runs `alembic`
         try:
             with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
                 known = {s.id for s in gb.students}
@@ -588,7 +582,7 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
 
     check_gradebook(course)
     try:
-        grading._export_csv(config(course, exchange), dest)
+        grading.export_csv(config(course, exchange), dest)
     except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
         raise (_gradebook_failure(course, str(exc))
                or ClassroomError(f"the gradebook could not be read: {exc.orig}")) from None
@@ -649,21 +643,10 @@ def add_arguments_classroom(p: argparse.ArgumentParser) -> None:
                           help="nbgrader's exchange (as before the step)")
 
 
-def _print_rows(rows, assignment: str) -> int:
-    mine = [r for r in rows if r.assignment == assignment]
-    for r in mine:
-        score = f"{r.score:g}/{r.max_score:g}" if r.status == "graded" else r.status.upper()
-        print(f"  {r.student:<20} {score:>9}  {r.problems}")
-    bad = [r for r in mine if r.status != "graded"]
-    if bad:
-        print(f"{len(bad)} submission(s) need a look (report.csv); every other one is graded.")
-    return 1 if bad else 0
-
-
 def run_classroom(args) -> int:
     course, exchange = class_dir(args.course), exchange_dir(args.exchange)
     try:
-        check_class_dir(course)
+        folder_or_error(course)
         if getattr(args, "jobs", 1) < 1:
             raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
         if args.step == "init":
@@ -700,7 +683,7 @@ def run_classroom(args) -> int:
                 print(f"collected {len(students)} submission(s)")
             rows = grade(args.assignment, course, exchange, jobs=args.jobs, timeout=args.timeout,
                          force=args.force, progress=not args.quiet, cluster=args.cluster)
-            code = _print_rows(rows, args.assignment)
+            code = grading.print_rows([r for r in rows if r.assignment == args.assignment])
             if args.step == "cycle":
                 released = feedback(args.assignment, course, exchange)
                 print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")

@@ -24,18 +24,23 @@ KEPT = ("the grades written before are intact (the gradebook, grades.csv and the
         "whole)")
 
 
-def read_small(path: Path, limit: int, what: str) -> bytes:
+def read_small(path: Path, limit: int, what: str, follow: bool = True) -> bytes:
     """The bytes of the regular file `path`, at most `limit` of them, else GradingError naming it: never a named
-    pipe (opening it would wait for a writer), a device (/dev/zero never ends) or a folder."""
+    pipe (opening it would wait for a writer), a device (/dev/zero never ends) or a folder; `follow=False`: nor
+    through a symbolic link."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     except OSError as exc:
         raise GradingError(f"cannot read {what} {path} ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as fh:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise GradingError(f"{what} {path} is not a plain file (a folder, named pipe or device): give a file")
-        data = fh.read(limit + 1) if st.st_size <= limit else b""
+        data = b""
+        while st.st_size <= limit and len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
     if st.st_size > limit or len(data) > limit:
         raise GradingError(f"{what} {path} is {max(st.st_size, len(data)):,} bytes, over the {limit:,} it may "
                            "take: is it the right file?")
@@ -57,15 +62,9 @@ def _mode_for(path: Path) -> int:
     try:
         return os.stat(path).st_mode & 0o7777
     except OSError:
-        pass
-    umask = 0o022
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("Umask:"):
-                umask = int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o666 & ~umask
+        umask = os.umask(0o022)  # read by setting it: set back at once
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _plain_target(path: Path) -> Path:
@@ -82,32 +81,22 @@ def _plain_target(path: Path) -> Path:
 
 
 def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
-    """Write `data` to `path` through a temp file in the same folder, fsync it, then rename over `path` (with the
-    file's permissions, or the umask's for a new one; `private`: readable by its owner only)."""
-    path = _plain_target(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-            fh.flush()
-            os.fchmod(fh.fileno(), 0o600 if private else _mode_for(path))
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write `data` to `path` through atomic_output."""
+    with atomic_output(path, private) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
 @contextmanager
-def atomic_output(path: Path):
-    """Yield a temp path in `path`'s folder; on success it replaces `path`, on any error it is removed."""
+def atomic_output(path: Path, private: bool = False):
+    """Yield a temp path in `path`'s folder; on success it is fsynced and replaces `path` (with the file's
+    permissions, or the umask's for a new one; `private`: readable by its owner only), on any error it goes."""
     path = _plain_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as fh:
-            os.fchmod(fh.fileno(), _mode_for(path))
+            os.fchmod(fh.fileno(), 0o600 if private else _mode_for(path))
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

@@ -36,7 +36,6 @@ import csv
 import io
 import os
 import shutil
-import stat
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -253,39 +252,15 @@ def submitted_timestamp(folder: Path) -> tuple[str | None, str]:
     file (not a link: it could point at /dev/zero or any file the grader can read), at most TIMESTAMP_LIMIT bytes
     (read through a descriptor opened without following links, never more than that), UTF-8 text, and a timestamp
     nbgrader.utils.parse_utc accepts (no path in it: dateutil would open a time zone named by a path)."""
-    from nbgrader.utils import parse_utc
-
     path = Path(folder) / "timestamp.txt"
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None, ""
-    except OSError as exc:
-        return None, f"it cannot be read ({exc.strerror})"
-    if stat.S_ISLNK(st.st_mode):
+    if path.is_symlink():
         return None, "it is a symbolic link, not a file"
-    if not stat.S_ISREG(st.st_mode):
-        return None, "it is not a plain file (a folder, pipe or device)"
-    if st.st_size > TIMESTAMP_LIMIT:
-        return None, f"it is {st.st_size:,} bytes, over the {TIMESTAMP_LIMIT:,} a timestamp can take"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:  # swapped for a link after lstat: ELOOP
-        return None, f"it cannot be read ({exc.strerror})"
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "it is not a plain file (a folder, pipe or device)"
-        data = b""
-        while len(data) <= TIMESTAMP_LIMIT and (chunk := os.read(fd, TIMESTAMP_LIMIT + 1 - len(data))):
-            data += chunk
-    except OSError as exc:
-        return None, f"it cannot be read ({exc.strerror})"
-    finally:
-        os.close(fd)
-    if len(data) > TIMESTAMP_LIMIT:
-        return None, f"it is over the {TIMESTAMP_LIMIT:,} bytes a timestamp can take"
-    try:
-        text = data.decode("utf-8").strip()
+        text = read_small(path, TIMESTAMP_LIMIT, "it", follow=False).decode("utf-8").strip()
+    except GradingError as exc:  # not a plain file, too large, or swapped for a link since (ELOOP)
+        return None, str(exc).replace(f"it {path}", "it")
     except UnicodeDecodeError:
         return None, "it is not UTF-8 text"
     if not text:
@@ -294,6 +269,8 @@ def submitted_timestamp(folder: Path) -> tuple[str | None, str]:
     why = f"{shown!r} is not a timestamp such as 2026-01-31 23:59:00.000000 UTC"
     if not text.isprintable() or "/" in text or "\\" in text:
         return None, why
+    from nbgrader.utils import parse_utc
+
     try:
         parse_utc(text)
     except Exception:  # dateutil raises ValueError, OverflowError, and more on odd text
@@ -614,11 +591,16 @@ def add_arguments_grade(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def print_rows(rows: list[Row], width: int | None = None) -> None:
-    width = width or max([len(f"{r.student}/{r.assignment}") for r in rows] + [10])
+def print_rows(rows: list[Row]) -> int:
+    """One line per row, then how many need a look; the exit status: 1 when some do."""
+    width = max([len(f"{r.student}/{r.assignment}") for r in rows] + [10])
     for r in rows:
         score = f"{r.score:g}/{r.max_score:g}" if r.status == "graded" else r.status.upper()
         print(f"{r.student + '/' + r.assignment:<{width}}  {score:>9}  {r.problems}")
+    bad = [r for r in rows if r.status != "graded"]
+    if bad:
+        print(f"{len(bad)} submission(s) need a look (see report.csv); every other one is graded.")
+    return 1 if bad else 0
 
 
 def run_grade(args) -> int:
@@ -628,12 +610,7 @@ def run_grade(args) -> int:
     except (GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print_rows(rows)
     course = Path(args.course)
-    print(f"\ngrades: {course / 'grades.csv'}   report: {course / 'report.csv'}   feedback: {course / 'feedback'}/")
-    if args.unsandboxed:
-        print(UNSANDBOXED)
-    bad = [r for r in rows if r.status != "graded"]
-    if bad:
-        print(f"{len(bad)} submission(s) need a look (see report.csv); every other one is graded.")
-    return 1 if bad else 0
+    print(f"grades: {course / 'grades.csv'}   report: {course / 'report.csv'}   feedback: {course / 'feedback'}/\n"
+          + (f"{UNSANDBOXED}\n" if args.unsandboxed else ""))
+    return print_rows(rows)

@@ -8,7 +8,9 @@ The grading code lives in one module per topic:
   harness.py       what runs inside the sandbox
   plain.py         plain data across the sandbox wall
   verdicts.py      declared checks (autograde/checks/) and the clean comparison
-  grader.py        the grade command
+  cluster.py       where the sandboxes run: here one at a time, or on Dask workers
+  grader.py        the grade command (the only writer of the gradebook)
+  classroom.py     `kvcourse classroom`: nbgrader's exchange cycle for a class on JupyterHub
   check.py         the learner's check (and --full)
 """
 from __future__ import annotations
@@ -16,11 +18,10 @@ from __future__ import annotations
 from course.grade.check import (HIDDEN_BEGIN, TestResult, _changed_locked_cells, add_arguments_check, check,  # noqa: F401
                                 full_check, run_check)
 from course.grade.files import GradingError, read_small  # noqa: F401
-from course.grade.grader import Ledger, Row, add_arguments_grade, grade, run_grade  # noqa: F401
-from course.grade.nbgrader_api import (_export_csv, _venv_on_path, assignments, check_result,  # noqa: F401
-                                       generate_exercises, load_config, nbgrader_api, source_hash)
+from course.grade.grader import Ledger, Row, add_arguments_grade, grade, print_rows, run_grade  # noqa: F401
+from course.grade.nbgrader_api import (assignments, check_result, export_csv, generate_exercises,  # noqa: F401
+                                       load_config, nbgrader_api, source_hash, venv_on_path)
 from course.grade.submissions import Submission, discover as _discover, grade_id as _grade_id, invalid_reason, repair  # noqa: F401
-from course.grade.submissions import invalid_reason as _invalid_reason  # noqa: F401
 
 
 def discover(folder, known=None):

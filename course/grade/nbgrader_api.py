@@ -51,8 +51,6 @@ def venv_on_path(env: dict) -> dict:
     return env
 
 
-_venv_on_path = venv_on_path  # the name classroom.py has used
-
 
 def nbgrader_api(cfg, log_level: str = "ERROR"):
     from nbgrader.apps import NbGraderAPI
@@ -192,5 +190,3 @@ def export_csv(cfg, dest: Path) -> None:
     except OSError as exc:
         raise disk_error(exc, dest) from None
 
-
-_export_csv = export_csv  # the name classroom.py has used
