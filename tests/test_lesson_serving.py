@@ -107,6 +107,22 @@ def test_a_flagged_sweep_reaches_no_record_and_no_profile(fresh_progress, monkey
     assert {"batch_sweep", "batch_speedup", "batch_knee", "batch_step_ms_1"} <= set(recorded()["unreliable"])
 
 
+def test_the_knee_prediction_is_scored_only_against_a_knee_that_was_measured(capsys):
+    from types import SimpleNamespace
+
+    from course.lessons.serving import score_knee
+    from course.measure import gates
+
+    def score(ms_by_batch, rules=lambda s: []):
+        checked = []
+        score_knee(SimpleNamespace(check=checked.append), gates.measured(lambda: _sweep(ms_by_batch), rules, "x"), 64)
+        return checked
+
+    assert score({1: 30, 2: 31, 4: 33, 8: 40, 16: 70}) == [pytest.approx(8 + 8 * 20 / 30)]
+    assert score({1: 30, 2: 31, 4: 33}) == [] and "not scored" in capsys.readouterr().out  # no step doubled
+    assert score({1: 30, 2: 61}, rules=lambda s: ["broken"]) == [None]  # flagged: check(None) says "not scored"
+
+
 def test_the_paper_table_in_the_markdown_is_the_formula_on_the_datasheets():
     import re
 

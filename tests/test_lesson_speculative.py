@@ -183,7 +183,6 @@ def test_exactness(results):
 def test_the_numbers_make_sense(results):
     assert results["acceptance_rate"] > 0.7  # the copy task's answer copies its prompt: lookup guesses right
     assert results["shallow_acceptance_rate"] < 0.5  # an early exit rarely agrees with the full model
-    assert results["depth_agreement"]["2"] < 0.5
     for r in results.get("sweep", []):  # gated: present only when no run beat its own tokens per pass
         assert r["identical"] and 1.0 <= r["tokens_per_pass"] <= r["k"] + 1 and r["speedup"] > 0
         assert r["speedup"] <= 1.1 * r["tokens_per_pass"]

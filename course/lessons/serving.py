@@ -238,6 +238,17 @@ def sweep_report(run: gates.Measured, prof) -> Report:
         "Each step is the median of its rounds; every batch size is timed once per round."])
 
 
+def score_knee(prediction, run: gates.Measured, context: int) -> None:
+    """Score the learner's knee (course.teach.predict) against the measured one; a flagged sweep is not scored, and
+    neither is a sweep whose steps never doubled (the knee lies past it)."""
+    k = run.value.knee(context)
+    if run.ok and k is None:
+        print(f"No step up to B = {run.value.at(context)[-1].batch} cost twice B = 1's: the knee lies past the sweep, "
+              "so the prediction is not scored.")
+    else:
+        prediction.check(k if run.ok else None)
+
+
 def plot_batch_sweep(sweep: BatchSweep):
     """Left: ms per step against B, measured and predicted. Right: total tokens/s against B."""
     import matplotlib.pyplot as plt
