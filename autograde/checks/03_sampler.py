@@ -14,7 +14,32 @@ relations the notebook asks for (a seed repeats its draw, another seed or the ne
 import torch
 
 from course.grade.plain import Array
-from course.grade.verdicts import Check, close, exact, frequencies, pair_equal, raises
+from course.grade.verdicts import Check, close, exact, raises
+
+
+def frequencies(n: int, sigmas: float = 6.0):
+    """Sampled frequencies (arrays) vs the reference's: zero where the reference is zero, else within
+    `sigmas` standard deviations of the difference of two independent n-sample estimates."""
+    import numpy as np
+
+    def compare(got, ref) -> bool:
+        if not (isinstance(got, Array) and isinstance(ref, Array) and got.data.shape == ref.data.shape):
+            return False
+        g, r = got.data.astype(np.float64), ref.data.astype(np.float64)
+        if not np.all(np.isfinite(g)) or np.any(g[r == 0] != 0):
+            return False
+        tol = sigmas * np.sqrt(2 * np.clip(r, 1e-12, 1) * (1 - np.clip(r, 0, 1)) / n) + 1e-9
+        return bool(np.all(np.abs(g - r) <= tol))
+
+    return compare
+
+
+def pair_equal(got, ref) -> bool:
+    """The learner's value is a pair of equal arrays (a repeatable draw); the reference's pair is too."""
+    return (isinstance(got, tuple) and len(got) == 2 and all(isinstance(x, Array) for x in got)
+            and got[0].data.shape == got[1].data.shape and bool((got[0].data == got[1].data).all())
+            and exact(got[0], got[1]) and got[0].data.shape == ref[0].data.shape)
+
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, -1.0, 3.0])
 ROWS = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.8, 0.2, 0.4, 0.6]])

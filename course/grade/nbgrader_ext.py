@@ -1,13 +1,9 @@
-"""nbgrader plug-ins that let one bad submission never stop the class (used by autograde/nbgrader_config.py).
+"""nbgrader plug-ins (autograde/nbgrader_config.py) that let one bad notebook never stop the others.
 
-- GraderKernelManager: starts each kernel under an address-space cap (RLIMIT_AS), so a huge allocation
-  raises MemoryError inside the student's cell instead of exhausting the machine.
-- SafeExecute: nbgrader's Execute (per-cell timeout, interrupt on timeout) plus two guarantees:
-  a kernel that dies (os._exit, a segfault, the kernel OOM killer) fails the cell it died in and marks
-  the remaining cells "not run", and the notebook is still scored; a kernel that ignores the interrupt
-  (student code that swallows KeyboardInterrupt) is killed, with the same result.
-- HideHiddenTests: for feedback, cuts the hidden-test region out of each test cell and reduces that
-  cell's output to "passed" / "failed: <error name>", so feedback never reveals a hidden test.
+- GraderKernelManager: each kernel under an address-space cap, so a huge allocation is a MemoryError in the cell.
+- SafeExecute: nbgrader's Execute, plus: a kernel that dies (os._exit, a crash, the OOM killer) or ignores the
+  timeout's interrupt fails its cell, the cells after it are marked "not run", and the notebook is still scored.
+- HideHiddenTests: feedback shows a test cell without its hidden region, its output reduced to passed/failed.
 """
 from __future__ import annotations
 

@@ -163,30 +163,6 @@ def expect(got, want, message: str = "", tol: float | None = None) -> None:
         raise AssertionError(f"{message} ({why})" if message else why)
 
 
-def frequencies(n: int, sigmas: float = 6.0) -> Callable:
-    """Sampled frequencies (arrays) vs the reference's: zero where the reference is zero, else within
-    `sigmas` standard deviations of the difference of two independent n-sample estimates."""
-    import numpy as np
-
-    def compare(got, ref) -> bool:
-        if not (isinstance(got, Array) and isinstance(ref, Array) and got.data.shape == ref.data.shape):
-            return False
-        g, r = got.data.astype(np.float64), ref.data.astype(np.float64)
-        if not np.all(np.isfinite(g)) or np.any(g[r == 0] != 0):
-            return False
-        tol = sigmas * np.sqrt(2 * np.clip(r, 1e-12, 1) * (1 - np.clip(r, 0, 1)) / n) + 1e-9
-        return bool(np.all(np.abs(g - r) <= tol))
-
-    return compare
-
-
-def pair_equal(got, ref) -> bool:
-    """The learner's value is a pair of equal arrays (a repeatable draw); the reference's pair is too."""
-    return (isinstance(got, tuple) and len(got) == 2 and all(isinstance(x, Array) for x in got)
-            and got[0].data.shape == got[1].data.shape and bool((got[0].data == got[1].data).all())
-            and exact(got[0], got[1]) and got[0].data.shape == ref[0].data.shape)
-
-
 # ----------------------------------------------------------------------------- loading and judging
 
 def checks_path(assignment: str, folder: Path | None = None) -> Path:
