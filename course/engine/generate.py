@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Generator, Sequence
 
+import numpy as np
 import torch
 
 from course.engine.device import synchronize
@@ -121,26 +122,12 @@ class Generation:
     logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # [V] per token, with keep_logits=True
     text: str = ""  # the answer as text, when a tokenizer was at hand (stream_answer)
 
-    @property
-    def time_to_first_token(self) -> float:
-        return self.token_times[0]
-
-    @property
-    def inter_token_latencies(self) -> list[float]:
-        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
-
-    @property
-    def mean_inter_token_latency(self) -> float:
-        itl = self.inter_token_latencies
-        return sum(itl) / len(itl) if itl else float("nan")
-
-    @property
-    def total_time(self) -> float:
-        return self.token_times[-1] if self.token_times else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        return 1.0 / self.mean_inter_token_latency if self.inter_token_latencies else float("nan")
+    time_to_first_token = property(lambda self: self.token_times[0])
+    inter_token_latencies = property(lambda self: [b - a for a, b in zip(self.token_times, self.token_times[1:])])
+    mean_inter_token_latency = property(lambda self: float(np.mean(self.inter_token_latencies))
+                                        if self.inter_token_latencies else float("nan"))
+    total_time = property(lambda self: self.token_times[-1] if self.token_times else 0.0)
+    decode_tokens_per_s = property(lambda self: 1.0 / self.mean_inter_token_latency)  # nan without decode steps
 
 
 def generate(model, prompt_ids, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int | None = None,
