@@ -58,6 +58,8 @@ def test_the_sweep_headline_is_built_from_the_numbers_that_passed(fresh_progress
     report = lesson.sweeps_report(run, model, profile())
     ratio = 256 / 0.512 / (1 / 0.250)  # prefill tokens/s at T = 256 over decode tokens/s at C = 16
     assert f"ran {ratio:.0f}× faster than eager decode" in report.headline
+    assert lesson.prefill_over_decode(run) == pytest.approx(ratio)  # what the second prediction is scored against
+    assert lesson.prefill_over_decode(sweeps_run([40, 512, 2500], [250, 262], ok=False)) is None
     assert len(report.headline.split()) <= HEADLINE_WORDS and recorded()["headlines"]["sweeps"] == report.headline
     assert [r[0] for r in report.rows] == ["prefill, T = 256 (whole prompt)", "decode step, C = 16 (eager)",
                                            "decode step, C = 1,024 (eager)"]
@@ -223,9 +225,11 @@ def test_asks_for_the_prediction_and_scores_it_or_says_why_not(run):
     from course.teach.predict import NO_PREDICTION, NOT_SCORED
 
     _, nb, _ = run
-    assert "Predict: ms per compiled decode step of smollm2-135m" in flat(notebook_text(nb))  # the widget's text
+    widgets = flat(notebook_text(nb))  # the prediction widgets' text
+    assert "Predict: ms per compiled decode step of smollm2-135m" in widgets
+    assert "Predict: how many times more tokens per second prefill moves" in widgets
     text = flat("\n".join(printed_text(nb)))
-    assert flat(NO_PREDICTION) in text or flat(NOT_SCORED) in text  # a headless run locks nothing in
+    assert text.count(flat(NO_PREDICTION)) + text.count(flat(NOT_SCORED)) == 2  # a headless run locks nothing in
 
 
 @pytest.mark.slow

@@ -188,17 +188,27 @@ def measure_sweeps(model, prof, sizes, tries: int = 2) -> gates.Measured:
     return run
 
 
+def _middle_prompt(pre) -> int:
+    return 256 if 256 in pre.lengths else pre.lengths[len(pre.lengths) // 2]
+
+
+def prefill_over_decode(run: gates.Measured) -> float | None:
+    """Prefill's tokens/s at T = 256 over eager decode's at the shortest context; None when the sweeps were flagged."""
+    pre, dec = run.value
+    T = _middle_prompt(pre)
+    return T / pre.at(T) / dec.tokens_per_s[0] if run.ok else None
+
+
 def sweeps_report(run: gates.Measured, model, prof) -> Report:
     pre, dec = run.value
-    T = 256 if 256 in pre.lengths else pre.lengths[len(pre.lengths) // 2]
+    T = _middle_prompt(pre)
     points = {(p.phase, p.tokens): p for p in compare(model.config, pre, dec, Machine.from_profile(prof))}
     shown = [("prefill", T, f"prefill, T = {T:,} (whole prompt)")] + [
         ("decode", c, f"decode step, C = {c:,} (eager)") for c in (dec.lengths[0], dec.lengths[-1])]
     rows = [(label, points[k, n].predicted_s * 1e3, points[k, n].measured_s * 1e3, "ms") for k, n, label in shown]
     if not run.ok:
         return _flagged(run, rows, "sweeps", "Not compared: the sweeps were unreliable on this busy machine.")
-    ratio = T / pre.at(T) / dec.tokens_per_s[0]
-    record("prefill_over_decode_tokens_per_s", ratio)
+    ratio = record("prefill_over_decode_tokens_per_s", prefill_over_decode(run))
     kv_ms = prof.floor_ms(kv_bytes_per_token(model.config, dtype_bytes(model.dtype))) * (dec.lengths[-1] - dec.lengths[0])
     return Report(rows, f"Per token, prefill at T = {T} ran {ratio:.0f}× faster than eager decode: one read of the "
                         f"weights served all {T} prompt tokens.",
@@ -344,7 +354,8 @@ def first_calls_report(model, tokenizer, prompt_ids, cold: Generation, answer: G
     ratio = cold_ms / warm_ms
     head = (f"The cold call's first token took {ratio:.1f}× a warm one: costs paid once after loading, not the "
             "model's speed." if ratio >= 1 + gates.NOISE else
-            f"Cold and warm first tokens took about the same here ({ratio:.2f}×): the one-off costs were small.")
+            f"Cold and warm first tokens took the same time within noise ({ratio:.2f}×): the one-off costs were too "
+            "small to see here.")
     return Report(rows, head, ["Predicted for a later token: the machine profile's eager decode step.",
                                f"The short question's first token took {warm_ms / itl_ms:.1f}× a later one: its "
                                f"{len(prompt_ids)} prompt tokens are few."], key="first_calls")
