@@ -86,14 +86,17 @@ def test_a_profile_taken_busy_is_kept_until_the_machine_is_quiet(monkeypatch, tm
     monkeypatch.delenv("KVCOURSE_THREADS", raising=False)
     import torch
 
-    busy = machine.Profile("cpu", "float32", 1, 2, 5.0, 50.0, 1.5, time.time(), host=machine._host(torch.device("cpu")))
+    busy = machine.Profile("cpu", "float32", 1, 2, 5.0, 50.0, 1.5, time.time() - 60,
+                           host=machine._host(torch.device("cpu")))
     machine.save(busy)
     monkeypatch.setattr(machine, "measure_profile", lambda *a, **k: machine.Profile(
         "cpu", "float32", 1, 2, 20.0, 100.0, 0.0, time.time(), host=busy.host))
     monkeypatch.setattr(machine.threads, "sample_others", lambda *a: 1.5)
     assert machine.profile(dtype="float32").bandwidth_gb_s == 5.0  # still busy: every lesson quotes the same
     monkeypatch.setattr(machine.threads, "sample_others", lambda *a: 0.0)
-    assert machine.profile(dtype="float32").bandwidth_gb_s == 20.0  # quiet now: measured again
+    assert machine.profile(dtype="float32").bandwidth_gb_s == 5.0  # quiet, but the same sitting: kept
+    machine.save(machine.Profile(**{**busy.__dict__, "measured_at": time.time() - machine.BUSY_KEPT_S - 1}))
+    assert machine.profile(dtype="float32").bandwidth_gb_s == 20.0  # quiet, hours later: measured again
 
 
 def test_eager_decode_is_timed_on_the_tiny_model(tiny):

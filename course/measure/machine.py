@@ -6,8 +6,8 @@
 
 Every lesson, recap and review card quotes these figures, so lesson 1's memory bandwidth is lesson 5's.
 The profile is a small JSON file beside the learner's progress (course.paths.progress_path()). It is
-measured again when it is older than a week, when it was taken on a busy machine that is quiet now, or when the device,
-dtype, thread count or PyTorch version differ. A file lock makes two lessons that start together share
+measured again when it is older than a week, when it was taken on a busy machine over three hours ago and
+the machine is quiet now, or when the device, dtype, thread count or PyTorch version differ. A file lock makes two lessons that start together share
 one measurement instead of taking two.
 
 A per-token time always says which engine gave it. "Eager" runs the model as written, one PyTorch call
@@ -32,6 +32,7 @@ from course.paths import progress_path
 FILE_NAME = "machine.json"
 STALE_AFTER_S = 7 * 24 * 3600
 BUSY_CORES = 0.5  # other programs using more than this many cores' worth of CPU: a busy machine
+BUSY_KEPT_S = 3 * 3600  # a profile taken on a busy machine serves a whole sitting before it is measured again
 FLOOR_SLACK = 0.9  # a step measured under 0.9 × its bandwidth floor broke physics (the probe under-measured)
 
 
@@ -181,8 +182,10 @@ def profile(model=None, device="cpu", dtype="float32", refresh: bool = False) ->
     path().parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path()) + ".lock", timeout=300):
         prof = None if refresh else load(device, dtype)
-        # a profile taken on a busy machine is kept (every lesson quotes the same figures) until a quiet moment
-        quiet_now = prof is not None and prof.busy and (threads.sample_others() or 0.0) <= BUSY_CORES
+        # a profile taken on a busy machine is kept for a sitting (every lesson quotes the same figures), then
+        # measured again at the first quiet moment
+        quiet_now = (prof is not None and prof.busy and time.time() - prof.measured_at > BUSY_KEPT_S
+                     and (threads.sample_others() or 0.0) <= BUSY_CORES)
         if prof is not None and not quiet_now and (model is None or "eager" in prof.decode_ms):
             if device.type == "cpu":
                 torch.set_num_threads(prof.threads)
