@@ -122,13 +122,8 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    @property
-    def device(self) -> torch.device:
-        return self.tok_embeddings.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.tok_embeddings.weight.dtype
+    device = property(lambda self: self.tok_embeddings.weight.device)
+    dtype = property(lambda self: self.tok_embeddings.weight.dtype)
 
     def forward(self, tokens: torch.Tensor, start_pos=0, cache=None, last_only: bool = False) -> torch.Tensor:
         """tokens [B, T] → logits [B, T, V] in float32 ([B, V] with last_only: each sequence's next-token logits).

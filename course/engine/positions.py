@@ -87,22 +87,10 @@ class Positions:
         return start_pos
 
     # ------------------------------------------------------------------ what the model and the caches read
-    @property
-    def batch(self) -> int:
-        return len(self.start)
-
-    @property
-    def n_tokens(self) -> int:
-        return sum(self.n_new)
-
-    @property
-    def kv_len(self) -> int:
-        """Key positions attention reads per sequence: the furthest end."""
-        return max(p + n for p, n in zip(self.start, self.n_new))
-
-    @property
-    def packed(self) -> bool:
-        return self.last is not None
+    batch = property(lambda self: len(self.start))  # sequences
+    n_tokens = property(lambda self: sum(self.n_new))  # new tokens, all sequences
+    kv_len = property(lambda self: max(p + n for p, n in zip(self.start, self.n_new)))  # keys read per sequence
+    packed = property(lambda self: self.last is not None)
 
     @property
     def causal(self) -> bool:

@@ -85,10 +85,6 @@ def _scale(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def top_k_filter(logits: torch.Tensor, k: int | None) -> torch.Tensor:
     """Keep the k largest logits (ties with the k-th are kept too); k larger than V keeps all."""
     check_params(top_k=k)
-    return _top_k(logits, k)
-
-
-def _top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
     if not k or k >= logits.shape[-1]:
         return logits
     kth = torch.topk(logits, int(k), dim=-1).values[..., -1:]  # [..., 1] the k-th largest logit
@@ -102,10 +98,6 @@ def top_p_filter(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     stays, so a tiny p is greedy; tokens tied with the last kept one stay too.
     """
     check_params(top_p=p)
-    return _top_p(logits, p)
-
-
-def _top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     if p is None or p >= 1.0:
         return logits
     sorted_logits = torch.sort(logits, dim=-1, descending=True).values  # [..., V]
@@ -119,7 +111,7 @@ def _top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
 def _transform(logits: torch.Tensor, temperature: float, top_k, top_p) -> torch.Tensor:
     """Temperature, then top-k, then top-p, on logits and settings already checked."""
     logits = logits.float()
-    return _top_p(_top_k(_scale(logits, temperature) if temperature > 0 else logits, top_k), top_p)
+    return top_p_filter(top_k_filter(_scale(logits, temperature) if temperature > 0 else logits, top_k), top_p)
 
 
 def transform_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

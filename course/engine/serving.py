@@ -214,13 +214,13 @@ def make_trace(n_requests: int = 16, seed: int = 0, prompt_len: tuple[int, int] 
 
 
 # ---------------------------------------------------------------------------------------------- the server
+@dataclass(eq=False)
 class _Running:
-    __slots__ = ("completion", "slot", "last", "feed", "start")
-
-    def __init__(self, completion: Completion, slot: int):
-        self.completion, self.slot, self.last = completion, slot, None
-        self.feed: list[int] = []  # the tokens this iteration runs for it (its prompt, or its last token)
-        self.start = 0  # the position of feed[0]
+    completion: Completion
+    slot: int
+    last: int | None = None  # the token it produced last
+    feed: list[int] = field(default_factory=list)  # the tokens this iteration runs for it (its prompt, or its last)
+    start: int = 0  # the position of feed[0]
 
 
 def _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, clock, eos_id) -> list[Request]:
