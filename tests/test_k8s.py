@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "autograde" / "classroom" / "k8s"
 DATA = Path(__file__).resolve().parent / "data"
 CHART, HUB = "4.4.0", "5.5.0"  # jupyterhub/jupyterhub chart version and the JupyterHub it runs
-INSTRUCTOR_ONLY = ("solutions", "autograde/samples", "autograde/samples_05.py", "autograde/quiz_questions.yaml",
-                   "autograde/RUBRIC.md")  # autograde/classroom/README.md: only instructors may read these
+INSTRUCTOR_ONLY = ("solutions", "autograde/samples", "autograde/samples.yaml", "autograde/quiz_questions.yaml",
+                   "autograde/RUBRIC.md", "autograde/checks")  # autograde/classroom/README.md: only instructors may read these
 KUBESPAWNER_ONLY = {"image", "extra_labels"}  # KubeSpawner 7.0.0 traits (the rest are JupyterHub's Spawner's)
 
 
