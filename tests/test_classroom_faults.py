@@ -298,7 +298,7 @@ def test_export_writes_only_a_new_or_plain_file(tmp_path, capsys):
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(tmp_path / "sock"))
         for special in ("pipe", "sock"):
-            with pytest.raises(classroom.ClassroomError, match="is a device, named pipe or socket"):
+            with pytest.raises(files.GradingError, match="is a device, named pipe or socket"):
                 classroom.export(course, exchange, tmp_path / special)
             with pytest.raises(files.GradingError, match="is a device, named pipe or socket"):
                 files.atomic_write(tmp_path / special, "x")

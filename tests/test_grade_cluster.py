@@ -56,6 +56,7 @@ def test_the_cluster_value_is_checked():
 
 def test_an_unreachable_scheduler_is_named_before_anything_is_written(tmp_path):
     import dask
+    import distributed  # noqa: F401  (its defaults first: leaving a dask.config.set undoes what it found missing)
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

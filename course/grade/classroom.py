@@ -562,22 +562,13 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
     if not (course / "gradebook.db").exists():
         raise ClassroomError(f"no gradebook in {course}: release and grade an assignment first")
     dest = Path(dest or course / "grades.csv")
-    # what the CSV writer would only report as a failed write ("free some space"): say what is wrong instead
+    # --to is checked while parsing, every write by files.atomic_output (a device, a pipe) and disk_error (why it
+    # failed); a folder where the default file goes is said here, with what to do
     if dest.is_dir():
         raise ClassroomError(f"{dest} is a folder: give the CSV file to write, e.g. --to {dest / 'grades.csv'}"
                              if dest != course / "grades.csv" else
                              f"{dest} is a folder where the CSV file goes: move it out of the way, or write the "
                              "grades elsewhere with --to FILE.csv")
-    if dest.exists() and not dest.is_file():
-        raise ClassroomError(f"{dest} is a device, named pipe or socket, not a file: give --to a new file or a plain "
-                             "file to replace (nothing was written)")
-    blocker = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
-    if blocker is not None:
-        raise ClassroomError(f"cannot write {dest}: {blocker} is a file, not a folder; give --to a path in a folder")
-    where = next(p for p in dest.parents if p.exists())
-    if not os.access(where, os.W_OK | os.X_OK) or (dest.exists() and not os.access(dest, os.W_OK)):
-        raise ClassroomError(f"cannot write {dest}: {dest if dest.exists() else where} is not writable by you; "
-                             "give --to a file in a folder you can write to")
     from sqlalchemy.exc import DatabaseError
 
     check_gradebook(course)
@@ -647,8 +638,6 @@ def run_classroom(args) -> int:
     course, exchange = class_dir(args.course), exchange_dir(args.exchange)
     try:
         folder_or_error(course)
-        if getattr(args, "jobs", 1) < 1:
-            raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
         if args.step == "init":
             roster, notes = read_roster(args.roster) if args.roster else ([], [])
             added = init(course, exchange, roster)

@@ -10,8 +10,8 @@ A worker lost mid-task: the scheduler runs its tasks again on another worker (Da
 that took down `distributed.scheduler.allowed-failures` workers ends as KilledWorker, reported on its row). A
 task writes only in its own temporary folder, so running it twice changes nothing. Before any grade is
 written, `connect` checks that the scheduler answers (within `distributed.comm.timeouts.connect`), that it has
-workers, and that every worker can start the sandbox and runs this very course package (`course_version`; the
-checks travel with each task, so they are the grader's own).
+workers, that every worker can start the sandbox and, on a cluster reached by address, that it runs this very
+course package (`course_version`; local workers read this machine's files; the checks travel with each task).
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def probe() -> dict:
 def run_one(job: dict, on_start=None) -> dict:
     """One submission in a fresh sandbox on this machine: the Outcome as plain data. Idempotent: it writes only
     in its own temporary folder (under job["scratch"] when given), removed at the end."""
-    if job["version"] != course_version():  # a worker that joined after `connect` looked
+    if job["version"] and job["version"] != course_version():  # a worker that joined after `connect` looked
         return dataclasses.asdict(sandbox.Outcome(infrastructure=(
             f"the worker on {socket.gethostname()} runs another version of the course than the grader")))
     with tempfile.TemporaryDirectory(prefix="kvcourse-task-", dir=job.get("scratch")) as tmp:
@@ -88,8 +88,8 @@ def serial(jobs: list[dict], on_start=None):
 class Cluster:
     """A Dask client with workers that were checked; `run(jobs)` yields (index, Outcome) as results arrive."""
 
-    def __init__(self, client, where: str, threads: int):
-        self.client, self.where, self.threads = client, where, threads
+    def __init__(self, client, where: str, threads: int, version: str | None):
+        self.client, self.where, self.threads, self.version = client, where, threads, version  # version None: local
 
     def workers(self) -> int:
         return len(self.client.scheduler_info(n_workers=-1)["workers"])
@@ -127,9 +127,10 @@ def connect(where: tuple[str, int], sealed: bool = True):
     from distributed import Client, LocalCluster
 
     address, n = where
+    local = address == "local"  # workers that read this very folder's files: no version to compare
     timeout = dask.utils.parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
     with contextlib.ExitStack() as stack:
-        if address == "local":
+        if local:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvcourse-dask-"))
             stack.enter_context(dask.config.set({"temporary-directory": tmp}))
             try:
@@ -151,17 +152,18 @@ def connect(where: tuple[str, int], sealed: bool = True):
             raise GradingError(f"could not use the Dask scheduler at {address}: {why} ({exc}). Check the address, "
                                f"or {START_HINT}; nothing was graded") from None
         answers = client.run(probe, on_error="return")
-        mine = course_version()
+        course_version.cache_clear()  # this process's files now, as the workers' are read now
+        mine = None if local else course_version()
         for worker, said in sorted(answers.items()):
             if isinstance(said, BaseException):
                 raise GradingError(f"the Dask worker {worker} cannot run the grader ({type(said).__name__}: {said}): "
                                    "install the course there, the same version as here; nothing was graded")
-            if sealed and said["sandbox"]:
-                raise GradingError(f"the Dask worker {worker} on {said['host']} cannot start the sandbox: "
-                                   f"{said['sandbox']}. Fix it there, or leave that worker out; nothing was graded")
-            if said["version"] != mine:
+            if mine and said["version"] != mine:
                 raise GradingError(
                     f"the Dask worker {worker} on {said['host']} runs another version of the course (package hash "
                     f"{said['version'][:12]}, here {mine[:12]}): install this one there (the same commit), or its "
                     "grades could differ from this machine's; nothing was graded")
-        yield Cluster(client, where_text, threads)
+            if sealed and said["sandbox"]:
+                raise GradingError(f"the Dask worker {worker} on {said['host']} cannot start the sandbox: "
+                                   f"{said['sandbox']}. Fix it there, or leave that worker out; nothing was graded")
+        yield Cluster(client, where_text, threads, mine)

@@ -474,12 +474,12 @@ def _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed,
     merge_cfg.Execute.enabled = False  # nothing executes here: the outputs are the grader's verdicts
     merge_cfg.ClearOutput.enabled = False
     merge_api = nbgrader_api(merge_cfg)
-    local = pool is None or pool.where.startswith("a local")
+    version = pool.version if pool else None  # None: this machine's own files, nothing to compare
     (run_dir / "sandbox").mkdir()
     jobs = [{"notebook": nb, "assignment": sub.assignment, "checks": verdicts.checks_path(sub.assignment).read_text(),
-             "limits": asdict(limits), "sealed": not unsandboxed, "version": clusters.course_version(),
+             "limits": asdict(limits), "sealed": not unsandboxed, "version": version,
              "threads": pool.threads if pool else max(1, os.cpu_count() or 1),
-             "scratch": str(run_dir / "sandbox") if local else None} for sub, nb in pending]
+             "scratch": None if version else str(run_dir / "sandbox")} for sub, nb in pending]
     with tqdm(total=len(pending), desc="grading", unit="submission", disable=not progress) as bar:
         for i, outcome in (pool.run(jobs, bar) if pool else clusters.serial(jobs, on_sandbox_start)):
             sub, nb = pending[i]

@@ -158,13 +158,10 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     have = {(s.student, s.assignment) for s in found if not s.problem.startswith("misplaced")}
     for student_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not _ignored(p.name)):
         student = student_dir.name
-        if _not_utf8([student]):
+        bad_name = _not_utf8([student]) or _glob_name([student])
+        if bad_name:
             if not any(s.path and folder / student in s.path.parents for s in found):
-                found.append(Submission(_readable(student), "", "", None, problem=_not_utf8([student])))
-            continue
-        if _glob_name([student]):
-            if not any(s.path and folder / student in s.path.parents for s in found):
-                found.append(Submission(student, "", "", None, problem=_glob_name([student])))
+                found.append(Submission(_readable(student), "", "", None, problem=bad_name))
             continue
         if student_dir.is_symlink():
             found.append(Submission(_readable(student), "", "", None, problem=f"{_readable(student)}/ is a symbolic "
