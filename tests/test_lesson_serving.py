@@ -98,6 +98,11 @@ def test_a_flagged_sweep_reaches_no_record_and_no_profile(fresh_progress, monkey
                                                lambda s: s.rules(_Profile()), "the batch sweep"), _Profile())
     assert "B ≈ 13" in good.headline and len(good.headline.split()) <= 30
     assert remembered == [("compiled", 30.0)] and recorded()["batch_speedup"] == pytest.approx(16 / (70 / 30))
+    lesson_1 = _Profile()
+    lesson_1.decode_ms = {"compiled": 21.0}  # lesson 1's whole-step figure stays the profile's
+    again = serving.sweep_report(gates.measured(lambda: _sweep({1: 30, 2: 31, 4: 33, 8: 40, 16: 70}),
+                                                lambda s: s.rules(lesson_1), "the batch sweep"), lesson_1)
+    assert remembered == [("compiled", 30.0)] and any("is 21.0 ms" in d for d in again.details)
     remembered.clear()
     run = gates.measured(lambda: _sweep({1: 68.7, 2: 60, 4: 50, 8: 35.4}), lambda s: s.rules(_Profile()),
                          "the batch sweep")
@@ -303,9 +308,9 @@ def test_reads_cleanly_within_its_stated_time(executed):
     results, nb, elapsed = executed
     check_timed_lesson(nb, results, TIMED)
     assert results["recap"]["next"] == "99_course_end.ipynb"
-    if "batch_step_ms_1" in results:  # the compiled per-token time went into the profile after its gate
+    if "batch_step_ms_1" in results:  # a compiled per-token time is in the profile after the gate passed
         saved = json.loads(machine.path().read_text())[f"{results['profile']['device']}/{results['profile']['dtype']}"]
-        assert saved["decode_ms"]["compiled"] == pytest.approx(results["batch_step_ms_1"])
+        assert saved["decode_ms"]["compiled"] > 0
     check_run_time(NOTEBOOK, elapsed, nb)
 
 
