@@ -331,24 +331,10 @@ def _why(exc: OSError, what: str) -> str:
 def unsafe_entry(folder: Path) -> UnsafeSubmission | None:
     """The first thing in a submission folder (the folder itself included) that is not a plain file or folder:
     a symbolic link, a named pipe, socket or device, or something the grader cannot read. None when clean."""
-    folder = Path(folder)
-    if folder.is_symlink():
-        return UnsafeSubmission("a symbolic link", "")
-    unreadable = []
-    for dirpath, dirnames, filenames in os.walk(folder, onerror=unreadable.append):  # never follows links
-        for name in sorted(dirnames + filenames):
-            where = os.path.relpath(os.path.join(dirpath, name), folder)
-            try:
-                mode = os.lstat(os.path.join(dirpath, name)).st_mode
-            except OSError as exc:  # removed while we looked: the student is still changing it
-                return UnsafeSubmission(_why(exc, "a file"), where)
-            if stat.S_ISLNK(mode):
-                return UnsafeSubmission("a symbolic link", where)
-            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
-                return UnsafeSubmission("a named pipe, socket or device file", where)
-    if unreadable:
-        where = os.path.relpath(unreadable[0].filename, folder)
-        return UnsafeSubmission(_why(unreadable[0], "a folder"), "" if where == "." else where)
+    try:
+        copy_plain_tree(folder, None)
+    except UnsafeSubmission as problem:
+        return problem
     return None
 
 
@@ -356,27 +342,33 @@ _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a pipe swapped in cannot hang us
 
 
-def copy_plain_tree(src: Path, dest: Path, ignore=None) -> None:
-    """Copy the folder `src` to the new folder `dest`, reading through descriptors opened without following
-    links (so a file swapped for a link after unsafe_entry looked is refused, not followed). `ignore` is
+def copy_plain_tree(src: Path, dest: Path | None, ignore=None) -> None:
+    """Copy the folder `src` to the new folder `dest` (None: only look), reading through descriptors opened without
+    following links (so a file swapped for a link after unsafe_entry looked is refused, not followed). `ignore` is
     shutil.copytree's (nbgrader's include/exclude/size filter). Raises UnsafeSubmission; `dest` may then be partial."""
+    if Path(src).is_symlink():  # (opened without following, it would be ENOTDIR)
+        raise UnsafeSubmission("a symbolic link", "")
     try:
         top = os.open(src, _OPEN_DIR)
     except OSError as exc:
         raise UnsafeSubmission(_why(exc, "a folder"), "") from None
     try:
-        _copy_folder(top, Path(src), Path(dest), "", ignore)
+        _copy_folder(top, Path(src), None if dest is None else Path(dest), "", ignore)
     finally:
         os.close(top)
 
 
-def _copy_folder(dir_fd: int, src: Path, dest: Path, rel: str, ignore) -> None:
-    dest.mkdir(mode=0o700)
+def _copy_folder(dir_fd: int, src: Path, dest: Path | None, rel: str, ignore) -> None:
+    if dest is not None:
+        dest.mkdir(mode=0o700)
     names = sorted(os.listdir(dir_fd))
-    ignored = set(ignore(str(src / rel), names)) if ignore else set()
+    ignored = set(ignore(str(src / rel), names)) if ignore and dest is not None else set()
     for name in names:
         where = os.path.join(rel, name)
-        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError as exc:  # removed while we looked: the student is still changing it
+            raise UnsafeSubmission(_why(exc, "a file"), where) from None
         if stat.S_ISLNK(mode):
             raise UnsafeSubmission("a symbolic link", where)
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
@@ -390,10 +382,10 @@ def _copy_folder(dir_fd: int, src: Path, dest: Path, rel: str, ignore) -> None:
         try:
             st = os.fstat(fd)
             if stat.S_ISDIR(st.st_mode):
-                _copy_folder(fd, src, dest / name, where, ignore)
+                _copy_folder(fd, src, dest / name if dest is not None else None, where, ignore)
             elif not stat.S_ISREG(st.st_mode):
                 raise UnsafeSubmission("a named pipe, socket or device file", where)
-            else:
+            elif dest is not None:
                 with open(dest / name, "xb") as out:
                     while chunk := os.read(fd, 1 << 20):
                         out.write(chunk)
@@ -403,7 +395,8 @@ def _copy_folder(dir_fd: int, src: Path, dest: Path, rel: str, ignore) -> None:
             raise UnsafeSubmission(_why(exc, "a file"), where) from None
         finally:
             os.close(fd)
-    os.chmod(dest, stat.S_IMODE(os.fstat(dir_fd).st_mode) | 0o700)
+    if dest is not None:
+        os.chmod(dest, stat.S_IMODE(os.fstat(dir_fd).st_mode) | 0o700)
 
 
 def _plain_files_collect(refused: list, held: set[str]):
