@@ -119,11 +119,12 @@ def bench_class_grading(ctx) -> dict:
     return out
 
 
-CLASS_GRADING = Item(bench_class_grading, "Class simulation: serial, 1 and 2 Dask workers over TCP", slow=True, columns={
-    "run": "{run}", "seconds": "{seconds:.0f}", "per minute": "{per_minute:.2f}",
-    "per minute per worker": "{per_minute_per_worker:.2f}", "s per 100": "{s_per_100:.0f}",
-    "grades.csv = serial": "{same_grades_csv}", "report.csv = serial": "{same_report_csv}",
-    "merged twice": lambda r: len(r["merged_twice"])},
+COLUMNS = {"run": "{run}", "seconds": "{seconds:.0f}", "per minute": "{per_minute:.2f}",
+           "per minute per worker": "{per_minute_per_worker:.2f}", "s per 100": "{s_per_100:.0f}",
+           "grades.csv = serial": "{same_grades_csv}", "report.csv = serial": "{same_report_csv}",
+           "merged twice": lambda r: len(r["merged_twice"])}
+CLASS_GRADING = Item(bench_class_grading, "Class simulation: serial, 1 and 2 Dask workers over TCP", slow=True,
+    columns=COLUMNS,
     text=lambda it: (f"{it['submissions']} submissions ({it['assignments']}); 2 workers ÷ 1 worker throughput "
                      f"**{it['ratio_2_over_1']:.2f}×**; load average {it['load_avg_before']:.1f} before, "
                      f"{it['load_avg_after']:.1f} after."),

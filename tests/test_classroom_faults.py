@@ -369,7 +369,8 @@ def test_a_full_disk_names_the_path_and_says_the_grades_are_intact(tmp_path, mon
     err = str(files.disk_error(OSError(errno.ENOSPC, "No space left on device"), where / "report.csv"))
     assert str(where / "report.csv") in err and "grades written before are intact" in err, err
     traceback = {"success": False, "log": "[GenerateAssignmentApp | ERROR] There was an error processing assignment",
-                 "error": "Traceback (most recent call last):\n  File \"/x/nbgrader/converters/base.py\", line 1, in f\n"
+                 "error": "Traceback (most recent call last):\n"
+                          "  File \"/x/nbgrader/converters/base.py\", line 1, in f\n"
                           "    self.write()\nOSError: [Errno 28] No space left on device: '/x/release/a.ipynb'\n"}
     with pytest.raises(files.GradingError) as full:
         nbgrader_api.check_result(traceback, "generate_assignment x", where)
@@ -388,7 +389,8 @@ def test_feedback_without_the_submission_secret_says_so(class_with_exchange, cap
     page.parent.mkdir(parents=True)
     page.write_text("<html>14/14</html>")
     code, out, err = classroom_main(capsys, "--course", course, "--exchange", exchange, "feedback", ASSIGNMENT)
-    assert code == 2 and "submission_secret.txt" in err and "alice" in err and "run `kvcourse classroom grade" not in err
+    assert code == 2 and "submission_secret.txt" in err and "alice" in err, err
+    assert "run `kvcourse classroom grade" not in err, err
     assert "feedback 1" in classroom_main(capsys, "--course", course, "--exchange", exchange, "status")[1]
 
 

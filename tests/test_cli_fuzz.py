@@ -316,13 +316,15 @@ def _path_cases():
         for action in sub._actions:
             if _is_path(action):
                 for value in HOSTILE:
-                    yield pytest.param(prefix, action.dest, value, id=f"{' '.join(prefix)} {action.dest}={value or '<empty>'}")
+                    yield pytest.param(prefix, action.dest, value,
+                                       id=f"{' '.join(prefix)} {action.dest}={value or '<empty>'}")
 
 
 def test_every_path_argument_is_fuzzed():
     fuzzed = {(p, d) for p, d, _ in (c.values for c in _path_cases())}
-    for must in ((("grade",), "folder"), (("grade",), "course"), (("check",), "notebook"), (("classroom", "export"), "to"),
-                 (("classroom", "init"), "roster"), (("classroom", "status"), "course"), (("generate",), "model")):
+    for must in ((("grade",), "folder"), (("grade",), "course"), (("check",), "notebook"),
+                 (("classroom", "export"), "to"), (("classroom", "init"), "roster"), (("classroom", "status"), "course"),
+                 (("generate",), "model")):
         assert must in fuzzed, (must, sorted(fuzzed))
 
 

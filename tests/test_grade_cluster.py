@@ -46,7 +46,8 @@ def _nothing_written(course: Path) -> bool:
 
 def test_the_cluster_value_is_checked():
     assert cluster.parse(None) is None and cluster.parse(None, jobs=3) == ("local", 3)
-    assert cluster.parse("local:2") == ("local", 2) and cluster.parse("tcp://10.0.0.5:8786") == ("tcp://10.0.0.5:8786", 0)
+    assert cluster.parse("local:2") == ("local", 2)
+    assert cluster.parse("tcp://10.0.0.5:8786") == ("tcp://10.0.0.5:8786", 0)
     for bad in ("local:0", "local:x", "10.0.0.5:8786", "", "tcp://"):
         with pytest.raises(ValueError, match="--cluster must be local:N .* tcp://HOST:8786"):
             cluster.parse(bad)

@@ -120,7 +120,8 @@ def _existing_file(text: str) -> Path:
 
 
 existing_file = _typed(_existing_file, "file", ["", "{missing}", "{dir}", "{unreadable}", "{fifo}"])
-text_file = _typed(lambda text: _existing_file(text), "file", ["", "{missing}", "{dir}", "{fifo}"])  # any bytes may be text
+# a roster: any bytes the grader can read may be text, so an unreadable file (root reads it) is not refused here
+text_file = _typed(lambda text: _existing_file(text), "file", ["", "{missing}", "{dir}", "{fifo}"])
 
 
 def _gguf_file(text: str) -> Path:

@@ -44,7 +44,7 @@ from pathlib import Path
 from course.grade import cluster as clusters, sandbox, verdicts
 from course.grade.files import (DISK_FULL, GradingError, atomic_write, course_lock, disk_error, full_disk, read_json,
                                read_small, replace_dir)
-from course.grade.nbgrader_api import (assignments, check_result, export_csv, gradebook_problem, load_config,
+from course.grade.nbgrader_api import (assignments, check_result, export_csv, failure, gradebook_problem, load_config,
                                        nbgrader_api, sha, source_hash)
 from course.grade.plain import decode
 from course.grade.submissions import NOTEBOOK_SIZE_LIMIT, Submission, discover, grade_id, repair
@@ -459,7 +459,8 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
     except OSError as exc:
         raise disk_error(exc, course / "report.csv") from None
     if pending:
-        log(f"{len(pending)} submission(s) in {elapsed:.1f} s: {elapsed / len(pending):.1f} s per submission on {where}")
+        log(f"{len(pending)} submission(s) in {elapsed:.1f} s: {elapsed / len(pending):.1f} s per submission "
+            f"on {where}")
     return ordered
 
 
@@ -531,13 +532,13 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
     result = merge_api.autograde(sub.assignment, sub.student, force=True, create=True)
     if not result.get("success"):
         error = result.get("error") or result.get("log") or ""
-        if full_disk(error):
+        if full_disk(error, course):
             raise full_disk(error, course)
         if "database is locked" in error:  # formgrader (or another tool) is writing the gradebook right now
             why = ("the gradebook is busy (formgrader or another program is writing to it): the previous grade is "
                    "kept; close it and grade again")
         else:
-            why = "merging into the gradebook failed: " + error.strip()[-300:]
+            why = "merging into the gradebook failed: " + failure(result)[-300:]
         row.problems = "; ".join(problems + [why])
         return row
     points = {grade_id(c): float(c.metadata["nbgrader"].get("points", 0)) for c in executed.cells
@@ -559,7 +560,7 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
     result = merge_api.generate_feedback(sub.assignment, sub.student, force=True)
     staged = run_dir / "feedback" / sub.student / sub.assignment
     if not result.get("success") or not staged.is_dir():
-        row.problems = "; ".join(problems + ["feedback failed: " + (result.get("error") or "")[-300:]])
+        row.problems = "; ".join(problems + ["feedback failed: " + failure(result)[-300:]])
         return row
     replace_dir(staged, course / "feedback" / sub.student / sub.assignment)
     row.status = "graded"

@@ -64,18 +64,23 @@ def nbgrader_api(cfg, log_level: str = "ERROR"):
     return api
 
 
+def failure(result: dict) -> str:
+    """What an nbgrader step that failed said, in one line: the error line its traceback ends in (not the
+    traceback), then the last lines of its log."""
+    lines = [line.strip() for line in f"{result.get('log') or ''}\n{result.get('error') or ''}".splitlines()
+             if line.strip()]
+    causes = [line for line in lines if re.match(r"\[?[\w.]*(Error|Exception)\b", line)
+              and not line.startswith(("Traceback", "[ERROR]"))][-1:]
+    detail = [line for line in lines if not line.startswith(("File ", "Traceback", "^", "~", "Please see"))][-6:]
+    return "; ".join(dict.fromkeys(causes + detail))
+
+
 def check_result(result: dict, what: str, where: Path = AUTOGRADE) -> str:
-    """nbgrader's log of a step that worked; GradingError otherwise, with its cause (the error line that its
-    traceback ends in, not the traceback; a full disk said as such) and the last lines of its log."""
+    """nbgrader's log of a step that worked; GradingError otherwise (a full disk said as such)."""
     if result.get("success"):
         return result.get("log") or ""
-    text = f"{result.get('log') or ''}\n{result.get('error') or ''}"
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    causes = [line for line in lines if re.match(r"\[?[\w.]*(Error|Exception)\b", line)
-              and not line.startswith(("Traceback", "[ERROR]"))]
-    detail = [line for line in lines if not line.startswith(("File ", "Traceback", "^", "~", "Please see"))][-6:]
-    raise full_disk(text, where) or GradingError(f"nbgrader {what} failed: " + "; ".join(
-        dict.fromkeys(causes[-1:] + [line for line in detail if line not in causes[-1:]])))
+    raise (full_disk(f"{result.get('log')}\n{result.get('error')}", where)
+           or GradingError(f"nbgrader {what} failed: {failure(result)}"))
 
 
 def sha(*chunks: bytes) -> str:
