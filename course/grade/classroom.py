@@ -1,23 +1,11 @@
 """`kvcourse classroom`: run the course for a class on JupyterHub with nbgrader's exchange.
 
-The instructor's side of nbgrader's cycle, one subcommand per step, each a thin wrapper over nbgrader's
-own command of the same job (the exchange is nbgrader's; the one copy made here is collect's, which opens
-no link: nbgrader's would follow a student's link to the solutions with the instructor's rights):
-
-    init                 create the class folder and the shared exchange (mode ugo+rwx, as nbgrader asks)
-    release A            nbgrader generate_assignment (from solutions/) + release_assignment
-    (students fetch and submit with the Assignment List in JupyterLab)
-    collect A            nbgrader collect, into the class folder's inbox/; a submission made as another
-                         student (its folder's owner is not the student it names) goes to quarantine/ instead,
-                         never over that student's own, exit 1; one holding a symbolic link (or a pipe, socket,
-                         device) is not collected, exit 1
-    grade A [--jobs N | --cluster ADDRESS]
-                         `kvcourse grade` (course/grade/grader.py: each submission sealed off in a bubblewrap
-                         sandbox, here or on Dask workers, verdicts from plain data, one gradebook writer)
-    feedback A           nbgrader release_feedback (students then fetch it from the Assignment List)
-    export [--to CSV]    nbgrader's CSV export of the gradebook
-    cycle A              collect, grade, feedback and export in one go
-    status [A]           what is in the exchange and the class folder
+The instructor's side of nbgrader's cycle, one subcommand per step (init, release, collect, grade, feedback,
+export, cycle, status; autograde/classroom/README.md has the table), each a thin wrapper over nbgrader's own
+command of the same job. The one copy made here is collect's, which opens no link (nbgrader's would follow a
+student's link to the solutions with the instructor's rights) and never takes a submission made under another
+student's name (it goes to quarantine/). grade is `kvcourse grade` (course/grade/grader.py): each submission
+sealed off in a bubblewrap sandbox, here or on Dask workers, verdicts from plain data, one gradebook writer.
 
 Where things are: $KVCOURSE_CLASS_DIR (default ~/kvcourse-class) and $KVCOURSE_EXCHANGE (default
 /srv/nbgrader/exchange). On the course's JupyterHub (autograde/classroom/jupyterhub_config.py) the hub

@@ -1,17 +1,11 @@
-"""Where the sandboxes run: in this process one at a time, or on a Dask cluster (https://distributed.dask.org).
-
-`kvcourse grade --cluster tcp://HOST:8786` sends each submission to a running Dask scheduler; `--cluster local:N`
-(or `--jobs N`) starts a LocalCluster of N worker processes on this machine, its scratch space in a temporary
-folder. Each submission is one task (`run_one`): the same bubblewrap sandbox, on a worker, handing back the
-sandbox's Outcome as plain data. Verdicts and every gradebook write stay in the grader's process, the only
-writer, which merges each result once, as it arrives (distributed.as_completed).
-
-A worker lost mid-task: the scheduler runs its tasks again on another worker (Dask's own rescheduling; a task
-that took down `distributed.scheduler.allowed-failures` workers ends as KilledWorker, reported on its row). A
-task writes only in its own temporary folder, so running it twice changes nothing. Before any grade is
-written, `connect` checks that the scheduler answers (within `distributed.comm.timeouts.connect`), that it has
-workers, that every worker can start the sandbox and, on a cluster reached by address, that it runs this very
-course package (`course_version`; local workers read this machine's files; the checks travel with each task).
+"""Where the sandboxes run: here one at a time (`serial`), or on a Dask cluster (https://distributed.dask.org):
+`--cluster tcp://HOST:8786` (a running scheduler), `--cluster local:N` or `--jobs N` (a LocalCluster of N worker
+processes here, its scratch in a temporary folder). Each submission is one task (`run_one`): the same sandbox on a
+worker, its Outcome back as plain data, merged once by the grader's process, the only writer, as it arrives. A
+task writes only in its own temporary folder, so Dask may run it again when a worker is lost; one that took down
+`distributed.scheduler.allowed-failures` workers is reported on its row. Before any grade is written `connect`
+checks that the scheduler answers (within `distributed.comm.timeouts.connect`), that it has workers, that each can
+start the sandbox and, on a cluster reached by address, runs this very course package (`course_version`).
 """
 from __future__ import annotations
 
