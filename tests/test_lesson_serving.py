@@ -8,6 +8,7 @@ import math
 import nbformat
 import pytest
 
+from course.measure import machine
 from course.paths import LESSONS
 
 NOTEBOOK = LESSONS / "05_serving.ipynb"
@@ -45,11 +46,9 @@ def _sweep(ms_by_batch: dict, predicted_ms: float = 1.0, context: int = 64):
     return sweep
 
 
-class _Profile:  # the two figures the gate reads from course.measure.machine.Profile
-    bandwidth_gb_s, gflop_s, decode_ms = 20.0, 54.0, {}
-
-    def floor_ms(self, nbytes):
-        return nbytes / (self.bandwidth_gb_s * 1e9) * 1e3
+class _Profile(machine.Profile):  # a quiet machine: 20 GB/s, 54 GFLOP/s
+    def __init__(self):
+        super().__init__("cpu", "float32", 1, 2, 20.0, 54.0, 0.0, 0.0)
 
 
 def test_knee_is_interpolated_where_the_step_first_doubles():
@@ -85,6 +84,9 @@ def test_the_sweep_gate_flags_what_physics_forbids():
     assert any("less than B = 4" in r for r in cheaper)
     under = [r for r in _sweep({1: 10, 2: 31}).rules(_Profile()) if r]  # 538 MB at 20 GB/s cannot take 10 ms
     assert any("under its" in r and "bandwidth floor" in r for r in under)
+    busy = _Profile()
+    busy.others_cores = 1.5  # a profile measured busy under-measured the bandwidth: its floor is no floor
+    assert not [r for r in _sweep({1: 10, 2: 31}).rules(busy) if r]
 
 
 def test_a_flagged_sweep_reaches_no_record_and_no_profile(fresh_progress, monkeypatch):

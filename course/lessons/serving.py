@@ -129,13 +129,13 @@ class BatchSweep:
         return doubling_batch(self.machine, self.at(context)[0].cost)
 
     def rules(self, prof) -> list:
-        """The physics gate: no step under its bandwidth floor (the profile's), none cheaper than a smaller batch's,
-        and no batch of B making more than B times B = 1's tokens per second (all beyond 10 % noise)."""
+        """The physics gate: no step under its bandwidth floor (the profile's, when measured quiet), none cheaper than
+        a smaller batch's, and no batch of B making more than B times B = 1's tokens per second (beyond 10 % noise)."""
         out = []
         for c in self.contexts:
             rows = self.at(c)
-            out += [gates.not_below_floor(p.seconds * 1e3, prof.floor_ms(p.cost.bytes), f"B = {p.batch} at C = {c}")
-                    for p in rows]
+            out += [gates.not_below_floor(p.seconds * 1e3, prof.gate_floor_ms(p.cost.bytes),
+                                          f"B = {p.batch} at C = {c}") for p in rows]
             out += [gates.not_cheaper(a.seconds * 1e3, b.seconds * 1e3, f"B = {a.batch}", f"B = {b.batch} at C = {c}")
                     for a, b in zip(rows, rows[1:])]
             out += [gates.batch_gain(p.batch, p.tokens_per_s / rows[0].tokens_per_s) for p in rows]

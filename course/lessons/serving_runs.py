@@ -51,17 +51,12 @@ def paged_vs_contiguous(model, prompt_ids: Sequence[int], n_decode: int = 8, blo
 
 def mix_requests(n_requests: int = 64, max_seq_len: int = 2048, seed: int = 0) -> list[Request]:
     """A chat-like mix: log-normal prompt (median 300 tokens) and answer (median 200) lengths, a long tail as
-    published serving traces show, capped at max_seq_len. Only lengths matter for memory, so every prompt is one token
-    repeated, and max_new_tokens the rest."""
+    published serving traces show, capped at max_seq_len. Only a request's full length matters for memory: each is a
+    one-token prompt and max_new_tokens the rest."""
     rng = np.random.default_rng(seed)
     prompts, answers = rng.lognormal(math.log(300), 1.0, n_requests), rng.lognormal(math.log(200), 0.8, n_requests)
-    lengths = np.clip(np.round(prompts + answers), 1, max_seq_len)
-    rng = np.random.default_rng(seed + 1)
-    out = []
-    for i, n in enumerate(int(x) for x in lengths):
-        prompt = max(1, min(n - 1, int(n * rng.uniform(0.3, 0.8)))) if n > 1 else 1
-        out.append(Request(i, (1,) * prompt, max(1, n - prompt)))
-    return out
+    return [Request(i, (1,), max(1, int(n) - 1)) for i, n in enumerate(np.clip(np.round(prompts + answers), 2,
+                                                                                max_seq_len))]
 
 
 @dataclass(repr=False)  # shown as its __str__ (course.measure.display.Printed)

@@ -195,7 +195,7 @@ def costs_report(run: gates.Measured, floor_ms: float) -> Report:
     headline = run.headline(f"A pass over {k + 1} tokens cost {c.v(k):.2f}× one step: "
                             f"{'close to free' if ok else 'not free'} here. The {c.draft_layers}-layer draft cost "
                             f"{c.c:.2f}× a target step.")
-    return Report([("target step (eager)", floor_ms, run.shown(c.target_step * 1e3), "ms")]
+    return Report([("target step (eager)", floor_ms or None, run.shown(c.target_step * 1e3), "ms")]
                   + [(f"pass over {m + 1} tokens ÷ step", 1.0, run.shown(c.v(m)), "") for m in sorted(c.verify)]
                   + [(f"{c.draft_layers}-layer draft step ÷ step", c.draft_share, run.shown(c.c), "")],
                   headline, key="costs", details=[run.notice,

@@ -59,6 +59,11 @@ class Profile:
         """The fastest a step that reads `nbytes` can be here: bytes ÷ bandwidth, in ms."""
         return nbytes / (self.bandwidth_gb_s * 1e9) * 1e3
 
+    def gate_floor_ms(self, nbytes: float) -> float:
+        """The floor a physics gate may hold a step to: floor_ms from a profile measured on a quiet machine; 0 (no
+        floor) from one measured busy, whose bandwidth probe under-measured (its floor would flag sound steps)."""
+        return 0.0 if self.busy else self.floor_ms(nbytes)
+
     def values(self) -> dict:
         return {"profile": asdict(self)}
 
