@@ -32,7 +32,7 @@ def prompt_cache(model, prompt_ids) -> KVCache:
 def measure_speed(model, prompt_ids, lengths, prof, tries: int = 2) -> gates.Measured:
     """Generate with and without the cache. A cached step under its bandwidth floor, or (from 32 new tokens on) a
     run that recomputes everything beating the cached one beyond noise, is measured again, then flagged."""
-    floor_ms = prof.floor_ms(machine.step_bytes(model.config, prof.dtype, len(prompt_ids)))
+    floor_ms = prof.gate_floor_ms(machine.step_bytes(model.config, prof.dtype, len(prompt_ids)))
 
     def rules(s):
         return [gates.not_below_floor(s.unit_costs[1] * 1e3, floor_ms, "a cached decode step")] + [
