@@ -10,9 +10,11 @@ so each does the same work (sandbox, verdicts, gradebook merge, feedback):
   serial                 `kvcourse grade`: one sandbox at a time, in this process
   1 worker, 2 workers    a LocalCluster of that many worker processes, reached at its tcp:// address on loopback
   2 workers, one killed  a worker holding a submission is SIGKILLed when half the class is merged
-Per run: wall seconds, submissions per minute (and per worker), seconds per 100 submissions, whether grades.csv
-and report.csv (its seconds column apart) are byte-identical to the serial run's, and how many submissions were
-merged more than once (none may be). Slow: on 2 busy cores, hours for 300.
+Per run: wall seconds, submissions per minute (and per worker), seconds per 100 submissions, the seconds per
+submission the grader's own process spends merging (gradebook, feedback: the one part no worker can take, so 60
+over it is the most submissions per minute any number of workers can give), whether grades.csv and report.csv
+(its seconds column apart) are byte-identical to the serial run's, and how many submissions were merged more than
+once (none may be). Slow: on 2 busy cores, hours for 300.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _grade(folder: Path, course: Path, workers: int, kill: bool) -> dict:
 
     from course.grade import grader
 
-    total, merged, killed = len(list(folder.glob("*/*/*.ipynb"))), Counter(), []
+    total, merged, killed, merging = len(list(folder.glob("*/*/*.ipynb"))), Counter(), [], [0.0]
     merge, local, client = grader._merge, None, None
 
     def counted(sub, *args, **kwargs):
@@ -65,7 +67,11 @@ def _grade(folder: Path, course: Path, workers: int, kill: bool) -> dict:
             if busy:
                 os.kill(client.run(os.getpid)[busy[0]], signal.SIGKILL)
                 killed.append(busy[0])
-        return merge(sub, *args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return merge(sub, *args, **kwargs)
+        finally:
+            merging[0] += time.perf_counter() - started
 
     grader._merge = counted
     try:
@@ -85,6 +91,7 @@ def _grade(folder: Path, course: Path, workers: int, kill: bool) -> dict:
     n = len(rows)
     return {"workers": max(workers, 1), "submissions": n, "seconds": seconds, "per_minute": 60 * n / seconds,
             "per_minute_per_worker": 60 * n / seconds / max(workers, 1), "s_per_100": 100 * seconds / n,
+            "merge_s": merging[0] / max(1, sum(merged.values())),  # the grader's own part: gradebook, feedback
             "statuses": dict(Counter(r.status for r in rows)), "worker_killed": bool(killed),
             "merged_twice": sorted(k for k, v in merged.items() if v > 1)}
 
@@ -122,7 +129,7 @@ def bench_class_grading(ctx) -> dict:
 COLUMNS = {"run": "{run}", "seconds": "{seconds:.0f}", "per minute": "{per_minute:.2f}",
            "per minute per worker": "{per_minute_per_worker:.2f}", "s per 100": "{s_per_100:.0f}",
            "grades.csv = serial": "{same_grades_csv}", "report.csv = serial": "{same_report_csv}",
-           "merged twice": lambda r: len(r["merged_twice"])}
+           "merge s (this process)": "{merge_s:.2f}", "merged twice": lambda r: len(r["merged_twice"])}
 CLASS_GRADING = Item(bench_class_grading, "Class simulation: serial, 1 and 2 Dask workers over TCP", slow=True,
     columns=COLUMNS,
     text=lambda it: (f"{it['submissions']} submissions ({it['assignments']}); 2 workers ÷ 1 worker throughput "
