@@ -269,7 +269,7 @@ def test_explanations_cite_the_number_just_measured(bank, store):
     p3 = bank.question("prefill-3")
     w3 = QuestionWidget(p3, store=store, values=lambda: quiz.measured_values("01_prefill_decode", store))
     w3.choose(p3.answer)
-    assert "from 21.0 ms per token at 16 tokens of context to 30.2 ms at 1024" in w3.check().explanation
+    assert "from 21.0 ms per eager token at 16 tokens of context to 30.2 ms at 1024" in w3.check().explanation
 
 
 def test_measurements_are_kept_for_after_a_restart(bank, store):
