@@ -489,3 +489,5 @@ def test_the_validate_button_still_works(tmp_path):
     assert "524,288" in failed["source"], "the entry is the first failing test's cell"
     (blank,) = results["blank"]["failed"]  # one summary, not a traceback per cell
     assert blank["raw_error"].startswith("0 of 5 visible tests pass; first failing: test_kv_cache_bytes — ")
+    assert blank["raw_error"].endswith("(not written yet)"), blank["raw_error"]
+    assert "not written yet" not in failed["raw_error"], "a wrong answer is not called unwritten"

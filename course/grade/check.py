@@ -121,8 +121,9 @@ def summary(results: list[TestResult]) -> str:
     if first is None:
         return line
     kind = re.search(r"\((your code (?:returned|gave) [^()]*)\)$", first.message)  # verdicts.mismatch's note
+    note = "not written yet" if first.message.startswith("NotImplementedError") else kind and kind.group(1)
     return line + f"; first failing: {first.grade_id} — {first.hint or first.message}" + (
-        f" ({kind.group(1)})" if kind and first.hint else "")
+        f" ({note})" if note and first.hint else "")
 
 
 def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[list[TestResult], list[str]]:

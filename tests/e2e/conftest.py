@@ -63,6 +63,7 @@ class JupyterLabServer:
     """A JupyterLab process serving the project folder; `url(path)` gives an authenticated address."""
 
     def __init__(self, state: Path):
+        from course.measure import machine
         from course.paths import jupyter_env
 
         self.state = state
@@ -73,6 +74,7 @@ class JupyterLabServer:
         for var in ("MPLBACKEND", "KVCOURSE_RESULTS", "KVCOURSE_HEADLESS", "KVCOURSE_QUIZ", "JUPYTER_TOKEN"):
             env.pop(var, None)  # the kernels must behave as a learner's: inline plots, live widgets
         env["KVCOURSE_PROGRESS"] = str(state / "progress.sqlite")  # a fresh learner, never the real file
+        env["KVCOURSE_MACHINE"] = str(machine.path())  # the machine is the one the headless lesson tests measure
         env["JUPYTERLAB_SETTINGS_DIR"] = str(state / "lab-settings")
         env["JUPYTERLAB_WORKSPACES_DIR"] = str(state / "lab-workspaces")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
