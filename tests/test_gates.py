@@ -115,3 +115,31 @@ def test_a_flagged_figure_is_shown_as_a_dash_and_its_notice_recorded_once(fresh_
     for key in ("step_ms", "step_ratio"):  # two figures of one flagged measurement: one notice
         record_gated(key, bad, 5.0)
     assert recorded()["unreliable"] == ["step_ms", "step_ratio"] and recorded()["busy_notices"] == [bad.notice]
+
+
+@pytest.mark.slow  # loads the real model three times
+def test_doctor_shows_the_saved_profile_and_measures_it_again_when_asked(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    import torch
+
+    from course.cli import doctor
+
+    monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    monkeypatch.delenv("KVCOURSE_MACHINE", raising=False)
+    calls = []
+
+    def fake_measure(model, device, dtype, tries=3):
+        calls.append(dtype)
+        return machine.Profile("cpu", dtype, 1, 2, 20.0 + len(calls), 100.0, 0.1, time.time(),
+                               host=machine._host(torch.device("cpu")), decode_ms={"eager": 50.0})
+
+    monkeypatch.setattr(machine, "measure_profile", fake_measure)
+    assert doctor.run(SimpleNamespace(quick=False, device="cpu", profile=False)) == 0
+    assert "measuring this machine" in capsys.readouterr().out and calls == ["float32"]
+    assert doctor.run(SimpleNamespace(quick=False, device="cpu", profile=False)) == 0
+    out = capsys.readouterr().out
+    assert "memory 21.0 GB/s" in out and "measuring" not in out and len(calls) == 1, out  # the saved one
+    assert doctor.run(SimpleNamespace(quick=False, device="cpu", profile=True)) == 0
+    assert "memory 22.0 GB/s" in capsys.readouterr().out and len(calls) == 2
+    assert json.loads((tmp_path / "machine.json").read_text())["cpu/float32"]["bandwidth_gb_s"] == 22.0

@@ -1,4 +1,5 @@
-"""`kvcourse doctor`: is everything in place? Versions, device, the model file, and a bandwidth probe."""
+"""`kvcourse doctor`: is everything in place? Versions, device, the model file, and this machine's profile (the
+bandwidth, FLOP/s and decode step every lesson quotes; `--profile` measures it again)."""
 from __future__ import annotations
 
 import os
@@ -105,6 +106,8 @@ def cache_problem(folder: Path) -> str | None:
 def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="skip loading the model (used by `make setup`)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--profile", action="store_true",
+                   help="measure this machine's profile again (the bandwidth, FLOP/s and step time every lesson quotes)")
 
 
 def run(args) -> int:
@@ -113,7 +116,6 @@ def run(args) -> int:
     import torch
 
     from course.engine.device import pick_device
-    from course.measure.timing import memory_bandwidth
     from course.engine.weights import (cache_dir, cached_weights_path, check_cache, check_model_path,
                                        default_gguf_path)
 
@@ -182,8 +184,6 @@ def run(args) -> int:
               "check its permissions, or set KVCOURSE_MODEL to a .gguf file you can read")
         ok = False
     if not args.quick:
-        bw = memory_bandwidth(device, nbytes=128 << 20, repeats=3)
-        print(f"bandwidth   {bw.bytes_per_s / 1e9:.1f} GB/s (read {bw.read_bytes_per_s / 1e9:.1f}, copy {bw.copy_bytes_per_s / 1e9:.1f})")
         if device.type == "cpu":  # the compiled decode step's kernel (course/engine/row_product.cpp)
             from course.engine import row_product
 
@@ -196,5 +196,11 @@ def run(args) -> int:
             t0 = time.perf_counter()
             model, tok = course.load(device=device)
             print(f"load        {time.perf_counter() - t0:.1f} s  ({model.config.n_params / 1e6:.1f} M parameters)")
+            from course.measure import machine
+
+            saved = machine.load(model.device, str(model.dtype).split(".")[-1])
+            if args.profile or saved is None:
+                print("profile     measuring this machine (about 10 s) ...", flush=True)
+            print(f"profile     {machine.profile(model, refresh=args.profile)} ({machine.path()})")
     print("all good" if ok else "something is missing or wrong: see above")
     return 0 if ok else 1
