@@ -1,4 +1,5 @@
-"""course/engine/arena.py: a CPU model's weights moved into one huge-page buffer, values and outputs unchanged."""
+"""course/engine/arena.py: a CPU model's weights moved into one huge-page buffer, values and outputs unchanged (the
+compiled step does this to every CPU model it is given)."""
 from __future__ import annotations
 
 import pytest
@@ -61,46 +62,3 @@ def test_nothing_moves_where_huge_pages_are_off_or_dtypes_are_mixed(monkeypatch)
     where["layers.0.attention_norm.weight"] = model.layers[0].attention_norm.weight.data_ptr()
     assert not arena.pack_parameters(model)
     assert {name: p.data_ptr() for name, p in model.named_parameters()} == where
-
-
-def _meta_model():
-    from course.engine.config import ModelConfig
-    from course.engine.model import Transformer
-
-    with torch.device("meta"):
-        return Transformer(ModelConfig.from_name("tiny"))
-
-
-@needs_huge_pages
-def test_a_meta_model_gets_its_memory_as_one_packed_buffer_and_computes_as_a_copied_one():
-    model = _meta_model()
-    assert model.output.weight is model.tok_embeddings.weight
-    assert arena.materialize_packed(model)
-    assert arena.is_packed(model) and model.output.weight is model.tok_embeddings.weight  # tied, one buffer
-    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
-    assert all(p.data_ptr() % arena.ALIGN_BYTES == 0 for p in model.parameters())
-    start = model.tok_embeddings.weight.data_ptr()
-    assert _huge_kb(start) >= 2048 or sum(p.numel() for p in model.parameters()) * 4 < 2 * arena.HUGE_PAGE
-    # laid out as pack_parameters lays out a copy: the same order and gaps, so fused weights need no copy
-    ref = tiny_model(seed=4)
-    assert arena.pack_parameters(ref)
-    offsets = lambda m: [p.data_ptr() - m.tok_embeddings.weight.data_ptr() for p in m.parameters()]
-    assert offsets(model) == offsets(ref)
-    with torch.no_grad():
-        for p, q in zip(model.parameters(), ref.parameters()):
-            p.copy_(q)
-    model.rope_cos, model.rope_sin = ref.rope_cos, ref.rope_sin
-    prompt = torch.tensor([[3, 1, 4, 1, 5, 9]])
-    with torch.inference_mode():
-        torch.testing.assert_close(model(prompt), ref(prompt), atol=0, rtol=0)
-    assert arena.pack_parameters(model) and model.tok_embeddings.weight.data_ptr() == start  # already packed
-
-
-def test_a_meta_model_is_left_as_it_is_where_huge_pages_are_off_or_it_is_not_meta(monkeypatch):
-    monkeypatch.setattr(arena, "huge_pages_offered", lambda: False)
-    model = _meta_model()
-    assert not arena.materialize_packed(model) and all(p.is_meta for p in model.parameters())
-    monkeypatch.undo()
-    real = tiny_model(seed=4)
-    where = [p.data_ptr() for p in real.parameters()]
-    assert not arena.materialize_packed(real) and [p.data_ptr() for p in real.parameters()] == where

@@ -130,6 +130,9 @@ def test_compiled_step_matches_eager_for_64_steps_without_recompiling(compiled_t
             tok_e, tok_c = a.argmax(-1, keepdim=True), b.argmax(-1, keepdim=True)
             tokens_e.append(int(tok_e)), tokens_c.append(int(tok_c))
     assert _graphs() == graphs and step.compiled and step.fallback is None  # no new graph in 64 positions
+    from course.engine import arena
+
+    assert arena.is_packed(model) == arena.huge_pages_offered()  # the weights on huge pages where Linux offers them
     assert worst <= 1e-4, f"compiled vs eager logits differ by {worst:.2e}"
     assert tokens_c == tokens_e and len(set(tokens_e)) > 1  # it decoded something, not one token over and over
     end = len(prompt) + 64

@@ -12,22 +12,27 @@ the positions a sequence has not reached. Every shape is fixed (the buffer's len
 positions are a tensor, so decoding further never recompiles. Prefill is a matrix-matrix product BLAS does
 well: it stays eager. On CUDA the step is captured as a CUDA graph (mode="reduce-overhead", gpt-fast's choice).
 
-Two hooks change what torch.compile makes of the model's products (F.linear), and nothing else (_Products):
-    one row     (x · W).sum(-1), which Inductor writes as one loop streaming each weight row once, fused with
-                the norm before it; BLAS's matrix-vector product reads the weights well below the memory's speed
-    2+ rows     course.engine.row_product's C++ kernel (float32 CPU): each weight row read once for the whole
-                batch, where BLAS's matrix-matrix kernels took 2-3× the one-row time at B = 2 … 16
+Three pieces make it faster than torch.compile of the model alone, each kept because it bought at least 5 % on a
+figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep):
+    one row     inside the graph, F.linear of one row is written (x · W).sum(-1), which Inductor turns into one loop
+                streaming each weight row once, fused with the norm before it; BLAS's matrix-vector product reads
+                the weights well below the memory's speed (_Products, a TorchFunctionMode: nothing else changes)
+    2+ rows     F.linear of a batch calls course.engine.row_product's C++ kernel (float32 CPU): each weight row read
+                once for the whole batch, where BLAS's matrix-matrix kernels took 1.7-3.4× the one-row time at B = 2 … 16
+    arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters)
 
-What each piece buys, measured side by side in one process (docs/bench-runs/mechanisms-*.md; the course model,
-context 64, float32, 1 thread, AMD EPYC with AVX2, load stated there): the step's time as a multiple of
-plain torch.compile of the same step.
-    piece                                 B = 1    B = 8
-    plain torch.compile                   1        1
-    + one row streamed                    see the record
-    + the row kernel for batches          see the record
-Pieces measured and removed for buying under 5 % on any figure the course shows (docs/benchmarks.md): a copy of
-the weights on huge pages with q|k|v and gate|up fused, Inductor's C++ wrapper, calling warm graphs without
-TorchDynamo, skipping guard evaluation, recomputation limits, a C++ attention kernel.
+Measured side by side in one process (docs/bench-runs/pieces-2026-12-07.md: the course model, context 64, float32,
+1 thread, AMD EPYC with AVX2, load average about 5 on 2 cores): each variant's step ÷ the step as shipped.
+    variant                                   B = 1    B = 8
+    torch.compile of the model's forward      1.28     1.33
+    the model's blocks compiled, no piece     1.22     1.25
+    + one row streamed, batches on the kernel 1.04     1.01
+    + the weights on huge pages (as shipped)  1.00     1.00
+The arena's share moved with the machine's load: 0.85, 0.92 and 1.00 at B = 1 in three other paired runs.
+Measured and left out for buying under 5 % (docs/benchmarks.md): Inductor's C++ wrapper (0.95, 0.97), no per-call
+size asserts (1.00, 0.99), skipping guard evaluation once warm (1.06, 0.96), and, at commit 17d83f0, calling warm
+graphs without TorchDynamo, q|k|v and gate|up fused into one weight each, a recomputation limit and an attention
+kernel of its own.
 
 any_shape=True compiles one TransformerBlock (and the head) instead of the whole step, for every batch size, cache
 length, set of cache rows and paged batch at once (their sizes symbolic): a server's batches change at every step,
@@ -45,6 +50,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from course.engine import row_product
+from course.engine.arena import pack_parameters
 from course.engine.kv_cache import KVCache
 from course.engine.paged import PagedBatch, gather_blocks, write_slots
 from course.engine.positions import Positions
@@ -165,6 +171,8 @@ class DecodeStep:
     def __init__(self, model: nn.Module, compile: bool = True, mode: str | None = None, any_shape: bool = False,
                  stream: bool = True, kernel: bool | None = None):
         self.model, self.any_shape, self.compiled, self.fallback = model, any_shape, compile, None
+        if compile and model.device.type == "cpu":
+            pack_parameters(model)  # the weights on huge pages (course.engine.arena), where Linux offers them
         cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
         self.kernel = bool(compile and cpu32 and row_product.available()) if kernel is None else kernel
         self.hooks = (stream, self.kernel)  # what _Products does (stream=False, kernel=False: the model's blocks alone)

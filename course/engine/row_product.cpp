@@ -2,7 +2,7 @@
 //
 // Decode multiplies B row vectors by every weight matrix. The weights are read once whatever B is, so until the
 // arithmetic takes longer than the reading, a step of 8 sequences should cost about what a step of 1 costs; BLAS's
-// matrix-matrix kernels, built for large matrices, took 2-3x the one-row time at 2 <= B <= 16 on the course's CPUs.
+// matrix-matrix kernels, built for large matrices, took 1.7-3.4x the one-row time at 2 <= B <= 16 on the course's AMD EPYC.
 // This kernel reads each weight row once, multiplies it with every row of x while it is in registers, and asks
 // for the weight rows PF ahead so the memory stream keeps going while it computes (llama.cpp's CPU kernels work
 // the same way). Vectors are ATen's at::vec::Vectorized<float>: AVX2 or AVX-512 on x86, NEON on Arm, chosen when
