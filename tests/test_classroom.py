@@ -110,6 +110,25 @@ def test_role_nbgrader_configs_agree_with_the_instructor_command(tmp_path):
     assert any(p.__name__ == "HideHiddenTests" for p in formgrader.GenerateFeedback.preprocessors)
 
 
+@pytest.mark.parametrize("role", ["student", "instructor"])
+def test_validate_on_the_hub_ends_with_the_check_summary(tmp_path, role):
+    """The Validate handler loads nbgrader's config from JUPYTER_CONFIG_PATH and its own folder at each press; on
+    the hub that is the role's folder, not autograde/, so the role's config must install check's summary too."""
+    script = ("import os\n"
+              "from jupyter_core.paths import jupyter_config_path\n"
+              "from nbgrader.apps import NbGrader\n"
+              "from nbgrader.validator import Validator\n"
+              "paths = jupyter_config_path(); paths.insert(0, os.getcwd())\n"  # what the Validate handler does
+              "app = NbGrader(); app.config_file_paths.append(paths); app.load_config_file()\n"
+              "print(Validator.validate.__module__)\n")
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(classroom.ROLE_CONFIG[role]), PYTHONPATH=str(PROJECT_ROOT),
+               KVCOURSE_CLASS_DIR=str(tmp_path / "class"), KVCOURSE_EXCHANGE=str(tmp_path / "exchange"))
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["course.grade.check"], out.stdout
+
+
 def hub_config(tmp_path, **env):
     base = {"KVCOURSE_HUB_STATE": str(tmp_path), "KVCOURSE_INSTRUCTORS": "prof, ta",
             "KVCOURSE_STUDENTS": "alice,bob", "KVCOURSE_EXCHANGE": str(tmp_path / "exchange")}
