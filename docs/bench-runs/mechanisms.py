@@ -169,7 +169,7 @@ def main():
                          x_b1=statistics.median(a / b for a, b in zip(ts, one)) if one else None,
                          compile_s=compile_s[(name, B)], rounds_ms=[t * 1e3 for t in ts]))
     out = dict(commit="17d83f0", torch=torch.__version__, threads=1, context=T, rounds=args.rounds,
-               cpu=open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(" :"),
+               cpu=open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(" :\t"),
                row_kernel=row_product.why_not() or "built", read_gb_s=[r / 1e9 for r in reads], load=loads,
                rows=rows)
     with open(args.out, "w") as f:

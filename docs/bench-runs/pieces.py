@@ -7,11 +7,12 @@ round), each round probing the streaming-read bandwidth first, so a burst of loa
 alike. Reported: each variant's median, and the median over rounds of its time ÷ plain torch.compile's in the same
 round. The course model, float32, 1 thread.
 
-    step       the whole-step graph at B = 1 and B = 8, context 64 (lesson 01's compiled step; decode ÷ floor):
-               plain torch.compile of the model's forward, the model's blocks alone (DecodeStep without hooks),
-               + the streamed one-row product and the row kernel (the step as shipped), and three candidates:
-               + the weights moved onto huge pages (course.engine.arena), + Inductor's C++ wrapper,
-               + skipping guard evaluation once warm
+    step       the whole-step graph at B = 1 and B = 8, context 64 (decode ÷ floor, the batch figure): plain
+               torch.compile of the model's forward, the model's blocks alone (DecodeStep without hooks, weights left
+               on small pages), + the streamed one-row product and the row kernel, + the weights on huge pages
+               (course.engine.arena: the step as shipped), three candidates on top (Inductor's C++ wrapper, no
+               per-call size asserts, skipping guard evaluation once warm), and the any-shape step (one compiled block, called per layer) that lesson
+               05's server and lesson 01's bytes line use
     sweep      lesson 05's batch sweep (course.lessons.serving.batch_sweep, B = 1 … 64, context 64) on the any-shape
                engine with and without hooks, and the eager model
     serve      tokens per CPU-second of continuous batching on the bench's trace (bench/serving.py's sizes) on the
@@ -54,33 +55,33 @@ def table(times: dict, base: str, extra=lambda name: {}) -> list[dict]:
 
 
 def part_step(args, out):
-    from course.engine import arena, fast
+    from course.engine import fast
     from course.engine.fast import DecodeStep
     from course.engine.kv_cache import KVCache
     from course.engine.weights import load_model
     from course.measure.costs import decode_cost
     from course.measure.timing import ReadProbe
 
-    T, model, packed = 64, load_model(dtype="float32"), load_model(dtype="float32")
-    out["arena_packed"] = arena.pack_parameters(packed)
+    T, small, model = 64, load_model(dtype="float32"), load_model(dtype="float32")  # small: never packed
     plain = torch.compile(lambda m, t, pos, c: m(t, start_pos=pos, cache=c, last_only=True), fullgraph=True)
 
-    def step_of(make):
-        def build(B):
-            m, step = make()
-            cache = KVCache(m.config, B, T + 1)
-            tok, pos = torch.ones(B, 1, dtype=torch.long), torch.full((B,), T)
-            return lambda: step(tok, pos, cache)
-        return build
+    def unpacked(**kw):  # a DecodeStep that leaves the weights where they are (small pages)
+        pack, fast.pack_parameters = fast.pack_parameters, lambda m: False
+        try:
+            return small, DecodeStep(small, **kw)
+        finally:
+            fast.pack_parameters = pack
 
-    def cpp_wrapper():
-        step = DecodeStep(model)
-        step._compiled = torch.compile(fast._own_code(fast._step), fullgraph=True, options={"cpp_wrapper": True})
-        return model, step
+    def options(**inductor):  # the step as shipped, compiled with other Inductor options
+        def make():
+            step = DecodeStep(model)
+            fn = fast._own_code(fast._step)
+            step._compiled, step._code = torch.compile(fn, fullgraph=True, options=inductor), [fn.__code__]
+            return model, step
+        return make
 
     def skip_guards():
-        step = DecodeStep(model)
-        warm = set()
+        step, warm = DecodeStep(model), set()
 
         def call(tok, pos, cache):
             if tok.shape[0] not in warm:
@@ -90,17 +91,27 @@ def part_step(args, out):
                 return step(tok, pos, cache)
         return model, call
 
+    def step_of(make):
+        def build(B):
+            m, step = make()
+            cache = KVCache(m.config, B, T + 1)
+            tok, pos = torch.ones(B, 1, dtype=torch.long), torch.full((B,), T)
+            return lambda: step(tok, pos, cache)
+        return build
+
     def plain_step(B):
-        cache = KVCache(model.config, B, T + 1)
+        cache = KVCache(small.config, B, T + 1)
         tok = torch.ones(B, 1, dtype=torch.long)
-        return lambda: plain(model, tok, T, cache)
+        return lambda: plain(small, tok, T, cache)
 
     variants = {"plain torch.compile": plain_step,
-                "blocks alone": step_of(lambda: (model, DecodeStep(model, stream=False, kernel=False))),
-                "as shipped (stream + kernel)": step_of(lambda: (model, DecodeStep(model))),
-                "+ arena": step_of(lambda: (packed, DecodeStep(packed))),
-                "+ cpp_wrapper": step_of(cpp_wrapper),
-                "+ skip guard eval": step_of(skip_guards)}
+                "blocks alone": step_of(lambda: unpacked(stream=False, kernel=False)),
+                "+ stream + kernel": step_of(unpacked),
+                "+ arena (as shipped)": step_of(lambda: (model, DecodeStep(model))),
+                "+ cpp_wrapper": step_of(options(cpp_wrapper=True)),
+                "+ no size asserts": step_of(options(size_asserts=False)),
+                "+ skip guard eval": step_of(skip_guards),
+                "any shape (lessons 01 and 05)": step_of(lambda: (model, DecodeStep(model, any_shape=True)))}
     steps = {}
     for name, build in variants.items():
         for B in (1, 8):
@@ -118,7 +129,8 @@ def part_step(args, out):
     for B in (1, 8):
         mine = {name: times[(name, B)] for name in variants}
         out["step"][f"B={B}"] = table(mine, "plain torch.compile", lambda name: dict(
-            x_floor=statistics.median(t / (floor[B] / r) for t, r in zip(mine[name], reads))))
+            x_floor=statistics.median(t / (floor[B] / r) for t, r in zip(mine[name], reads)),
+            x_shipped=statistics.median(a / b for a, b in zip(mine[name], mine["+ arena (as shipped)"]))))
     out["read_gb_s"] = [r / 1e9 for r in reads]
 
 
@@ -171,7 +183,7 @@ def main():
     from course.engine import row_product
 
     out = dict(torch=torch.__version__, threads=1, row_kernel=row_product.why_not() or "built", compile_s={}, step={},
-               cpu=open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(" :"),
+               cpu=open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(" :\t"),
                load_before=os.getloadavg())
     if args.part in ("step", "both"):
         part_step(args, out)
@@ -182,7 +194,8 @@ def main():
         json.dump(out, f, indent=1)
     for B, rows in out["step"].items():
         for r in rows:
-            print(f"{B} {r['variant']:30s} {r['ms']:7.1f} ms  ×plain {r['x_base']:.3f}  ×floor {r['x_floor']:.2f}")
+            print(f"{B} {r['variant']:30s} {r['ms']:7.1f} ms  ×plain {r['x_base']:.3f}  ×shipped {r['x_shipped']:.3f}  "
+                  f"×floor {r['x_floor']:.2f}")
     print(json.dumps({k: out[k] for k in ("sweep", "serve_tokens_per_cpu_s") if k in out}, indent=1))
 
 
