@@ -88,13 +88,6 @@ class LatencyModel:
                 f"ITL(C)  = {d * 1e3:.2f} ms + {e * 1e6:.3f} µs·C")
 
 
-def itl_scatter(latency: LatencyModel, decode_: Sweep) -> float:
-    """The measured decode points' RMS scatter around the fitted ITL line, in seconds: the noise a rise across the
-    contexts must beat (twice over) before the fit can claim it."""
-    return math.sqrt(sum((latency.itl(c) - s) ** 2 for c, s in zip(decode_.lengths, decode_.seconds))
-                     / len(decode_.lengths))
-
-
 def fit_latency_model(prefill_: Sweep, decode_: Sweep) -> LatencyModel:
     """Fit TTFT to the prefill sweep and ITL to the decode sweep (non-negative, relative least squares)."""
     if len(prefill_.lengths) < 2 or len(decode_.lengths) < 2:

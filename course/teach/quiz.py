@@ -72,20 +72,6 @@ def self_assessment(lesson_id: str, level: str | None = None, *, store: Progress
     _show(make, lambda: self_assessment_text(lesson_id))
 
 
-def interview_cards(lesson_id: str | None = None, *, store: ProgressStore | None = None, show: bool = True):
-    """Interview questions as flip cards: one lesson's, or all of them with lesson_id=None."""
-    bank = load_questions()
-    if lesson_id is not None:
-        bank.check_lesson(lesson_id)
-    from course.teach.quiz_widget import CardDeck
-
-    store = store or default_store()
-    make = lambda: CardDeck(bank.cards_for(lesson_id), store=store)  # noqa: E731
-    if not show:
-        return make()
-    _show(make, lambda: "\n".join(card_text(c, measured_values(lesson_id, store)) for c in bank.cards_for(lesson_id)))
-
-
 def answer(question_id: str, choice: str, *, store: ProgressStore | None = None) -> bool:
     """Answer a checkpoint question without widgets: prints right/wrong and why, saves it, returns whether right."""
     q = load_questions().question(question_id)
