@@ -1,13 +1,16 @@
 """What a submission folder may make the grader read or pass on (audit findings 3-5): a timestamp.txt is used only
-when it is a small plain file holding a timestamp (grader.submitted_timestamp), a notebook over
-NOTEBOOK_SIZE_LIMIT is refused before it is read, and a folder name with glob characters is refused rather than
-handed to nbgrader as a pattern (submissions.discover)."""
+when it is a small plain file holding a timestamp (grader.submitted_timestamp), a notebook file over
+NOTEBOOK_FILE_LIMIT is refused before it is read, one over NOTEBOOK_SIZE_LIMIT without its outputs after, one made
+large only by its stored outputs is graded, and a folder name with glob characters is refused rather than handed to
+nbgrader as a pattern (submissions.discover)."""
 from __future__ import annotations
 
 import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -87,7 +90,7 @@ def test_a_notebook_over_the_size_limit_is_refused_before_it_is_read_and_the_oth
     big = tmp_path / "bob" / ASSIGNMENT
     big.mkdir(parents=True)
     with open(big / "memory_formula.ipynb", "wb") as f:  # sparse: nothing written, no time spent reading it
-        f.truncate(submissions.NOTEBOOK_SIZE_LIMIT + 1)
+        f.truncate(submissions.NOTEBOOK_FILE_LIMIT + 1)
     rows = _rows(tmp_path)
     assert rows["ann"].problem == ""
     assert rows["bob"].problem.startswith("too large to grade") and "Clear Outputs" in rows["bob"].problem
@@ -105,6 +108,39 @@ def test_a_valid_notebook_over_the_limit_is_refused_and_a_small_copy_wins(tmp_pa
     (sub,) = submissions.discover(tmp_path, KNOWN)
     assert sub.problem == "" and sub.path.name == "memory_formula (1).ipynb"
     assert any("too large to grade" in p and "not graded" in p for p in sub.problems)
+
+
+def _with_outputs(folder: Path, megabytes: int) -> Path:
+    """The reference answer with `megabytes` MB of stored outputs (a long print kept in the saved file)."""
+    path = folder / "memory_formula.ipynb"
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for cell in code:
+        cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "x" * (megabytes * 2**20 // len(code))}]
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_a_notebook_made_large_by_its_outputs_is_read_without_them_not_refused(tmp_path):
+    path = _with_outputs(_put(tmp_path, "ann"), 60)
+    assert path.stat().st_size > 3 * submissions.NOTEBOOK_SIZE_LIMIT
+    assert _rows(tmp_path)["ann"].problem == "", "outputs are discarded anyway: the notebook is graded"
+    nb = submissions.read_notebook(path)
+    assert all(c.outputs == [] for c in nb.cells if c.cell_type == "code")
+    assert submissions.invalid_reason(path) == "", "kvcourse check refuses a notebook on this reason"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(sandbox.sandbox_problem()), reason="the sealed grader needs bubblewrap")
+def test_a_notebook_made_large_by_its_outputs_is_graded_and_checked(tmp_path):
+    folder = tmp_path / "submissions"
+    path = _with_outputs(_put(folder, "ann"), 60)
+    (row,) = grader.grade(folder, tmp_path / "course", progress=False, log=lambda *_: None)
+    assert row.status == "graded" and row.score == row.max_score > 0, row
+    env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT), KVCOURSE_PROGRESS=str(tmp_path / "progress.sqlite"))
+    out = subprocess.run([sys.executable, "-m", "course.cli", "check", str(path)], cwd=PROJECT_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "5 of 5 visible tests pass" in out.stdout, out.stdout + out.stderr
 
 
 def test_the_course_own_notebooks_are_far_below_the_size_limit():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from course.grade.files import GradingError
 from course.grade.nbgrader_api import assignments
-from course.grade.submissions import grade_id, invalid_reason, nbgrader_meta, repair
+from course.grade.submissions import grade_id, invalid_reason, nbgrader_meta, read_notebook, repair
 from course.paths import EXERCISES, jupyter_env
 
 HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
@@ -61,7 +61,7 @@ def exercise_of(path: Path) -> str | None:
     by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
     path = Path(path)
     try:
-        mine = _grade_ids(nbformat.read(str(path), as_version=4))
+        mine = _grade_ids(read_notebook(path))
     except Exception:  # not a notebook nbformat can read: nothing in it to go by
         mine = set()
     if mine:
@@ -94,9 +94,7 @@ def _release_of(path: Path):
 
 def restored(path: Path):
     """(the notebook with its released test cells back, what the learner had changed)."""
-    import nbformat
-
-    nb = nbformat.read(str(path), as_version=4)
+    nb = read_notebook(Path(path))  # its stored outputs dropped: they may be megabytes, and the run replaces them
     release = _release_of(Path(path))
     if release is None:
         return nb, []
@@ -287,13 +285,11 @@ def _visible(cell) -> bool:
 def _save_visible(path: Path, cells: dict) -> None:
     """Save the visible tests' results of a full check to the progress file, as a plain check does (a full check
     left `kvcourse progress` at "tests 0/5" after the visible tests had passed in it)."""
-    import nbformat
-
     exercise = exercise_of(path)
     if exercise is None or not cells:
         return
     try:
-        nb = nbformat.read(str(path), as_version=4)
+        nb = read_notebook(path)
         visible = [grade_id(c) for c in nb.cells if c.cell_type == "code" and grade_id(c)
                    and (nbgrader_meta(c) or {}).get("grade") and not nbgrader_meta(c).get("solution") and _visible(c)]
         statuses = {gid: "pass" if cells[gid][1] else "fail" for gid in visible if gid in cells}

@@ -47,7 +47,7 @@ from course.grade.files import (DISK_FULL, GradingError, atomic_write, course_lo
 from course.grade.nbgrader_api import (assignments, check_result, export_csv, failure, gradebook_problem, load_config,
                                        nbgrader_api, sha, source_hash)
 from course.grade.plain import decode
-from course.grade.submissions import NOTEBOOK_SIZE_LIMIT, Submission, discover, grade_id, repair
+from course.grade.submissions import Submission, discover, grade_id, invalid_reason, read_notebook, repair
 from course.paths import AUTOGRADE, SOLUTIONS
 
 UNSANDBOXED = "UNSANDBOXED: graded without the sandbox (--unsandboxed); not safe for a real class"
@@ -380,19 +380,19 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
                             problems="; ".join([sub.problem] + sub.problems + _earlier_grade(ledger, sub)))
             continue
         try:  # what discover saw may have been swapped since (for a pipe): read once, as a plain file
-            data = read_small(sub.path, NOTEBOOK_SIZE_LIMIT, "the notebook")
-        except GradingError as exc:
-            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "invalid",
-                            problems="; ".join([f"{exc}: not graded"] + sub.problems + _earlier_grade(ledger, sub)))
+            nb = read_notebook(sub.path)  # without its stored outputs: what is graded, and what the ledger hashes
+            sub.digest = sha(nbformat.writes(nb).encode(), ledger.data["sources"][sub.assignment].encode())
+        except Exception as exc:
+            why = invalid_reason(sub.path, exc)
+            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "invalid", problems="; ".join(
+                [why if "not graded" in why else f"{why}: not graded"] + sub.problems + _earlier_grade(ledger, sub)))
             continue
-        sub.digest = sha(data, ledger.data["sources"][sub.assignment].encode())
         done = ledger.data["graded"].get(sub.key)
         if not force and done and done.get("hash") == sub.digest and _reusable(done, held, sub, course):
             rows[key] = Row(**done["row"])
             continue
         release_nb = nbformat.read(str(course / "release" / sub.assignment / f"{sub.notebook}.ipynb"), as_version=4)
         try:
-            nb = nbformat.reads(data.decode("utf-8"), as_version=4)
             sub.problems += repair(nb, release_nb)
         except Exception as exc:  # the file is the student's: one that breaks the repair must not stop the class
             rows[key] = Row(sub.student, sub.assignment, sub.notebook, "failed", problems="; ".join(

@@ -6,8 +6,9 @@ both exist: see `discover`). A student folder (or a
 student's assignment folder) without a notebook gives a "missing" submission, so no student drops out of
 the report or the CSV.
 
-Refused with a reason on their row (the others are graded): a notebook over NOTEBOOK_SIZE_LIMIT bytes, and a
-student or assignment folder whose name holds a glob character (* ? [ ]), which nbgrader would read as a pattern.
+Refused with a reason on their row (the others are graded): a notebook file over NOTEBOOK_FILE_LIMIT bytes, or
+over NOTEBOOK_SIZE_LIMIT once its stored outputs are dropped (grading runs the code afresh), and a student or
+assignment folder whose name holds a glob character (* ? [ ]), which nbgrader would read as a pattern.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RENAMED = re.compile(r"^(?P<stem>.+?)(?: ?\(\d+\)| - Copy| copy)$")
-# The largest notebook graded (bytes, checked before it is read). The released exercises are under 40 KB and a
-# student's run with a few plots a few MB; reading, repairing and sanitising the feedback of a 120 MB one took the
-# grader's own process (no sandbox limits there) 4.5 minutes and 3 GB of memory.
+# The largest notebook graded (bytes, without its stored outputs, which are dropped as it is read: the grader
+# runs the code afresh). The released exercises are under 40 KB; reading, repairing and sanitising the feedback of
+# a 120 MB one took the grader's own process (no sandbox limits there) 4.5 minutes and 3 GB of memory.
 NOTEBOOK_SIZE_LIMIT = 20 * 2**20
+NOTEBOOK_FILE_LIMIT = 256 * 2**20  # the file with its outputs (plots, long prints): checked before it is read
 GLOB_CHARS = "*?[]"  # nbgrader globs student and assignment ids: `[A-Z]*` would match other students' folders
 
 
@@ -185,35 +187,56 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
 
 def too_large(path: Path) -> str:
     """Why the file cannot be a notebook to grade ("" when it can): not a plain file (a named pipe would hang the
-    read, a device never end), or over NOTEBOOK_SIZE_LIMIT; told from lstat, before anything reads it."""
+    read, a device never end), or over NOTEBOOK_FILE_LIMIT; told from lstat, before anything reads it."""
     try:
         st = os.lstat(path)
     except OSError as exc:
         return f"cannot be read ({exc.strerror}): not graded"
     if not stat.S_ISREG(st.st_mode):
         return "not a plain file (a named pipe, socket or device named .ipynb): not graded"
-    if st.st_size <= NOTEBOOK_SIZE_LIMIT:
+    if st.st_size <= NOTEBOOK_FILE_LIMIT:
         return ""
-    return (f"too large to grade: {st.st_size / 2**20:,.1f} MB, over the grader's limit of "
-            f"{NOTEBOOK_SIZE_LIMIT / 2**20:g} MB (NOTEBOOK_SIZE_LIMIT in course/grade/submissions.py); not graded. "
-            "Ask the student to clear the outputs (Edit > Clear Outputs of All Cells), save and hand it in again")
+    return _size_problem(st.st_size, NOTEBOOK_FILE_LIMIT, "NOTEBOOK_FILE_LIMIT", "Ask the student to clear the "
+                         "outputs (Edit > Clear Outputs of All Cells), save and hand it in again")
+
+
+def _size_problem(size: int, limit: int, name: str, fix: str, what: str = "") -> str:
+    return (f"too large to grade: {size / 2**20:,.1f} MB{what}, over the grader's limit of {limit / 2**20:g} MB "
+            f"({name} in course/grade/submissions.py); not graded. {fix}")
 
 
 def read_notebook(path: Path):
-    """The notebook at `path`, read through read_small (a plain file of at most NOTEBOOK_SIZE_LIMIT bytes)."""
+    """The notebook at `path` without its stored outputs, which grading never uses: read through read_small (a
+    plain file of at most NOTEBOOK_FILE_LIMIT bytes); GradingError when what remains is over NOTEBOOK_SIZE_LIMIT."""
     import nbformat
 
-    from course.grade.files import read_small
+    from course.grade.files import GradingError, read_small
 
-    return nbformat.reads(read_small(path, NOTEBOOK_SIZE_LIMIT, "the notebook").decode("utf-8"), as_version=4)
+    nb = nbformat.reads(read_small(path, NOTEBOOK_FILE_LIMIT, "the notebook").decode("utf-8"), as_version=4)
+    cells = nb.get("cells")
+    for cell in cells if isinstance(cells, list) else []:
+        if isinstance(cell, dict) and cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    size = len(nbformat.writes(nb).encode())
+    if size > NOTEBOOK_SIZE_LIMIT:
+        raise GradingError(_size_problem(size, NOTEBOOK_SIZE_LIMIT, "NOTEBOOK_SIZE_LIMIT", "Its cells hold that much "
+                                         "text or code: look at it by hand", " without its outputs"))
+    return nb
 
 
-def invalid_reason(path: Path) -> str:
+def invalid_reason(path: Path, error: Exception | None = None) -> str:
+    """Why the notebook at `path` (or the `error` reading it raised) cannot be graded; "" when it can."""
     import nbformat
+
+    from course.grade.files import GradingError
 
     try:
+        if error is not None:
+            raise error
         nbformat.validate(read_notebook(path))
-    except Exception as exc:  # not JSON, not a notebook, wrong schema, not a file: report it, grade the others
+    except GradingError as exc:  # too large, or not a plain file: its own words
+        return str(exc)
+    except Exception as exc:  # not JSON, not a notebook, wrong schema: report it, grade the others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"invalid notebook ({type(exc).__name__}): {first[:160]}"
     return ""
