@@ -303,3 +303,11 @@ def test_settings_that_cannot_be_written_are_one_line_not_a_traceback(tmp_path, 
     (line,) = capsys.readouterr().err.splitlines()
     assert rc == 1 and became == []
     assert line.startswith("kvcourse lab: cannot write the self-paced settings") and "No space left" in line
+
+
+def test_no_asyncio_loop_is_left_running_by_the_browser_suite():
+    """Run after the browser suite (tests/e2e sorts first): Playwright's sync API marks an asyncio loop running in
+    the main thread while it is started, which made Jupyter's contents manager and nbclient fail in later tests."""
+    import asyncio
+
+    assert asyncio._get_running_loop() is None, "a fixture left Playwright (or another loop) running"
