@@ -217,8 +217,3 @@ def _prediction(session: ReviewSession) -> None:
     if reply is not None:
         print(f"  {session.answer(reply).explanation}")
 
-
-if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser(prog="kvcourse review")
-    add_arguments(parser)
-    sys.exit(run(parser.parse_args()))

@@ -6,9 +6,7 @@
 
 Each point is a model of a real published shape (course.engine.config.PRESETS) built with random weights:
 a decode step does the same arithmetic on the same number of bytes whatever the values are, so its time
-does not depend on them. The weights are real numbers (normal, std 0.02, like a freshly initialised model)
-and never uninitialised memory, which can hold denormals: numbers so small that x86 floating-point units
-handle them up to ~100× slower, which would skew the time.
+does not depend on them (random_model says why they are never uninitialised memory).
 
 The fit is time = bytes ÷ bandwidth + fixed cost per step (least squares over the points). If decode is
 bound by memory bandwidth, the points lie on a line (R² near 1) whose slope gives back the machine's
@@ -55,13 +53,11 @@ def default_shapes(device: torch.device | str = "cpu", full: bool | None = None)
 
 def random_model(config: ModelConfig, dtype: torch.dtype = torch.float32, device="cpu", seed: int = 0,
                  context: int = CONTEXT) -> Transformer:
-    """A course Transformer of this shape with random weights: normal(0, 0.02) numbers, norms at 1.
-
-    Built on the meta device, given its memory once, in its final dtype, and filled from one random block
-    (per-element random numbers would take a minute for 4 GB); every tensor holds ordinary numbers, so no
-    denormal slows it. The RoPE tables cover only `context` + 1 positions (a real 128k table would be bigger
-    than the cache this measures).
-    """
+    """A course Transformer of this shape with random weights: normal(0, 0.02) numbers (like a freshly initialised
+    model), norms at 1. Built on the meta device, given its memory once, in its final dtype, and filled from one
+    random block (per-element random numbers would take a minute for 4 GB). Never uninitialised memory: it can hold
+    denormals, numbers so small that x86 floating-point units handle them up to ~100× slower. The RoPE tables
+    cover only `context` + 1 positions (a real 128k table would be bigger than the cache this measures)."""
     config = config.with_(max_seq_len=context + 1)
     with torch.device("meta"):
         model = Transformer(config)
@@ -85,9 +81,8 @@ def random_model(config: ModelConfig, dtype: torch.dtype = torch.float32, device
 
 
 class Step:
-    """One decode step of `model`: batch 1, `context` tokens cached, the last cache position rewritten every call.
-    Compiled, it is the engine's step with one compiled block shared by every model shape
-    (course.engine.fast.DecodeStep, any_shape), so the shapes of the line compile once; compile=False: eager."""
+    """One decode step of `model`: batch 1, `context` tokens cached, the last cache position rewritten every call
+    (compiled as the module docstring says; compile=False: eager)."""
 
     def __init__(self, model: Transformer, context: int = CONTEXT, compile: bool = True):
         self.cache = KVCache(model.config, max_seq_len=context + 1, dtype=model.dtype, device=model.device)
