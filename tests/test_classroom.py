@@ -168,7 +168,9 @@ def test_exchange_is_made_writable_for_everyone(tmp_path):
     exchange = tmp_path / "srv" / "exchange"
     exchange.mkdir(parents=True, mode=0o755)
     classroom.make_exchange(exchange)
-    assert exchange.stat().st_mode & 0o777 == 0o777
+    assert exchange.stat().st_mode & 0o7777 == 0o1777, "writable by everyone, and sticky as /tmp is"
+    readme = (CLASSROOM / "README.md").read_text()
+    assert "chmod 1777 /srv/nbgrader/exchange" in readme and "chmod ugo+rw " not in readme
 
 
 def kvcourse(*args, env=None):

@@ -111,6 +111,24 @@ def test_a_worker_with_another_version_of_the_course_is_refused(tmp_path):
     assert _nothing_written(course)
 
 
+def test_a_task_carries_the_submission_not_its_path(tmp_path):
+    """Workers on other machines do not mount the class folder: a task holds the notebook and its checks as data."""
+    import json
+    import pickle
+    from types import SimpleNamespace
+
+    from course.grade import submissions, verdicts
+
+    folder = _class(tmp_path / "subs")
+    path = folder / "student-00" / ASSIGNMENT / "memory_formula.ipynb"
+    nb = submissions.read_notebook(path)
+    remote = SimpleNamespace(version=cluster.course_version(), threads=1)
+    job = grader.task(ASSIGNMENT, nb, sandbox.Limits(), remote, False, tmp_path / "scratch")
+    assert job["notebook"] == nb and json.loads(json.dumps(job["notebook"])) == nb
+    assert job["checks"] == verdicts.checks_path(ASSIGNMENT).read_text() and job["scratch"] is None
+    assert str(tmp_path).encode() not in pickle.dumps(job), "no path of this machine travels in a task"
+
+
 # ----------------------------------------------------------------------------- a small class, serial and on workers
 
 def _report(course: Path) -> list[dict]:

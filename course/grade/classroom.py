@@ -35,7 +35,9 @@ ROLE_CONFIG = {"instructor": CLASSROOM / "jupyter-config" / "instructor",
                "student": CLASSROOM / "jupyter-config" / "student"}
 INBOX = "inbox"  # nbgrader collect writes here; `kvcourse grade` copies (and repairs) into submitted/
 QUARANTINE = "quarantine"  # submissions made under another student's name, kept out of inbox/ (collect)
-EXCHANGE_MODE = 0o777  # nbgrader's documented `chmod ugo+rw` on the exchange root: everyone creates in it
+# the exchange root: everyone creates in it (nbgrader's `chmod ugo+rw`), and the sticky bit, as /tmp has, keeps
+# anyone but the owner from renaming or deleting what is in it (the course's folder the instructor made)
+EXCHANGE_MODE = 0o1777
 EXCHANGE_OPTION = ("exchange", "--exchange", "KVCOURSE_EXCHANGE")  # folder_or_error's words for the exchange
 
 
@@ -65,8 +67,8 @@ def config(course: Path, exchange: Path, timeout: int | None = None, memory_mb: 
 
 
 def make_exchange(exchange: Path) -> Path:
-    """Create nbgrader's exchange root, writable by everyone (nbgrader makes the per-course folders in it
-    with its own, narrower permissions: inbound is write-only for students, outbound read-only)."""
+    """Create nbgrader's exchange root, mode 1777 (nbgrader makes the per-course folders in it with its own,
+    narrower permissions: inbound is write-only for students, outbound read-only)."""
     exchange = folder_or_error(Path(exchange), *EXCHANGE_OPTION)
     try:
         exchange.mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,7 @@ def make_exchange(exchange: Path) -> Path:
             os.chmod(exchange, stat.S_IMODE(exchange.stat().st_mode) | EXCHANGE_MODE)
     except PermissionError as exc:
         raise ClassroomError(f"cannot create the exchange {exchange} ({exc.strerror}); as root run: "
-                             f"mkdir -p {exchange} && chmod ugo+rwx {exchange}") from None
+                             f"mkdir -p {exchange} && chmod 1777 {exchange}") from None
     return exchange
 
 

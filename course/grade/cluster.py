@@ -1,6 +1,7 @@
 """Where the sandboxes run: here one at a time (`serial`), or on a Dask cluster (https://distributed.dask.org):
 `--cluster tcp://HOST:8786` (a running scheduler), `--cluster local:N` or `--jobs N` (a LocalCluster of N worker
-processes here, its scratch in a temporary folder). Each submission is one task (`run_one`): the same sandbox on a
+processes here, its scratch in a temporary folder). Each submission is one task (`run_one`), carrying the
+notebook and its checks as data (a worker on another machine does not mount the class folder): the same sandbox on a
 worker, its Outcome back as plain data, merged once by the grader's process, the only writer, as it arrives. A
 task writes only in its own temporary folder, so Dask may run it again when a worker is lost; one that took down
 `distributed.scheduler.allowed-failures` workers is reported on its row. Before any grade is written `connect`

@@ -464,6 +464,16 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
     return ordered
 
 
+def task(assignment: str, nb, limits: sandbox.Limits, pool, unsandboxed: bool, scratch: Path) -> dict:
+    """One submission's task as plain data: the notebook and its checks travel in it, never a path (workers on
+    other machines do not mount the class folder); a remote worker's scratch space is its own."""
+    version = pool.version if pool else None  # None: this machine's own files, nothing to compare
+    return {"notebook": nb, "assignment": assignment, "checks": verdicts.checks_path(assignment).read_text(),
+            "limits": asdict(limits), "sealed": not unsandboxed, "version": version,
+            "threads": pool.threads if pool else max(1, os.cpu_count() or 1),
+            "scratch": None if version else str(scratch)}
+
+
 def _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed, checks, references,
              on_sandbox_start, nbformat):
     """Each submission's sandbox (here, or on the cluster's workers), then its merge here, as results arrive."""
@@ -475,12 +485,8 @@ def _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed,
     merge_cfg.Execute.enabled = False  # nothing executes here: the outputs are the grader's verdicts
     merge_cfg.ClearOutput.enabled = False
     merge_api = nbgrader_api(merge_cfg)
-    version = pool.version if pool else None  # None: this machine's own files, nothing to compare
     (run_dir / "sandbox").mkdir()
-    jobs = [{"notebook": nb, "assignment": sub.assignment, "checks": verdicts.checks_path(sub.assignment).read_text(),
-             "limits": asdict(limits), "sealed": not unsandboxed, "version": version,
-             "threads": pool.threads if pool else max(1, os.cpu_count() or 1),
-             "scratch": None if version else str(run_dir / "sandbox")} for sub, nb in pending]
+    jobs = [task(sub.assignment, nb, limits, pool, unsandboxed, run_dir / "sandbox") for sub, nb in pending]
     with tqdm(total=len(pending), desc="grading", unit="submission", disable=not progress) as bar:
         for i, outcome in (pool.run(jobs, bar) if pool else clusters.serial(jobs, on_sandbox_start)):
             sub, nb = pending[i]
