@@ -16,7 +16,6 @@ from course.engine.config import ModelConfig
 from course.measure import costs
 from course.measure.costs import Cost, decode_cost, prefill_cost
 from course.measure.sweeps import Sweep
-from course.measure.timing import matmul_flops, memory_bandwidth
 
 
 @dataclass(frozen=True)
@@ -42,15 +41,6 @@ class Machine:
 
     def bound(self, cost: Cost) -> str:
         return "memory" if cost.intensity < self.ridge else "compute"
-
-
-def measure_machine(device="cpu", dtype: torch.dtype = torch.float32, bandwidth_bytes: int = 256 << 20,
-                    matmul_n: int | None = None) -> Machine:
-    """The course.measure.timing probes on their own (the lessons quote the machine profile instead)."""
-    device = torch.device(device)
-    bw = memory_bandwidth(device, nbytes=bandwidth_bytes)
-    flops = matmul_flops(device, n=matmul_n or (1024 if device.type == "cpu" else 4096), dtype=dtype)
-    return Machine(str(device), str(dtype).split(".")[-1], bw.bytes_per_s, flops)
 
 
 @dataclass(frozen=True)
