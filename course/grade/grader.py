@@ -1,31 +1,16 @@
 """`kvcourse grade DIR`: grade a folder of submissions, each sealed off, into nbgrader's gradebook.
 
-DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's layout) or DIR/<student>/<notebook>.ipynb. Writes, in
-the course folder (--course, default autograde/): gradebook.db, autograded/, feedback/ (HTML, hidden tests
-removed), grades.csv (nbgrader's export) and report.csv (one row per submission: status, score, seconds,
-sandbox, and every problem met).
-
-How one run goes (one grader per course folder: work/grade.lock):
-  1. find the submissions (course.grade.submissions): invalid files and missing notebooks get a row, never
-     silence; edited or deleted test cells are put back as released;
-  2. the gradebook is checked (a truncated, empty or corrupt gradebook.db is named, moved aside and rebuilt by
-     regrading), and generate_assignment fills it with the tests;
-  3. the reference values: the exercise's checks (autograde/checks/) run on the solution notebook, outside
-     any sandbox, once per version of the solution and the checks;
-  4. each submission runs in its own sandbox (course.grade.sandbox), one at a time here or as a task on Dask
-     workers (course.grade.cluster: --jobs N, --cluster), and hands back plain data; this process alone compares
-     it with the reference (course.grade.verdicts) and writes everything below, as results arrive;
-  5. the verdicts become the test cells' outputs of the executed notebook, which nbgrader merges into the
-     gradebook without executing anything (and its scores are checked against the verdicts); feedback is
-     generated from it and swapped into feedback/ whole;
-  6. grades.csv and report.csv are written atomically.
-The submission time (nbgrader's late penalties) is the timestamp.txt found beside the notebook, as it is in the
-folder: nothing in DIR says whether a student wrote it. nbgrader's `submit` writes it on the student's side and
-`kvcourse classroom collect` copies it unchanged. One that is not a small plain file holding a timestamp nbgrader
-accepts (submitted_timestamp) is ignored, with a note on the student's row.
-The ledger (work/ledger.json) holds, per submission, the hash of what was graded: a run killed halfway
-resumes where it stopped, a second run regrades only what changed (everything with --force), and a run
-that failed for the grader's own reasons (a sandbox killed from outside) is regraded next time.
+Writes in the course folder (--course, default autograde/): gradebook.db, autograded/, feedback/ (hidden tests
+removed), grades.csv (nbgrader's export) and report.csv (one row per submission: status, score, seconds, sandbox,
+every problem met). One grader per course folder (work/grade.lock). A run: find the submissions (invalid and
+missing ones get a row; locked cells are put back as released); check the gradebook (a damaged one is moved aside
+and rebuilt by regrading); compute the reference values (the checks on the solution, cached per version); run each
+submission in its own sandbox, here or on Dask workers (course.grade.cluster), and judge the plain data it hands
+back here (course.grade.verdicts); merge the verdicts into the gradebook as the test cells' outputs (nbgrader
+executes nothing) and swap the feedback in whole; write the CSVs atomically. The submission time is the
+timestamp.txt beside the notebook, used only when it is a small plain file holding a timestamp nbgrader accepts.
+The ledger (work/ledger.json) holds the hash of what was graded: a killed run resumes where it stopped, a second
+run regrades only what changed (everything with --force) or failed for the grader's own reasons.
 """
 from __future__ import annotations
 
@@ -577,11 +562,8 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
 # ----------------------------------------------------------------------------- command line
 
 def add_arguments_grade(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", type=Path, help="submissions: FOLDER/<student>/<assignment>/<notebook>.ipynb "
-                                             "or FOLDER/<student>/<notebook>.ipynb. The submission time (for late "
-                                             "penalties) is the timestamp.txt beside the notebook, as found in "
-                                             "FOLDER: nbgrader's submit writes it on the student's side, and "
-                                             "`kvcourse classroom collect` copies it unchanged")
+    p.add_argument("folder", type=Path, help="submissions: FOLDER/<student>/<assignment>/<notebook>.ipynb or "
+                   "FOLDER/<student>/<notebook>.ipynb; the submission time is the timestamp.txt beside a notebook")
     p.add_argument("--course", type=Path, default=AUTOGRADE,
                    help="course folder for the gradebook, feedback and CSVs (default: autograde/)")
     p.add_argument("--jobs", "-j", type=int, default=1,

@@ -1,18 +1,10 @@
 """The sealed runner: one submission, one bubblewrap sandbox, only plain data comes back.
 
-What it prevents by construction (autograde/THREAT_MODEL.md has the whole list):
-* bubblewrap (bwrap, the unprivileged sandbox Flatpak is built on) with `--unshare-all` (no network, not even
-  loopback), `--cap-drop ALL`, `--die-with-parent`, and a filesystem of read-only binds: the system (/etc with
-  its root-only files emptied), the interpreter and the venv, and a copy of the course package made for the
-  exercise (`course_tree`): what the harness, the checks and the released notebook import, minus the checks'
-  ABSENT (the reference). /tmp and /sub are private tmpfs of a fixed size, fresh at every attempt.
-* The harness runs the learner's cells first; the grader writes the checks to its stdin only after reading
-  "cells_done", and takes no cell output after that point (_accept): nothing printed while checks run leaves.
-* Caps set before bwrap execs (inherited inside): address space, CPU seconds, file size, processes (as root
-  also a pids cgroup, and a memory cgroup counting tmpfs and memfd pages); a wall-clock and a silence limit.
-
-`run_sealed` reruns past a cell or check that killed the kernel and classifies how each run ended. bwrap needs
-no root (unprivileged user namespaces); where it cannot start, `sandbox_problem` says what is missing.
+autograde/THREAT_MODEL.md says what this prevents by construction and which test shows each: bwrap with
+`--unshare-all --cap-drop ALL --die-with-parent` over read-only binds of the system, the interpreter, the venv and
+a copy of the course package without the exercise's reference (`course_tree`); the checks written in only after
+"cells_done", and no cell output taken after it (`_accept`); rlimits, cgroups, wall-clock and silence limits.
+`run_sealed` reruns past a cell or check that killed the kernel; `sandbox_problem` says why bwrap cannot start.
 """
 from __future__ import annotations
 
