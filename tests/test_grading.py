@@ -367,25 +367,30 @@ def test_a_run_killed_halfway_resumes_and_completes(tmp_path, graded):
     students = ["reference", "blank", "mem-bug-bits", "mem-bug-gqa-inverted", "mem-alt-prod", "adv-sys-exit"]
     folder, course = _subset(tmp_path, students), tmp_path / "course"
     env = dict(os.environ, PYTHONPATH=str(PROJECT_ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "course.cli", "grade", str(folder), "--course", str(course),
-                             "--quiet"], cwd=PROJECT_ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    output = tmp_path / "killed-run.txt"  # what the killed run said, kept for the failure message
+    with open(output, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "course.cli", "grade", str(folder), "--course", str(course),
+                                 "--quiet"], cwd=PROJECT_ROOT, env=env, start_new_session=True, stdout=out,
+                                stderr=subprocess.STDOUT)
     ledger = course / "work" / "ledger.json"
-    deadline = time.monotonic() + 600
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
+    started = time.monotonic()
+    try:  # on a busy 2-core machine the run's start (nbgrader, the solution's reference run) takes minutes
+        while time.monotonic() < started + 1800 and proc.poll() is None:
             if ledger.exists() and len(json.loads(ledger.read_text() or "{}").get("graded", {})) >= 2:
                 break
             time.sleep(0.2)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole run: the main process and its worker and kernels
+        os.killpg(proc.pid, signal.SIGKILL)  # the main process and its kernels (a sandbox dies with its parent)
         proc.wait()
-    done_before = len(json.loads(ledger.read_text())["graded"])
-    assert 2 <= done_before < len(students), "the run was killed halfway"
+    done_before = len(json.loads(ledger.read_text())["graded"]) if ledger.exists() else 0
+    assert 2 <= done_before < len(students), (
+        f"the run was to be killed halfway: {done_before} of {len(students)} graded after "
+        f"{time.monotonic() - started:.0f} s, exit status {proc.returncode}; it said: {output.read_text()[-3000:]}")
     messages = []
     rows = grading.grade(folder, course, progress=False, log=messages.append)
     assert messages[0].startswith(f"grading {len(students) - done_before} submission"), messages
-    assert all(r.status == "graded" for r in rows) and len(rows) == len(students), "every grade is present"
+    assert len(rows) == len(students) and all(r.status == "graded" for r in rows), \
+        ("every grade is present", [r for r in rows if r.status != "graded"])
     clean = {key: graded["rows"][key] for key in _scores(rows)}  # the same files in the uninterrupted batch run
     assert _scores(rows) == _scores(clean.values()), "the resumed run gives the grades of an uninterrupted one"
 
