@@ -95,11 +95,6 @@ def cpu_name() -> str:
     return _cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
-def cpu_vendor() -> str | None:
-    """The CPU's vendor as /proc/cpuinfo names it (GenuineIntel, AuthenticAMD, ...); None where it does not say."""
-    return _cpuinfo_field("vendor_id")
-
-
 def cpu_flags() -> frozenset[str] | None:
     """The instruction-set flags the first CPU advertises (x86 'flags', Arm 'Features'); None where
     /proc/cpuinfo cannot be read (not Linux)."""
