@@ -1,10 +1,11 @@
 """The progress store keeps its guarantees, each shown once: a new process reads what was saved; concurrent writers lose
 nothing; a damaged file is set aside, never overwritten; another program's file, a read-only file, an unreadable one
-and a named pipe are left untouched; a full disk and a busy file are one clear line. And `kvcourse progress`."""
+and a named pipe are left untouched, with one clear line; a full disk and a busy file too. And `kvcourse progress`."""
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from course.paths import PROJECT_ROOT
-from course.teach.progress import BUSY_MESSAGE, ProgressFileBusy, ProgressFileWarning, ProgressStore
+from course.teach.progress import BUSY_MESSAGE, ProgressFileBusy, ProgressFileError, ProgressFileWarning, ProgressStore
 from course.teach.questions import LEVELS, load_questions
 
 
@@ -129,9 +130,9 @@ def test_a_truncated_file_is_set_aside_never_overwritten(tmp_path, monkeypatch, 
     named.write_bytes(damaged)
     from course.cli import main
 
-    assert main(["progress", "--file", str(named)]) == 0
-    out = capsys.readouterr().out
-    assert f"{named} is damaged" in out and "left as it is" in out
+    assert main(["progress", "--file", str(named)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvcourse progress: {named} is damaged") and "left as it is" in err
     assert named.read_bytes() == damaged and _aside(named) == []
 
 
@@ -173,13 +174,13 @@ def test_a_file_that_is_not_sqlite_is_never_touched(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("my own notes\n" * 20)
     store = ProgressStore(notes)
-    with pytest.warns(ProgressFileWarning, match="is not a progress file"):
-        store.record_answer("00_start_here", "start-1", "A", True)
+    for call in (lambda: store.record_answer("00_start_here", "start-1", "A", True), store.answers):
+        with pytest.raises(ProgressFileError, match=f"{notes} is not a progress file .* left untouched; set "):
+            call()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and notes.read_text() == "my own notes\n" * 20
-    assert len(store.answers()) == 1 and "kept in memory" in store.not_saved  # this session's, in memory
 
 
-@pytest.mark.parametrize("denied, says", [(os.W_OK, "not writable (make it writable with `chmod u+w"),
+@pytest.mark.parametrize("denied, says", [(os.W_OK, "it is not writable (`chmod u+w"),
                                           (os.R_OK, "cannot read the progress file")])
 def test_a_file_we_may_not_write_or_read_is_left_as_it_is(tmp_path, monkeypatch, denied, says):
     """As a learner (not root) sees a chmod 444 file, or one that became root's after a `sudo` run."""
@@ -189,11 +190,10 @@ def test_a_file_we_may_not_write_or_read_is_left_as_it_is(tmp_path, monkeypatch,
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: real_access(p, mode) and not (
         mode & denied and Path(p) == path))
     store = ProgressStore(path)
-    with pytest.warns(ProgressFileWarning, match="(?i)" + says.split("(")[0]):
-        saved = store.answers()
-    assert [a["question_id"] for a in saved] == (["kv-1"] if denied == os.W_OK else [])  # read where it can be
-    store.record_answer("02_kv_cache", "kv-2", "B", False)  # kept for this session
-    assert [a["question_id"] for a in store.answers()][-1] == "kv-2" and says in store.not_saved
+    for call in (store.answers, lambda: store.record_answer("02_kv_cache", "kv-2", "B", False)):
+        with pytest.raises(ProgressFileError, match=re.escape(says)) as caught:
+            call()
+        assert str(path) in str(caught.value)
     assert path.read_bytes() == before and sorted(tmp_path.iterdir()) == files
 
 
@@ -201,7 +201,7 @@ def test_a_named_pipe_is_never_opened(tmp_path):
     pipe = tmp_path / "fifo"
     os.mkfifo(pipe)
     run = _kvcourse("progress", env={"KVCOURSE_PROGRESS": str(pipe), "HOME": str(tmp_path)})  # would block if opened
-    assert run.returncode == 0 and f"{pipe} is a named pipe, not a file" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 1 and f"{pipe} is a named pipe, not a file" in run.stderr, run.stdout + run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
 
 

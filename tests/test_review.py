@@ -190,7 +190,7 @@ def test_reset_asks_first(monkeypatch, capsys, tmp_path, bank, reply, emptied):
     assert (due_items(store, bank) == []) == emptied and len(store.answers()) == 1  # answers are never deleted
 
 
-def test_kvcourse_review_says_nothing_is_saved_when_the_file_cannot_take_it(monkeypatch, capsys, tmp_path, bank):
+def test_kvcourse_review_asks_nothing_when_the_file_cannot_take_it(monkeypatch, capsys, tmp_path, bank):
     import os
 
     path = tmp_path / "default-progress.sqlite"
@@ -200,9 +200,10 @@ def test_kvcourse_review_says_nothing_is_saved_when_the_file_cannot_take_it(monk
     monkeypatch.setattr(os, "access", lambda p, mode, **kw: real_access(p, mode) and not (
         mode & os.W_OK and Path(p) == path))
     rc, out, err = _cli(monkeypatch, capsys, [], f"{q.answer}\n")
-    assert rc == 0 and "✓" in out, err
-    assert f"Nothing answered in this sitting is saved in {path}" in out
-    assert err.startswith("Note: new progress cannot be saved in") and "Traceback" not in err
+    assert rc == 1 and "✓" not in out and "Your answer" not in out and "Traceback" not in err, out + err
+    (line,) = err.strip().splitlines()  # one line: the file, and what to do
+    assert line == (f"kvcourse review: progress cannot be saved in {path}: it is not writable "
+                    f"(`chmod u+w {path}` makes it so)")
     monkeypatch.undo()
     assert ProgressStore(path).rows("reviews") == []
 

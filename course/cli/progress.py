@@ -53,9 +53,6 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
     counts = store.counts()
     if store.disk_error is not None:  # read as it is, from a full disk: nothing can be deleted there
         raise store.disk_error
-    if store.not_saved:  # only this session's copy could be cleared: say so instead of pretending
-        print(f"Nothing deleted: {store.not_saved}", file=sys.stderr)
-        return 2
     say_notes(store, [])  # e.g. a damaged file moved aside: the file about to be cleared is a fresh one
     what = ", ".join(f"{n} {t.replace('_', ' ')}" for t, n in counts.items() if n and t != "measurements")
     if not assume_yes and not confirmed(

@@ -93,16 +93,10 @@ def run(args) -> int:
 
 
 def _reset(store: ProgressStore, assume_yes: bool) -> int:
-    if store.not_saved:  # only this session's copy could be emptied: say so instead of pretending
-        print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
-        return 2
     if not assume_yes and not confirmed(f"Empty the review in {store.path}? Your answers and progress stay saved.",
                                         "Nothing changed."):
         return 1
     store.record_review_reset()
-    if store.not_saved:  # the file could not be written after all (found only on writing)
-        print(f"Nothing changed: {store.not_saved}", file=sys.stderr)
-        return 2
     print(f"Review emptied in {store.path}.")
     return 0
 
@@ -148,19 +142,13 @@ def _session(session: ReviewSession) -> int:
     except ProgressFileError as exc:  # busy, or its disk full
         print(f"\nkvcourse review: {exc}. Stopped; " + _saved_text(session, before_this_one=True), file=sys.stderr)
         return 1
-    else:
-        if session.store.not_saved:
-            print(_saved_text(session)[:1].upper() + _saved_text(session)[1:])
     print(session.summary_text())
     return 0
 
 
 def _saved_text(session: ReviewSession, before_this_one: bool = False) -> str:
-    """Where this sitting's answers are, in words that are true: saved, or kept for this session only."""
+    """What of this sitting is saved, in words that are true."""
     answered = session.count("right") + session.count("missed")
-    if session.store.not_saved:
-        return (f"nothing answered in this sitting is saved in {session.store.path} (see the note above); it was "
-                "kept for this session only.")
     if before_this_one:
         return ("this answer may not be saved." if not answered else
                 "everything answered before this one is saved; this one may not be.")

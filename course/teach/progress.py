@@ -4,11 +4,11 @@ One SQLite file, course.paths.progress_path() by default; rows are only appended
 hard part: WAL mode, one ``BEGIN IMMEDIATE`` transaction per write and a busy timeout, so any number of kernels and
 commands write at once and lose nothing (https://www.sqlite.org/wal.html, https://www.sqlite.org/lang_transaction.html).
 
-A file that cannot be used is never overwritten, and the learner is told (a ProgressFileWarning, kept in ``notes``).
-A damaged one is renamed ``<name>.corrupt-<time>-<pid>`` and a fresh one started (unless ``keep_damaged``). One not
-ours, not a file, unreadable or read-only is left untouched, and this session's progress is kept in memory
-(``not_saved`` says why). Busy past ``timeout``: ProgressFileBusy. Disk full: writes raise ProgressFileDiskError;
-reads still read the file as it is.
+A file that cannot be used is never overwritten. A damaged one is renamed ``<name>.corrupt-<time>-<pid>`` and a fresh
+one started, with a ProgressFileWarning (kept in ``notes``); with ``keep_damaged`` it is left as it is. Any other file
+that cannot be used (another program's database, not a file, unreadable or read-only, busy past ``timeout``, on a full
+disk) raises ProgressFileError: one line naming the file and what to do; nothing of that call is saved. On a full
+disk, reads still read the file as it is.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import warnings
+from contextlib import closing
 from pathlib import Path
 
 from course.paths import PROGRESS_VAR, progress_path
@@ -46,6 +47,7 @@ _TYPE = {_T: "typeof({}) = 'text'", _I: "typeof({}) = 'integer'", _R: "typeof({}
 _VALID = {t: " AND ".join([_TYPE[kind].format(c) for c, kind in cols.items()] + [_TYPE[_R].format("at")])
           + " AND at BETWEEN 0 AND 2.5e11" for t, cols in _SCHEMA.items()}
 _VALID["exercise_checks"] += " AND passed BETWEEN 0 AND total"
+_NOT_SQLITE = "it is not an SQLite file"
 BUSY_MESSAGE = "the progress file is busy (another kernel or command is using it); try again"
 
 
@@ -77,7 +79,7 @@ def _problem(path: Path) -> tuple[str, str] | None:
     try:
         with open(path, "rb") as f:
             if f.read(16) not in (b"SQLite format 3\x00", b""):
-                return "damaged", "it is not an SQLite file"
+                return "damaged", _NOT_SQLITE
         wal = os.path.isfile(f"{path}-wal") and os.path.getsize(f"{path}-wal")
         conn = sqlite3.connect(path.absolute().as_uri() + ("?mode=ro" if wal else "?immutable=1"), uri=True)
         try:
@@ -96,20 +98,6 @@ def _problem(path: Path) -> tuple[str, str] | None:
     return None if check == "ok" else ("damaged", f"integrity check failed: {check}")
 
 
-def _memory(path: Path | None = None) -> sqlite3.Connection:
-    """An in-memory database holding what the file at `path` holds (its main file as it is: no lock, no -shm)."""
-    memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-    memory.row_factory = sqlite3.Row
-    if path is not None and path.is_file() and path.stat().st_size:
-        src = sqlite3.connect(path.absolute().as_uri() + "?immutable=1", uri=True)
-        try:
-            src.backup(memory)
-        finally:
-            src.close()
-    _transact(memory, _create_tables, write=True)
-    return memory
-
-
 def _create_tables(conn: sqlite3.Connection) -> None:
     for table, cols in _SCHEMA.items():
         body = ", ".join(["id INTEGER PRIMARY KEY", *(f"{c} {kind}" for c, kind in cols.items()), "at REAL NOT NULL"])
@@ -118,16 +106,10 @@ def _create_tables(conn: sqlite3.Connection) -> None:
 
 
 def _transact(conn: sqlite3.Connection, fn, write: bool):
-    if not write:
+    if write:
+        conn.execute("BEGIN IMMEDIATE")  # the write lock up front: a writer waits instead of failing half-way
+    with conn:  # COMMIT, or ROLLBACK when fn raises
         return fn(conn)
-    conn.execute("BEGIN IMMEDIATE")  # the write lock up front: a writer waits instead of failing half-way
-    try:
-        out = fn(conn)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-    return out
 
 
 def is_within(predicted: float, measured: float, tolerance: float) -> bool:
@@ -143,29 +125,18 @@ class ProgressStore:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.path = Path(path) if path is not None else progress_path()
         self.timeout, self.keep_damaged = float(timeout), keep_damaged
-        self.notes: list[str] = []         # everything said about the file, one line each
-        self.not_saved: str | None = None  # why new progress is not saved in self.path, when it is not
-        self.disk_error: ProgressFileDiskError | None = None  # a read met a full disk (a write that works clears it)
-        self._session: sqlite3.Connection | None = None  # this session's progress, when the file cannot take it
+        self.notes: list[str] = []  # everything said about the file, one line each
+        self.disk_error: ProgressFileDiskError | None = None  # a read met a full disk (a call that works clears it)
         self._checked, self._skipped, self._lock = False, False, threading.RLock()
 
     def _note(self, text: str) -> None:
         self.notes.append(text)
         warnings.warn(text[:1].upper() + text[1:], ProgressFileWarning, stacklevel=5)
 
-    def _session_only(self, why: str, read_saved: bool = False) -> None:
-        try:
-            self._session = _memory(self.path if read_saved else None)
-            why += ". What it holds was read" if read_saved else ""
-        except (OSError, sqlite3.Error) as exc:
-            self._session, why = _memory(), f"{why}, and it cannot be read ({exc})"
-        self.not_saved = f"{why}; this session's new progress is kept in memory, for this session only."
-        self._note(self.not_saved)
-
     def _damaged(self, reason: str) -> None:
         if self.keep_damaged:
-            return self._session_only(f"{self.path} is damaged ({reason}); it was named on the command line, so it "
-                                      "was left as it is. Restore it from a backup, or move it aside to start afresh")
+            raise ProgressFileError(f"{self.path} is damaged ({reason}); it was named on the command line, so it was "
+                                    "left as it is. Restore it from a backup, or move it aside to start afresh")
         from filelock import FileLock, Timeout
 
         aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
@@ -179,38 +150,50 @@ class ProgressStore:
         except Timeout:
             raise ProgressFileBusy(f"{BUSY_MESSAGE} ({self.path})") from None
         except OSError as exc:
-            return self._session_only(f"{self.path} is damaged ({reason}) and cannot be moved aside ({exc.strerror})")
+            raise ProgressFileError(f"{self.path} is damaged ({reason}) and cannot be moved aside ({exc.strerror}): "
+                                    f"move it aside yourself, or set {PROGRESS_VAR} to a file of its own") from None
         self._note(f"the progress file {self.path} could not be read ({reason}), so it was moved aside to {aside}; "
                    "your earlier progress is in that file. A fresh progress file was started.")
 
     def _check_file(self) -> None:
-        """Before SQLite opens it for writing: is the path a file of ours that we may write?"""
-        self._checked, path, own = True, self.path, f"Set {PROGRESS_VAR} to a file of its own to keep your progress"
+        """Before SQLite opens it: a file of ours that we may read and write; else one line saying what to do."""
+        path, own, why = self.path, f"set {PROGRESS_VAR} to a file of its own to keep your progress", None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             mode = os.stat(path).st_mode if os.path.lexists(path) else None
         except OSError as exc:
-            return self._session_only(f"cannot use {path} ({exc.strerror}: {exc.filename or path.parent}). {own}")
+            raise ProgressFileError(f"cannot use {path} ({exc.strerror}: {exc.filename or path.parent}); {own}") from None
         if mode is not None and not stat.S_ISREG(mode):
             what = "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "a device"
-            return self._session_only(f"{path} is {what}, not a file. {own}")
-        if mode is not None and not os.access(path, os.R_OK):
-            return self._session_only(f"cannot read the progress file {path} (Permission denied): make it yours with "
-                                      f"`chmod u+rw {path}` (or `sudo chown $USER {path}`) and run again")
-        kind, why = _problem(path) or ("", "")
-        if kind == "foreign" or why == "it is not an SQLite file" and path.suffix not in (".sqlite", ".sqlite3", ".db"):
-            what = "another program's database" if kind == "foreign" else "not a progress file"
-            return self._session_only(f"{path} is {what} ({why}), so it was left untouched. {own}")
-        if kind == "damaged":
-            return self._damaged(why)
-        for where, what in ([(path, "it")] if mode is not None else []) + [(path.parent, f"its folder {path.parent}")]:
-            if not os.access(where, os.W_OK):
-                return self._session_only(f"new progress cannot be saved in {path}: {what} is not writable (make it "
-                                          f"writable with `chmod u+w {where}`)", read_saved=mode is not None)
+            why = f"{path} is {what}, not a file; {own}"
+        elif mode is not None and not os.access(path, os.R_OK):
+            why = (f"cannot read the progress file {path} (Permission denied): make it yours with `chmod u+rw {path}` "
+                   f"(or `sudo chown $USER {path}`) and run again")
+        elif problem := _problem(path):
+            if problem[0] == "damaged" and (problem[1] != _NOT_SQLITE or path.suffix in (".sqlite", ".sqlite3", ".db")):
+                self._damaged(problem[1])
+            else:
+                what = "another program's database" if problem[0] == "foreign" else "not a progress file"
+                why = f"{path} is {what} ({problem[1]}), so it was left untouched; {own}"
+        for where, what in ([(path, "it")] if path.exists() else []) + [(path.parent, f"its folder {path.parent}")]:
+            if why is None and not os.access(where, os.W_OK):
+                why = f"progress cannot be saved in {path}: {what} is not writable (`chmod u+w {where}` makes it so)"
+        if why is not None:
+            raise ProgressFileError(why)
+        self._checked = True
 
-    def _connect(self, write: bool) -> sqlite3.Connection:
-        if self.disk_error is not None and not write:  # a full disk: read the file as it is, writing nothing
-            return _memory(self.path)
+    def _error(self, exc: sqlite3.Error) -> ProgressFileError:
+        """One line for an SQLite error: what happened to the file, and what to do."""
+        kind, path = _kind(exc), self.path
+        if kind == "busy":
+            return ProgressFileBusy(f"{BUSY_MESSAGE} ({path})")
+        if kind == "disk":
+            return ProgressFileDiskError(f"cannot write the progress file {path} ({exc}; is its disk full?): free space "
+                                         f"on its disk and try again (or set {PROGRESS_VAR} to a file on another disk)")
+        todo = f": make it and its folder writable (`chmod u+w`), or set {PROGRESS_VAR} to a file of its own"
+        return ProgressFileError(f"progress file {path}: {exc}{todo if kind == 'read-only' else ''}")
+
+    def _open(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode still safe if a kernel crashes
@@ -226,34 +209,23 @@ class ProgressStore:
             for attempt in (0, 1):
                 if not self._checked:
                     self._check_file()
-                if self._session is not None:
-                    return _transact(self._session, fn, write)
-                conn = None
                 try:
-                    out = _transact(conn := self._connect(write), fn, write)
-                    self.disk_error = None if write else self.disk_error
-                    return out
+                    with closing(self._open()) as conn:
+                        out, self.disk_error = _transact(conn, fn, write), None
+                        return out
                 except sqlite3.Error as exc:
-                    kind = _kind(exc)
-                    if kind == "busy":
-                        raise ProgressFileBusy(f"{BUSY_MESSAGE} ({self.path})") from None
-                    if kind == "damaged" and not attempt:
-                        self._damaged(str(exc))
-                    elif kind == "read-only" and not attempt:
-                        self._session_only(f"new progress cannot be saved in {self.path} ({exc})", read_saved=True)
-                    elif kind != "disk" or self.disk_error is not None and not write:
-                        raise ProgressFileError(f"progress file {self.path}: {exc}") from exc
-                    else:
-                        self.disk_error = ProgressFileDiskError(
-                            f"cannot write the progress file {self.path} ({exc}; is its disk full?): free space on its "
-                            f"disk and try again (or set {PROGRESS_VAR} to a file on another disk)")
-                        if write:
-                            raise self.disk_error from None
+                    if _kind(exc) == "damaged" and not attempt:
+                        self._checked = False  # checked again (and so moved aside) before the second attempt
+                        continue
+                    if write or _kind(exc) != "disk":
+                        raise self._error(exc) from None
+                    if self.disk_error is None:  # a full disk: read the file as it is, with no lock and no -shm
+                        self.disk_error = self._error(exc)
                         self._note(f"{self.disk_error}. What is saved is shown as it is; nothing new is saved until "
                                    "then.")
-                finally:
-                    if conn is not None:
-                        conn.close()
+                    with closing(sqlite3.connect(self.path.absolute().as_uri() + "?immutable=1", uri=True)) as conn:
+                        conn.row_factory = sqlite3.Row
+                        return fn(conn)
 
     # ------------------------------------------------------------------ writes
     def record(self, table: str, *rows: dict) -> None:
@@ -388,7 +360,9 @@ _stores: dict[Path, ProgressStore] = {}
 def default_store() -> ProgressStore:
     """The store for course.paths.progress_path(), looked up at each call (KVCOURSE_PROGRESS may change)."""
     path = progress_path()
-    return _stores.setdefault(path, _stores.get(path) or ProgressStore(path))
+    if path not in _stores:
+        _stores[path] = ProgressStore(path)
+    return _stores[path]
 
 
 def record_exercise_check(exercise: str, passed: int, total: int, details=None) -> None:
