@@ -5,10 +5,9 @@ hard part: WAL mode, one ``BEGIN IMMEDIATE`` transaction per write and a busy ti
 commands write at once and lose nothing (https://www.sqlite.org/wal.html, https://www.sqlite.org/lang_transaction.html).
 
 A file that cannot be used is never overwritten. A damaged one is renamed ``<name>.corrupt-<time>-<pid>`` and a fresh
-one started, with a ProgressFileWarning (kept in ``notes``); with ``keep_damaged`` it is left as it is. Any other file
-that cannot be used (another program's database, not a file, unreadable or read-only, busy past ``timeout``, on a full
-disk) raises ProgressFileError: one line naming the file and what to do; nothing of that call is saved. On a full
-disk, reads still read the file as it is.
+one started (a ProgressFileWarning, kept in ``notes``), or with ``keep_damaged`` left as it is. Another program's
+database, not a file, unreadable or read-only, busy past ``timeout``, a full disk: ProgressFileError, one line naming
+the file and what to do; nothing of that call is saved. On a full disk reads still read the file as it is.
 """
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ import sys
 import threading
 import time
 import warnings
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 
 from course.paths import PROGRESS_VAR, progress_path
@@ -69,8 +68,8 @@ class ProgressFileBusy(ProgressFileError):
 
 def _kind(exc: sqlite3.Error) -> str | None:
     """What an SQLite error says about the file, from its result code (Python >= 3.11)."""
-    return {11: "damaged", 26: "damaged", 3: "read-only", 8: "read-only", 14: "read-only", 5: "busy", 6: "busy",
-            10: "disk", 13: "disk"}.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+    return {11: "damaged", 26: "damaged", 5: "busy", 6: "busy", 10: "disk", 13: "disk"}.get(
+        getattr(exc, "sqlite_errorcode", 0) & 0xFF)
 
 
 def _problem(path: Path) -> tuple[str, str] | None:
@@ -81,16 +80,12 @@ def _problem(path: Path) -> tuple[str, str] | None:
             if f.read(16) not in (b"SQLite format 3\x00", b""):
                 return "damaged", _NOT_SQLITE
         wal = os.path.isfile(f"{path}-wal") and os.path.getsize(f"{path}-wal")
-        conn = sqlite3.connect(path.absolute().as_uri() + ("?mode=ro" if wal else "?immutable=1"), uri=True)
-        try:
-            names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-            tables = {n: [r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')] for n in names}
-            version, check = (conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("user_version", "quick_check"))
-        finally:
-            conn.close()
-    except FileNotFoundError:
-        return None
-    except sqlite3.Error as exc:
+        uri = path.absolute().as_uri() + ("?mode=ro" if wal else "?immutable=1")
+        with closing(sqlite3.connect(uri, uri=True)) as c:
+            names = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            tables = {n: [r[1] for r in c.execute(f'PRAGMA table_info("{n}")')] for n in names}
+            version, check = (c.execute(f"PRAGMA {p}").fetchone()[0] for p in ("user_version", "quick_check"))
+    except (FileNotFoundError, sqlite3.Error) as exc:
         return ("damaged", str(exc)) if _kind(exc) == "damaged" else None
     wrong = sorted(set(tables) - set(_SCHEMA)) or [t for t in tables if tables[t] != ["id", *_SCHEMA[t], "at"]]
     if wrong or version not in (0, SCHEMA_VERSION):
@@ -157,12 +152,13 @@ class ProgressStore:
 
     def _check_file(self) -> None:
         """Before SQLite opens it: a file of ours that we may read and write; else one line saying what to do."""
-        path, own, why = self.path, f"set {PROGRESS_VAR} to a file of its own to keep your progress", None
+        path, own, why = self.path, f"set {PROGRESS_VAR} to a file of its own", None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             mode = os.stat(path).st_mode if os.path.lexists(path) else None
         except OSError as exc:
-            raise ProgressFileError(f"cannot use {path} ({exc.strerror}: {exc.filename or path.parent}); {own}") from None
+            where = exc.filename or path.parent
+            raise ProgressFileError(f"cannot use {path} ({exc.strerror}: {where}); {own}") from None
         if mode is not None and not stat.S_ISREG(mode):
             what = "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "a device"
             why = f"{path} is {what}, not a file; {own}"
@@ -170,7 +166,8 @@ class ProgressStore:
             why = (f"cannot read the progress file {path} (Permission denied): make it yours with `chmod u+rw {path}` "
                    f"(or `sudo chown $USER {path}`) and run again")
         elif problem := _problem(path):
-            if problem[0] == "damaged" and (problem[1] != _NOT_SQLITE or path.suffix in (".sqlite", ".sqlite3", ".db")):
+            ours = problem[1] != _NOT_SQLITE or path.suffix in (".sqlite", ".sqlite3", ".db")  # else: not ours
+            if problem[0] == "damaged" and ours:
                 self._damaged(problem[1])
             else:
                 what = "another program's database" if problem[0] == "foreign" else "not a progress file"
@@ -188,12 +185,11 @@ class ProgressStore:
         if kind == "busy":
             return ProgressFileBusy(f"{BUSY_MESSAGE} ({path})")
         if kind == "disk":
-            return ProgressFileDiskError(f"cannot write the progress file {path} ({exc}; is its disk full?): free space "
-                                         f"on its disk and try again (or set {PROGRESS_VAR} to a file on another disk)")
-        todo = f": make it and its folder writable (`chmod u+w`), or set {PROGRESS_VAR} to a file of its own"
-        return ProgressFileError(f"progress file {path}: {exc}{todo if kind == 'read-only' else ''}")
+            return ProgressFileDiskError(f"cannot write the progress file {path} ({exc}; is its disk full?): free "
+                                         f"space on its disk and try again (or set {PROGRESS_VAR} to a file elsewhere)")
+        return ProgressFileError(f"progress file {path}: {exc}; if it persists, set {PROGRESS_VAR} to another file")
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self) -> sqlite3.Connection:  # a short-lived connection, in WAL mode, with our tables
         conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode still safe if a kernel crashes
@@ -221,8 +217,7 @@ class ProgressStore:
                         raise self._error(exc) from None
                     if self.disk_error is None:  # a full disk: read the file as it is, with no lock and no -shm
                         self.disk_error = self._error(exc)
-                        self._note(f"{self.disk_error}. What is saved is shown as it is; nothing new is saved until "
-                                   "then.")
+                        self._note(f"{self.disk_error}. Until then what is saved is shown as it is.")
                     with closing(sqlite3.connect(self.path.absolute().as_uri() + "?immutable=1", uri=True)) as conn:
                         conn.row_factory = sqlite3.Row
                         return fn(conn)
@@ -265,10 +260,8 @@ class ProgressStore:
         """Keep a lesson's JSON-serialisable numbers, so quiz text can cite them after a restart. Returns how many."""
         rows = []
         for key, value in values.items():
-            try:
+            with suppress(TypeError, ValueError):  # what JSON cannot hold is left out
                 rows.append(dict(lesson=lesson, key=str(key), value=json.dumps(value)))
-            except (TypeError, ValueError):
-                continue
         if rows:
             self.record("measurements", *rows)
         return len(rows)
@@ -293,7 +286,7 @@ class ProgressStore:
 
     def record_review_reset(self) -> None:
         """Empty the review: what was missed before now is not asked again (everything stays saved)."""
-        self._run(lambda c: c.execute("INSERT INTO review_resets (at) VALUES (?)", (time.time(),)), write=True)
+        self.record("review_resets", {})
 
     def reset(self) -> None:
         """Delete everything saved, in one transaction."""
@@ -316,7 +309,6 @@ class ProgressStore:
                        f"or by another program) and were skipped ({n} in {table}); the rest is read as usual.")
 
     def answers(self, lesson: str | None = None) -> list[dict]:
-        """Every checkpoint answer, oldest first."""
         return self.rows("answers", lesson)
 
     def latest_answers(self, lesson: str | None = None) -> dict[str, dict]:
