@@ -19,7 +19,8 @@ figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep
                 the weights well below the memory's speed (_Products, a TorchFunctionMode: nothing else changes)
     2+ rows     F.linear of a batch calls course.engine.row_product's C++ kernel (float32 CPU): each weight row read
                 once for the whole batch, where BLAS's matrix-matrix kernels took 1.7-3.4× the one-row time at B = 2 … 16
-    arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters)
+    arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters);
+                the closest call: 6 % at B = 1 in the median of four paired runs, 3.9 % in the one recorded below
 
 Measured side by side in one process (docs/bench-runs/pieces-2026-12-07.md: the course model, context 64, float32,
 1 thread, AMD EPYC with AVX2, load average about 5 on 2 cores): each variant's step ÷ the step as shipped.
@@ -28,7 +29,7 @@ Measured side by side in one process (docs/bench-runs/pieces-2026-12-07.md: the 
     the model's blocks compiled, no piece     1.22     1.25
     + one row streamed, batches on the kernel 1.04     1.01
     + the weights on huge pages (as shipped)  1.00     1.00
-The arena's share moved with the machine's load: 0.85, 0.92 and 1.00 at B = 1 in three other paired runs.
+The arena's share moved with the load: 0.85, 0.92 and 1.00 at B = 1 in three other paired runs (no record kept).
 Measured and left out for buying under 5 % (docs/benchmarks.md): Inductor's C++ wrapper (0.95, 0.97), no per-call
 size asserts (1.00, 0.99), skipping guard evaluation once warm (1.06, 0.96), and, at commit 17d83f0, calling warm
 graphs without TorchDynamo, q|k|v and gate|up fused into one weight each, a recomputation limit and an attention
