@@ -1,14 +1,9 @@
 """Finding submissions in a folder and repairing what a student changed in the locked cells.
 
-Layouts: DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's) or DIR/<student>/<notebook>.ipynb.
-`name (1).ipynb`, the name a browser gives a re-download, is accepted with a note (the exact name wins where
-both exist: see `discover`). A student folder (or a
-student's assignment folder) without a notebook gives a "missing" submission, so no student drops out of
-the report or the CSV.
-
-Refused with a reason on their row (the others are graded): a notebook file over NOTEBOOK_FILE_LIMIT bytes, or
-over NOTEBOOK_SIZE_LIMIT once its stored outputs are dropped (grading runs the code afresh), and a student or
-assignment folder whose name holds a glob character (* ? [ ]), which nbgrader would read as a pattern.
+Layouts: DIR/<student>/<assignment>/<notebook>.ipynb (nbgrader's) or DIR/<student>/<notebook>.ipynb; a browser's
+re-download name (`name (1).ipynb`) is accepted with a note. A student without a notebook gets a "missing" row.
+Refused with a reason on their row: a file over NOTEBOOK_FILE_LIMIT, a notebook over NOTEBOOK_SIZE_LIMIT once its
+stored outputs are dropped, and a folder name holding * ? [ ], which nbgrader would read as a pattern.
 """
 from __future__ import annotations
 
@@ -18,6 +13,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course.grade.files import GradingError
+
 RENAMED = re.compile(r"^(?P<stem>.+?)(?: ?\(\d+\)| - Copy| copy)$")
 # The largest notebook graded (bytes, without its stored outputs, which are dropped as it is read: the grader
 # runs the code afresh). The released exercises are under 40 KB; reading, repairing and sanitising the feedback of
@@ -25,6 +22,10 @@ RENAMED = re.compile(r"^(?P<stem>.+?)(?: ?\(\d+\)| - Copy| copy)$")
 NOTEBOOK_SIZE_LIMIT = 20 * 2**20
 NOTEBOOK_FILE_LIMIT = 256 * 2**20  # the file with its outputs (plots, long prints): checked before it is read
 GLOB_CHARS = "*?[]"  # nbgrader globs student and assignment ids: `[A-Z]*` would match other students' folders
+
+
+class TooLarge(GradingError):
+    """A notebook over NOTEBOOK_SIZE_LIMIT once its outputs are dropped."""
 
 
 @dataclass
@@ -101,8 +102,6 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
     A notebook of one assignment inside another assignment's folder (nbgrader collects every file of a
     submission folder) is reported on its own row and not graded as the other assignment's.
     """
-    from course.grade.files import GradingError
-
     by_stem = {nb: a for a, nbs in known.items() for nb in nbs}
     folder = Path(folder)
     if not folder.is_dir():
@@ -207,10 +206,10 @@ def _size_problem(size: int, limit: int, name: str, fix: str, what: str = "") ->
 
 def read_notebook(path: Path):
     """The notebook at `path` without its stored outputs, which grading never uses: read through read_small (a
-    plain file of at most NOTEBOOK_FILE_LIMIT bytes); GradingError when what remains is over NOTEBOOK_SIZE_LIMIT."""
+    plain file of at most NOTEBOOK_FILE_LIMIT bytes); TooLarge when what remains is over NOTEBOOK_SIZE_LIMIT."""
     import nbformat
 
-    from course.grade.files import GradingError, read_small
+    from course.grade.files import read_small
 
     nb = nbformat.reads(read_small(path, NOTEBOOK_FILE_LIMIT, "the notebook").decode("utf-8"), as_version=4)
     cells = nb.get("cells")
@@ -219,7 +218,7 @@ def read_notebook(path: Path):
             cell["outputs"], cell["execution_count"] = [], None
     size = len(nbformat.writes(nb).encode())
     if size > NOTEBOOK_SIZE_LIMIT:
-        raise GradingError(_size_problem(size, NOTEBOOK_SIZE_LIMIT, "NOTEBOOK_SIZE_LIMIT", "Its cells hold that much "
+        raise TooLarge(_size_problem(size, NOTEBOOK_SIZE_LIMIT, "NOTEBOOK_SIZE_LIMIT", "Its cells hold that much "
                                          "text or code: look at it by hand", " without its outputs"))
     return nb
 
@@ -228,13 +227,11 @@ def invalid_reason(path: Path, error: Exception | None = None) -> str:
     """Why the notebook at `path` (or the `error` reading it raised) cannot be graded; "" when it can."""
     import nbformat
 
-    from course.grade.files import GradingError
-
     try:
         if error is not None:
             raise error
         nbformat.validate(read_notebook(path))
-    except GradingError as exc:  # too large, or not a plain file: its own words
+    except TooLarge as exc:
         return str(exc)
     except Exception as exc:  # not JSON, not a notebook, wrong schema: report it, grade the others
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
