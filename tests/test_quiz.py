@@ -378,6 +378,22 @@ def test_text_mode_prints_and_answers_in_code(bank, monkeypatch, capsys):
         quiz.answer("no-such-9", "A")
 
 
+def test_a_progress_file_not_ours_is_one_line_saying_the_answer_was_not_saved(bank, tmp_path, capsys):
+    import sqlite3
+
+    path = tmp_path / "app.db"  # another program's database: refused, never written
+    sqlite3.connect(path).execute("CREATE TABLE notes (text TEXT)").connection.close()
+    before = path.read_bytes()
+    q = bank.for_lesson("02_kv_cache")[0]
+    assert quiz.answer(q.id, q.answer, store=ProgressStore(path)) is True
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "saved" in ln]
+    assert line.strip().startswith(f"Not saved: {path} is another program's database") and "KVCOURSE_PROGRESS" in line
+    qw = QuestionWidget(q, store=ProgressStore(path))
+    qw.choose(q.answer)
+    assert qw.check().correct and f"Not saved: {path} is another program" in _plain(qw.feedback.value)
+    assert path.read_bytes() == before
+
+
 def test_a_broken_progress_file_never_stops_the_quiz(bank, tmp_path):
     from course.teach.progress import ProgressFileWarning
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -369,7 +368,7 @@ class CheckResult:
     correct: bool
     explanation: str                                   # why the chosen option is right or wrong
     others: dict[str, str] = field(default_factory=dict)  # shown once right: why the rest are wrong
-    saved: bool = True
+    not_saved: str = ""                                # why the answer could not be saved, when it could not
 
     @property
     def text(self) -> str:
@@ -378,8 +377,8 @@ class CheckResult:
             lines += [f"  {k}: {why}" for k, why in self.others.items()]
         else:
             lines.append("  Try another option.")
-        if not self.saved:
-            lines.append("  (Progress could not be saved: see the warning above.)")
+        if self.not_saved:
+            lines.append(f"  Not saved: {self.not_saved}")
         return "\n".join(lines)
 
 
@@ -393,7 +392,6 @@ def grade(question, choice: str, values: dict | None = None, store=None) -> Chec
     if store is not None:
         try:
             store.record_answer(question.lesson, question.id, option.key, correct)
-        except Exception as exc:  # the quiz keeps working even if the file cannot be written
-            warnings.warn(f"could not save your answer to {store.path}: {exc}", stacklevel=2)
-            result.saved = False
+        except Exception as exc:  # the quiz keeps working, and says in one line why nothing was saved
+            result.not_saved = str(exc)
     return result

@@ -123,8 +123,8 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         else:
             parts = [f"<div style='color:{WRONG_COLOUR}'>✗ {_verdict_html(r.explanation)}</div>",
                      "<div style='color:#444'>Try another option.</div>"]
-        if not r.saved:
-            parts.append("<div style='color:#666'>(Your answer could not be saved.)</div>")
+        if r.not_saved:
+            parts.append(f"<div style='color:#666'>Not saved: {_html(r.not_saved)}</div>")
         return "".join(parts)
 
     def text(self) -> str:
