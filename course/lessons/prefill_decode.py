@@ -12,7 +12,7 @@ from course.engine.streaming import stream_answer
 from course.measure import bytes_line as BL, gates, latency, machine
 from course.measure.costs import decode_cost, dtype_bytes, kv_bytes_per_token, prefill_cost
 from course.measure.display import Report, verdict
-from course.measure.results import record, record_gated
+from course.measure.results import record, record_all, record_gated
 from course.measure.roofline import Machine, compare
 from course.measure.sweeps import decode_sweep, prefill_sweep, prepare_context
 
@@ -24,12 +24,6 @@ def token_latencies(gen: Generation) -> list[float]:
     if not gen.token_times:
         raise ValueError("this Generation has no tokens: ask for max_new_tokens >= 1")
     return [gen.token_times[0]] + gen.inter_token_latencies
-
-
-def record_all(values: dict) -> dict:
-    for key, value in values.items():
-        record(key, value)
-    return values
 
 
 def _record_run(run: gates.Measured, values: dict) -> None:

@@ -101,7 +101,6 @@ def human_bytes(n: float, binary: bool = True) -> str:
         if abs(n) < base or unit == units[-1]:
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
         n /= base
-    return f"{n:.2f} {units[-1]}"
 
 
 # Long-context models the lessons quote where Llama-2's 4,096-token context falls short. Same cache shape as a
@@ -213,14 +212,9 @@ def tensor_bytes(obj) -> int:
             if key not in seen:
                 seen.add(key)
                 total += size
-        elif isinstance(x, dict):
-            for item in x.values():
-                visit(item, depth + 1)
-        elif isinstance(x, (list, tuple)):
-            for item in x:
-                visit(item, depth + 1)
-        elif hasattr(x, "__dict__") and not isinstance(x, type):
-            for item in vars(x).values():
+        elif isinstance(x, (dict, list, tuple)) or hasattr(x, "__dict__") and not isinstance(x, type):
+            items = x if isinstance(x, (list, tuple)) else x.values() if isinstance(x, dict) else vars(x).values()
+            for item in items:
                 visit(item, depth + 1)
 
     visit(obj)
