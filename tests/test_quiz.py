@@ -391,6 +391,12 @@ def test_a_progress_file_not_ours_is_one_line_saying_the_answer_was_not_saved(ba
     qw = QuestionWidget(q, store=ProgressStore(path))
     qw.choose(q.answer)
     assert qw.check().correct and f"Not saved: {path} is another program" in _plain(qw.feedback.value)
+    card = FlipCard(bank.cards_for("02_kv_cache")[0], store=ProgressStore(path))
+    card.rate(True)
+    assert card.revealed and _plain(card.said.value).startswith(f"Not saved: {path} is another program")
+    sa = SelfAssessmentWidget("02_kv_cache", store=ProgressStore(path))
+    sa.choose("Confident")
+    assert _plain(sa.status.value).startswith(f"Not saved: {path} is another program")
     assert path.read_bytes() == before
 
 

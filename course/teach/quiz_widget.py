@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import re
-import warnings
 
 import ipywidgets as widgets
 
@@ -181,8 +180,8 @@ class FlipCard(_TextFallback, widgets.VBox):
     def _save(self, record, *args) -> bool:
         try:
             return record is not None and record(*args) is None
-        except Exception as exc:  # a progress file that cannot be written must not hide the card
-            warnings.warn(f"could not save to {self.store.path}: {exc}", stacklevel=3)
+        except Exception as exc:  # a progress file that cannot be written must not hide the card: one line says why
+            self.said.value = f"<span style='color:#666'>Not saved: {_html(str(exc))}</span>"
             return False
 
     @property
@@ -275,9 +274,8 @@ class SelfAssessmentWidget(_TextFallback, widgets.VBox):
         try:
             self.store.record_self_assessment(self.lesson.id, level)
             self.status.value = self._status(level)
-        except Exception as exc:
-            warnings.warn(f"could not save to {self.store.path}: {exc}", stacklevel=2)
-            self.status.value = "<span style='color:#666'>(Could not be saved.)</span>"
+        except Exception as exc:  # one line says why
+            self.status.value = f"<span style='color:#666'>Not saved: {_html(str(exc))}</span>"
 
     def text(self) -> str:
         return self_assessment_text(self.lesson.id)
