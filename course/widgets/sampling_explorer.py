@@ -53,12 +53,6 @@ class View:
                 f"{self.before[0]:.1%} → {self.after[0]:.1%}")
 
 
-def _one_thread():
-    """Run a few 50k-element vector ops on one thread: waking a second costs more than it saves (and a lot
-    more when the CPU is shared)."""
-    return torch_threads(1)
-
-
 @dataclass
 class _Cached:
     sorted_logits: torch.Tensor  # [V] most likely first (stable: lowest id first among ties, as argmax)
@@ -106,7 +100,7 @@ class SamplingExplorer:
         """The numbers behind one redraw (the reference sampler on the cached sorted logits), without drawing."""
         check_params(temperature, top_k, top_p)
         c = self._cached(prompt)
-        with _one_thread():
+        with torch_threads(1):  # a few 50k-element ops: waking a second thread costs more than it saves
             if temperature == 0:  # greedy: all the mass on the top token
                 after = probabilities(c.sorted_logits, 0)  # [V], sorted order
                 kept = after > 0
@@ -185,7 +179,8 @@ class SamplingExplorer:
                 texts = self.sample_continuations(3, 12, temp.value, k_slider.value, p_slider.value,
                                                   chooser.value)
                 prefix = html.escape(self.prompts[chooser.value].answer_prefix)
-                rows = "".join(f"<li>{prefix}<b>{_escape(t)}</b></li>" for t in texts)
+                shown = [html.escape(t).replace("\n", "⏎") for t in texts]  # a newline shown as ⏎
+                rows = "".join(f"<li>{prefix}<b>{t}</b></li>" for t in shown)
                 samples.value = f"<small>seed {seed}</small><ol>{rows}</ol>"
             finally:
                 button.disabled = False
@@ -217,10 +212,6 @@ class SamplingExplorer:
             show_figure(self.figure(temperature, top_k, top_p, prompt))
             print(self.last.summary())
         return box
-
-
-def _escape(text: str) -> str:
-    return html.escape(text).replace("\n", "⏎")
 
 
 def svg_chart(view: View, width: int = 780, height: int = 290) -> str:
