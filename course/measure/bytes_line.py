@@ -135,19 +135,12 @@ def signed_ms(ms: float, places: int = 2) -> str:
 
 def fit_line(bytes_per_step: list[float], ms_per_step: list[float]) -> Fit:
     """Least-squares line through (bytes, ms); needs at least 2 different byte counts."""
-    n = len(bytes_per_step)
-    if n < 2 or n != len(ms_per_step) or len(set(bytes_per_step)) < 2:
+    if len(bytes_per_step) != len(ms_per_step) or len(set(bytes_per_step)) < 2:
         raise ValueError(f"a line needs at least 2 points of different sizes; got bytes {bytes_per_step}")
-    mx, my = sum(bytes_per_step) / n, sum(ms_per_step) / n
-    sxx = sum((x - mx) ** 2 for x in bytes_per_step)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(bytes_per_step, ms_per_step))
-    slope = sxy / sxx  # ms per byte
-    fixed = my - slope * mx
-    ss_res = sum((y - (fixed + slope * x)) ** 2 for x, y in zip(bytes_per_step, ms_per_step))
-    ss_tot = sum((y - my) ** 2 for y in ms_per_step)
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0
-    bandwidth = 1e3 / slope if slope > 0 else float("inf")  # bytes/s
-    return Fit(bandwidth, fixed, r2)
+    slope, fixed = statistics.linear_regression(bytes_per_step, ms_per_step)  # ms per byte, ms
+    # R² of a least-squares line is the squared correlation; points all at one time lie on a flat line
+    r2 = statistics.correlation(bytes_per_step, ms_per_step) ** 2 if len(set(ms_per_step)) > 1 else 1.0
+    return Fit(1e3 / slope if slope > 0 else float("inf"), fixed, r2)  # bandwidth in bytes/s
 
 
 @dataclass
