@@ -31,13 +31,9 @@ def show_figure(fig, dpi: int = 90) -> None:
     display(Image(data=figure_png(fig, dpi)))
 
 
-def _env_on(name: str, on=("1", "true", "yes", "on")) -> bool:
-    return os.environ.get(name, "").strip().lower() in on
-
-
 def text_only() -> bool:
     """True when KVCOURSE_QUIZ=text: print plain text instead of displaying widgets."""
-    return _env_on("KVCOURSE_QUIZ", on=("text",))
+    return os.environ.get("KVCOURSE_QUIZ", "").strip().lower() == "text"
 
 
 def headless() -> bool:
@@ -86,7 +82,7 @@ def verdict(predicted: float, measured: float, tolerance: float) -> tuple[bool, 
     return False, f"{abs(off):.0%} {'above' if off > 0 else 'below'} the prediction, outside ±{tolerance:.0%}"
 
 
-class Report:
+class Report(Printed):
     """Predicted against measured, ONE headline, and the details folded under "How sure is this?".
 
     rows: (what, predicted, measured, unit); a None predicted or measured shows as "—" (not measured, or
@@ -123,9 +119,6 @@ class Report:
             lines.append("How sure is this?")
             lines += [f"  · {d}" for d in self.details]
         return "\n".join(lines)
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
 
     def _repr_html_(self) -> str:
         from html import escape
