@@ -101,16 +101,10 @@ def _threads(n: int) -> str:
 
 
 def steady_threads(device="cpu", threads: int | None = None) -> str:
-    """Choose PyTorch's CPU thread count for timing, and say why.
-
-    PyTorch splits each operation across its threads and waits for the slowest. When other programs keep
-    some cores busy, a thread that lands on one of them is descheduled and stalls every operation; timings
-    then balloon by several times. So the count is cut to the cores other programs leave free (rounded, at
-    least 1), measured over a quarter of a second (`others_busy`); where that cannot be read, a 1-minute load
-    average of at least the number of cores means 1 thread. `threads` (or the environment variable
-    KVCOURSE_THREADS) overrides the choice; a count above the machine's CPUs is capped to them, and the
-    reason says so.
-    """
+    """Choose PyTorch's CPU thread count for timing, and say why. PyTorch waits for the slowest of its threads, and
+    one on a core another program keeps busy stalls every operation (timings balloon several times), so the count is
+    cut to the cores other programs leave free over a quarter of a second (at least 1; where that cannot be read, a
+    load average of at least the cores means 1). `threads` or KVCOURSE_THREADS overrides it, capped to the CPUs."""
     if torch.device(device).type != "cpu":
         return f"timing on {device}; CPU threads left at {torch.get_num_threads()}"
     cores = os.cpu_count() or 1
