@@ -81,28 +81,21 @@ def exercise_of(path: Path) -> str | None:
     return in_folder[0] if len(in_folder) == 1 else None
 
 
-def _release_of(path: Path):
-    import nbformat
-
-    stem = exercise_of(path)
-    if stem is None:
-        return None
-    by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
-    release = EXERCISES / by_stem[stem] / f"{stem}.ipynb"
-    return nbformat.read(str(release), as_version=4) if release.exists() else None
-
-
 def restored(path: Path):
     """(the notebook with its released test cells back, what the learner had changed)."""
-    nb = read_notebook(Path(path))  # its stored outputs dropped: they may be megabytes, and the run replaces them
-    release = _release_of(Path(path))
-    if release is None:
+    import nbformat
+
+    path = Path(path)
+    nb = read_notebook(path)  # its stored outputs dropped: they may be megabytes, and the run replaces them
+    stem = exercise_of(path)
+    by_stem = {name: a for a, names in assignments().items() for name in names}
+    release = EXERCISES / by_stem[stem] / f"{stem}.ipynb" if stem is not None else None
+    if release is None or not release.exists():
         return nb, []
-    problems = repair(nb, release)
+    problems = repair(nb, nbformat.read(str(release), as_version=4))
     words = [LEARNER_WORDS[p.split(":")[0]] + p[p.index(":"):] for p in problems]
-    stem = exercise_of(Path(path))
-    if stem != Path(path).stem and Path(path).stem in {nb for nbs in assignments().values() for nb in nbs}:
-        words.insert(0, f"this file is named {Path(path).name} but holds the cells of {stem}.ipynb: it was checked "
+    if stem != path.stem and path.stem in by_stem:
+        words.insert(0, f"this file is named {path.name} but holds the cells of {stem}.ipynb: it was checked "
                         f"as {stem} (save it as {stem}.ipynb)")
     return nb, words
 
