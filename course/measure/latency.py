@@ -147,7 +147,7 @@ def checkpoint_ab(latency: LatencyModel, requests: dict | None = None) -> dict:
         out[name] = dict(prompt_tokens=prompt_len, output_tokens=n_out, ttft_s=ttft,
                          decode_s=latency.decode_time(prompt_len, n_out), total_s=latency.total(prompt_len, n_out),
                          extrapolated=latency.extrapolates(prompt_len, n_out))
-    out["slower"] = max((k for k in out), key=lambda k: out[k]["total_s"])
+    out["slower"] = max(out, key=lambda k: out[k]["total_s"])
     out["exchange"] = token_exchange(latency, out["A"]["prompt_tokens"], out["B"]["prompt_tokens"])
     return out
 
@@ -165,16 +165,11 @@ def token_exchange(latency: LatencyModel, prompt_a: int, prompt_b: int) -> dict:
 
 
 def ab_values(ab: dict) -> dict:
-    out = {"ab_slower": ab["slower"]}
-    if "exchange" in ab:
-        out["output_token_in_prompt_tokens"] = ab["exchange"]["output_in_prompt_tokens"]
-        out["output_token_exchange_context"] = ab["exchange"]["context"]
-    for name in CHECKPOINT_REQUESTS:
-        out[f"ab_{name}_total_s"] = ab[name]["total_s"]
-        out[f"ab_{name}_ttft_s"] = ab[name]["ttft_s"]
-        out[f"ab_{name}_decode_s"] = ab[name]["decode_s"]
-        out[f"ab_{name}_extrapolated"] = ab[name]["extrapolated"]
-    return out
+    """checkpoint_ab's answer as flat values to record."""
+    return {"ab_slower": ab["slower"], "output_token_in_prompt_tokens": ab["exchange"]["output_in_prompt_tokens"],
+            "output_token_exchange_context": ab["exchange"]["context"],
+            **{f"ab_{name}_{k}": ab[name][k] for name in CHECKPOINT_REQUESTS
+               for k in ("total_s", "ttft_s", "decode_s", "extrapolated")}}
 
 
 def plot_latency_fit(prefill_: Sweep, decode_: Sweep, latency: LatencyModel, held_out: HeldOut | None = None):
