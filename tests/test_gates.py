@@ -143,3 +143,20 @@ def test_doctor_shows_the_saved_profile_and_measures_it_again_when_asked(monkeyp
     assert doctor.run(SimpleNamespace(quick=False, device="cpu", profile=True)) == 0
     assert "memory 22.0 GB/s" in capsys.readouterr().out and len(calls) == 2
     assert json.loads((tmp_path / "machine.json").read_text())["cpu/float32"]["bandwidth_gb_s"] == 22.0
+
+
+def test_a_machine_profile_edited_by_hand_is_as_good_as_none(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    import torch
+
+    monkeypatch.setenv("KVCOURSE_MACHINE", str(tmp_path / "machine.json"))
+    monkeypatch.delenv("KVCOURSE_THREADS", raising=False)
+    prof = machine.Profile("cpu", "float32", torch.get_num_threads(), 2, 5.0, 10.0, 0.1, time.time(),
+                           host=machine._host(torch.device("cpu")))
+    machine.save(prof)
+    assert machine.load("cpu", "float32") == prof
+    for bad in ([1, 2], {"cpu/float32": [1]}, {"cpu/float32": {**asdict(prof), "measured_at": "yesterday"}},
+                {"cpu/float32": {**asdict(prof), "colour": "red"}}):
+        (tmp_path / "machine.json").write_text(json.dumps(bad))
+        assert machine.load("cpu", "float32") is None, bad

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from course.measure import costs, threads
+from course.measure.display import Printed
 from course.measure.timing import matmul_flops, measure, memory_bandwidth
 from course.paths import progress_path
 
@@ -37,7 +38,7 @@ FLOOR_SLACK = 0.9  # a step measured under 0.9 × its bandwidth floor broke phys
 
 
 @dataclass
-class Profile:
+class Profile(Printed):  # shown as its __str__
     """This machine's figures, with when and under what load they were measured."""
     device: str
     dtype: str
@@ -76,9 +77,6 @@ class Profile:
                 f"memory {self.bandwidth_gb_s:.1f} GB/s, matmul {self.gflop_s:.0f} GFLOP/s"
                 f"{'; ' + decode if decode else ''} (measured {when}).")
 
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
-
 
 def path() -> Path:
     """$KVCOURSE_MACHINE (one profile for several progress files: the test suite's), else beside the progress."""
@@ -110,15 +108,10 @@ def _threads(device: torch.device) -> int:
 
 def load(device="cpu", dtype="float32") -> Profile | None:
     """The saved profile for this device and dtype, if there is a fresh one."""
-    try:
+    try:  # a file edited by hand, or of another version, is as good as none
         saved = json.loads(path().read_text())[f"{torch.device(device)}/{dtype}"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(saved, dict) or not _matches(saved, torch.device(device), dtype):
-        return None
-    try:
-        return Profile(**saved)
-    except TypeError:
+        return Profile(**saved) if _matches(saved, torch.device(device), dtype) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
