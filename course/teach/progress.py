@@ -51,7 +51,7 @@ BUSY_MESSAGE = "the progress file is busy (another kernel or command is using it
 
 
 class ProgressFileWarning(UserWarning):
-    """Something about the progress file the learner should know: moved aside, not ours, not writable."""
+    """Something about the progress file the learner should know: moved aside, rows skipped, a full disk."""
 
 
 class ProgressFileError(sqlite3.OperationalError):
