@@ -462,3 +462,32 @@ def test_the_capacity_plan_quotes_the_measured_numbers():
     for row in run["lessons"]:
         line = next((ln for ln in plan.splitlines() if f"`{row['notebook']}`" in ln), "")
         assert f"{row['peak_rss_mib']:,}" in line and f"{row['cpu_s']:g}" in line, (row, line)
+
+
+GRADING_ROWS = {"serial": "| serial", "1 worker": "| 1 Dask worker", "2 workers": "| 2 Dask workers"}  # run: row
+
+
+def grading_misquotes(plan: str, run: dict) -> list[str]:
+    """The measured grading figures the plan's table does not quote: for each run, its seconds per 100 and
+    submissions per minute in its row, and its merge seconds per submission."""
+    missing = []
+    for row in run["item"]["rows"]:
+        if row["run"] not in GRADING_ROWS:
+            continue  # the killed-worker run: described in words, not a grading figure
+        line = next((ln for ln in plan.splitlines() if ln.startswith(GRADING_ROWS[row["run"]])), "")
+        for figure in (f"{round(row['s_per_100']):,}", f"{row['per_minute']:.2f}", f"{row['merge_s']:.2f}"):
+            if f"| {figure} |" not in line:
+                missing.append(f"{row['run']}: {figure}")
+    return missing
+
+
+def test_the_capacity_plan_quotes_the_measured_grading():
+    runs = sorted((ROOT / "docs" / "bench-runs").glob("class-grading-*.json"))
+    assert runs, "no measured class grading: run docs/bench-runs/class_grading_small.py"
+    run = json.loads(runs[-1].read_text())
+    readme = (ROOT / "autograde" / "classroom" / "README.md").read_text()
+    plan = readme[readme.index("## Capacity plan"):]
+    assert runs[-1].stem in plan
+    assert grading_misquotes(plan, run) == []
+    broken = plan.replace(f"| {run['item']['rows'][1]['per_minute']:.2f} |", "| 99.99 |")  # a number not measured
+    assert grading_misquotes(broken, run) == [f"1 worker: {run['item']['rows'][1]['per_minute']:.2f}"]
