@@ -89,8 +89,8 @@ def bench_grading(ctx) -> dict:
     the assignments into a fresh gradebook), then `--force` regrades everything: the per-class cost."""
     from course.paths import AUTOGRADE, PROJECT_ROOT
 
-    if util.find_spec("course.grade.grading") is None:
-        return {"status": "not available", "reason": "course/grade/grading.py (kvcourse grade) is not part of this checkout"}
+    if util.find_spec("course.grade.grader") is None:
+        return {"status": "not available", "reason": "course/grade/grader.py (kvcourse grade) is not part of this checkout"}
     students = list(dict.fromkeys(e["student"] for e in _samples(10 ** 6, more=True)))[:ctx.options.get("grade_samples", 6)]
     if not students:
         return {"status": "not available", "reason": "no sample submissions in autograde/samples/"}

@@ -35,7 +35,7 @@ import nbformat
 import pytest
 from traitlets.config.loader import PyFileConfigLoader
 
-from course.grade import classroom, grading
+from course.grade import classroom, nbgrader_api
 from course.paths import AUTOGRADE, PROJECT_ROOT
 
 CLASSROOM = AUTOGRADE / "classroom"
@@ -478,7 +478,7 @@ def test_a_class_on_jupyterhub_release_submit_grade_feedback_export(tmp_path):
         released = hub.user("GET", "instructor", "formgrader/api/assignments")
         assert released.status_code == 200, released.text[:300]
         status = {a["name"]: a["status"] for a in released.json()}  # it lists every assignment of solutions/
-        assert status == {a: "released" if a == ASSIGNMENT else "draft" for a in grading.assignments()}
+        assert status == {a: "released" if a == ASSIGNMENT else "draft" for a in nbgrader_api.assignments()}
 
         # students, through their servers' Assignment List: fetch, work (saved as JupyterLab saves), submit
         t = time.perf_counter()

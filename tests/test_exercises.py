@@ -15,7 +15,8 @@ import nbformat
 import pytest
 import torch
 
-from course.grade.grading import HIDDEN_BEGIN, assignments, generate_exercises
+from course.grade.check import HIDDEN_BEGIN
+from course.grade.nbgrader_api import assignments, generate_exercises
 from course.paths import AUTOGRADE, EXERCISES, PROJECT_ROOT, SOLUTIONS
 
 ASSIGNMENTS = assignments()
@@ -185,7 +186,7 @@ def test_attention_replaced_runs_the_given_attention_and_restores_the_model(tiny
 @pytest.mark.parametrize("assignment", list(ASSIGNMENTS))
 def test_blank_exercise_passes_no_visible_test(assignment):
     """`kvcourse check` on the released exercise: every visible test fails (hidden ones: see test_grading)."""
-    from course.grade.grading import check
+    from course.grade.check import check
 
     (exercise,) = [p for a, p in notebooks(EXERCISES) if a == assignment]
     results, answer_errors = check(exercise, timeout=120)

@@ -31,7 +31,7 @@ def test_outputs_are_cleaned_too():
 
 @pytest.mark.slow
 def test_a_graded_notebooks_feedback_runs_no_student_script(tmp_path):
-    from course.grade import grading
+    from course.grade import grader
 
     if __import__("course.grade.sandbox", fromlist=["x"]).sandbox_problem():
         pytest.skip("the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
@@ -45,7 +45,7 @@ def test_a_graded_notebooks_feedback_runs_no_student_script(tmp_path):
     folder = tmp_path / "subs" / "xss" / "01_memory_formula"
     folder.mkdir(parents=True)
     nbformat.write(nb, str(folder / "memory_formula.ipynb"))
-    (row,) = grading.grade(tmp_path / "subs", tmp_path / "course", jobs=1, progress=False, log=lambda *_: None)
+    (row,) = grader.grade(tmp_path / "subs", tmp_path / "course", jobs=1, progress=False, log=lambda *_: None)
     assert row.status == "graded" and row.score == row.max_score
     (page,) = (tmp_path / "course" / "feedback").rglob("*.html")
     html = page.read_text()

@@ -24,7 +24,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course.grade import grading
+from course.grade import check, files, grader, nbgrader_api, submissions
 from course.paths import AUTOGRADE, EXERCISES, PROJECT_ROOT
 
 SAMPLES = AUTOGRADE / "samples"
@@ -75,7 +75,7 @@ def test_the_samples_cover_what_the_issue_asks():
 
 
 def test_config_keeps_all_nbgrader_state_in_the_course_folder(tmp_path):
-    cfg = grading.load_config(tmp_path / "course", timeout=7, memory_mb=512)
+    cfg = nbgrader_api.load_config(tmp_path / "course", timeout=7, memory_mb=512)
     course = str((tmp_path / "course").resolve())
     assert cfg.CourseDirectory.root == course
     assert cfg.CourseDirectory.db_url == f"sqlite:///{course}/gradebook.db"
@@ -83,7 +83,7 @@ def test_config_keeps_all_nbgrader_state_in_the_course_folder(tmp_path):
     assert cfg.Execute.timeout == 7 and cfg.Execute.interrupt_on_timeout is True
     assert cfg.GraderKernelManager.memory_limit_mb == 512
     assert cfg.OverwriteCells.add_missing_cells is True
-    default = grading.load_config()
+    default = nbgrader_api.load_config()
     assert default.CourseDirectory.root == str(AUTOGRADE) and str(AUTOGRADE) in default.CourseDirectory.db_url
     for section in ("CourseDirectory", "Exchange"):
         for key, value in default[section].items():
@@ -114,7 +114,7 @@ def test_discover_sorts_out_bad_files(tmp_path):
     shutil.copy(good, tmp_path / "loose.ipynb")
     (tmp_path / "ann" / ".ipynb_checkpoints").mkdir()
     shutil.copy(good, tmp_path / "ann" / ".ipynb_checkpoints")
-    found = {(s.student, s.path.name): s for s in grading.discover(tmp_path)}
+    found = {(s.student, s.path.name): s for s in submissions.discover(tmp_path, nbgrader_api.assignments())}
     assert set(found) == {("ann", "memory_formula.ipynb"), ("bob", "memory_formula.ipynb"),
                           ("bob", "notes.ipynb"), ("bob", "kv_cache.ipynb"), ("", "loose.ipynb")}
     assert found["ann", "memory_formula.ipynb"].problem == "" and found["bob", "memory_formula.ipynb"].problem == ""
@@ -122,32 +122,32 @@ def test_discover_sorts_out_bad_files(tmp_path):
     assert found["bob", "notes.ipynb"].problem.startswith("unknown notebook")
     assert found["bob", "kv_cache.ipynb"].problem.startswith("invalid notebook")
     assert found["", "loose.ipynb"].problem.startswith("misplaced")
-    with pytest.raises(grading.GradingError, match="not a folder"):
-        grading.discover(tmp_path / "nope")
+    with pytest.raises(files.GradingError, match="not a folder"):
+        submissions.discover(tmp_path / "nope", nbgrader_api.assignments())
 
 
 def test_repair_reports_tampering_and_restores_deleted_answer_cells():
     release = nbformat.read(str(EXERCISES / "01_memory_formula" / "memory_formula.ipynb"), as_version=4)
     nb = nbformat.read(str(EXERCISES / "01_memory_formula" / "memory_formula.ipynb"), as_version=4)
-    ids = [grading._grade_id(c) for c in nb.cells]
+    ids = [submissions.grade_id(c) for c in nb.cells]
     nb.cells[ids.index("test_kv_cache_bytes")].source = "pass"
     nb.cells[ids.index("test_max_context")].metadata["nbgrader"]["points"] = 99
     for gone in ("max_batch", "test_max_batch", "test_gqa_saving_hidden"):
-        del nb.cells[[grading._grade_id(c) for c in nb.cells].index(gone)]
-    problems = grading.repair(nb, release)
+        del nb.cells[[submissions.grade_id(c) for c in nb.cells].index(gone)]
+    problems = submissions.repair(nb, release)
     assert problems == ["deleted answer cell(s) replaced by empty ones: max_batch",
                         "deleted test cell(s) put back: test_max_batch, test_gqa_saving_hidden",
                         "edited test cell(s) restored: test_kv_cache_bytes",
                         "test cell metadata restored: test_max_context"]
-    order = [grading._grade_id(c) for c in nb.cells if grading._grade_id(c)]
+    order = [submissions.grade_id(c) for c in nb.cells if submissions.grade_id(c)]
     assert order.index("max_batch") == order.index("test_max_context_hidden") + 1, "back where it was"
-    released = [grading._grade_id(c) for c in release.cells if grading._grade_id(c)]
+    released = [submissions.grade_id(c) for c in release.cells if submissions.grade_id(c)]
     assert order == released, "every locked cell is back, in the released order"
-    by_id = {grading._grade_id(c): c for c in nb.cells if grading._grade_id(c)}
-    assert by_id["test_kv_cache_bytes"].source == {grading._grade_id(c): c for c in release.cells
-                                                   if grading._grade_id(c)}["test_kv_cache_bytes"].source
+    by_id = {submissions.grade_id(c): c for c in nb.cells if submissions.grade_id(c)}
+    assert by_id["test_kv_cache_bytes"].source == {submissions.grade_id(c): c for c in release.cells
+                                                   if submissions.grade_id(c)}["test_kv_cache_bytes"].source
     assert by_id["test_max_context"].metadata["nbgrader"]["points"] == 2
-    assert grading.repair(release, release) == []
+    assert submissions.repair(release, release) == []
 
 
 def test_feedback_preprocessor_removes_hidden_tests():
@@ -172,9 +172,9 @@ def test_feedback_preprocessor_removes_hidden_tests():
 
 def test_grade_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="jobs"):
-        grading.grade(SAMPLES, tmp_path, jobs=0)
+        grader.grade(SAMPLES, tmp_path, jobs=0)
     with pytest.raises(ValueError, match="timeout"):
-        grading.grade(SAMPLES, tmp_path, timeout=0)
+        grader.grade(SAMPLES, tmp_path, timeout=0)
 
 
 # ----------------------------------------------------------------------------- one batch run over all samples
@@ -197,7 +197,7 @@ def graded(tmp_path_factory):
                           for a in sorted({e["assignment"] for e in MANIFEST})[:4]]  # 05's are another's
     before = _fingerprint(*watched)
     started = time.perf_counter()
-    rows = grading.grade(folder, course, jobs=2, progress=False, log=lambda *_: None)
+    rows = grader.grade(folder, course, jobs=2, progress=False, log=lambda *_: None)
     seconds = time.perf_counter() - started
     report = list(csv.DictReader(open(course / "report.csv")))
     print(f"\ngraded {len(rows)} samples in {seconds:.0f} s")
@@ -261,9 +261,9 @@ def test_adversarial_submissions_leave_evidence(graded):
             assert EVIDENCE[entry["evidence"]] in row.problems, (entry["student"], row.problems)
     autograded = graded["course"] / "autograded"
     restored = nbformat.read(str(autograded / "adv-deleted-test" / "01_memory_formula" / "memory_formula.ipynb"), 4)
-    assert {"test_gqa_saving", "test_gqa_saving_hidden"} <= {grading._grade_id(c) for c in restored.cells}
+    assert {"test_gqa_saving", "test_gqa_saving_hidden"} <= {submissions.grade_id(c) for c in restored.cells}
     edited = nbformat.read(str(autograded / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"), 4)
-    (cell,) = [c for c in edited.cells if grading._grade_id(c) == "test_kv_cache_bytes"]
+    (cell,) = [c for c in edited.cells if submissions.grade_id(c) == "test_kv_cache_bytes"]
     assert "524_288" in cell.source and any(o.output_type == "error" for o in cell.outputs)
     assert "print('all good')" not in json.dumps(nbformat.writes(edited)), "the edited test is gone"
     assert rows["adv-points", "01_memory_formula"].max_score == rows["reference", "01_memory_formula"].max_score
@@ -279,7 +279,7 @@ def test_reference_tests_give_no_partial_credit_or_stderr(graded):
         for cell in nb.cells:
             if cell.get("metadata", {}).get("nbgrader", {}).get("grade"):
                 kinds = {o.output_type for o in cell.outputs} | {o.get("name") for o in cell.outputs}
-                assert not kinds & {"execute_result", "error", "stderr"}, (path.name, grading._grade_id(cell))
+                assert not kinds & {"execute_result", "error", "stderr"}, (path.name, submissions.grade_id(cell))
 
 
 @pytest.mark.slow
@@ -308,10 +308,10 @@ def test_feedback_never_shows_hidden_tests(graded):
                 secrets += [squeeze(ln) for ln in region.splitlines() if len(ln.strip()) > 15]
     secrets = [s for s in secrets if s not in public]
     assert len(secrets) > 40
-    files = sorted((course / "feedback").rglob("*.html"))
+    pages = sorted((course / "feedback").rglob("*.html"))
     graded_rows = [r for r in graded["rows"].values() if r.status == "graded"]
     assert len(files) == len(graded_rows), "feedback for every graded submission"
-    for path in files:
+    for path in pages:
         text = html_text(path)
         assert "BEGIN HIDDEN TESTS" not in text
         flat = squeeze(text)
@@ -349,15 +349,15 @@ def _scores(rows):
 def test_grading_twice_gives_the_same_grades_and_a_second_run_skips(tmp_path):
     folder = _subset(tmp_path, ["reference", "mem-bug-no-factor-2", "mem-bug-rounds-up", "adv-os-exit"])
     course = tmp_path / "course"
-    first = grading.grade(folder, course, jobs=2, progress=False, log=lambda *_: None)
+    first = grader.grade(folder, course, jobs=2, progress=False, log=lambda *_: None)
     messages = []
-    again = grading.grade(folder, course, progress=False, log=messages.append)
+    again = grader.grade(folder, course, progress=False, log=messages.append)
     assert _scores(again) == _scores(first) and not messages, "nothing changed: nothing is regraded"
-    forced = grading.grade(folder, course, jobs=1, force=True, progress=False, log=lambda *_: None)
+    forced = grader.grade(folder, course, jobs=1, force=True, progress=False, log=lambda *_: None)
     assert _scores(forced) == _scores(first), "regrading from scratch gives the same grades"
     (folder / "mem-bug-rounds-up" / "01_memory_formula" / "memory_formula.ipynb").write_bytes(
         (SAMPLES / "reference" / "01_memory_formula" / "memory_formula.ipynb").read_bytes())
-    fixed = grading.grade(folder, course, progress=False, log=messages.append)
+    fixed = grader.grade(folder, course, progress=False, log=messages.append)
     assert messages and messages[0].startswith("grading 1 submission"), "only the changed file is regraded"
     assert _scores(fixed)["mem-bug-rounds-up", "01_memory_formula"] == ("graded", 14.0, 14.0)
 
@@ -387,7 +387,7 @@ def test_a_run_killed_halfway_resumes_and_completes(tmp_path, graded):
         f"the run was to be killed halfway: {done_before} of {len(students)} graded after "
         f"{time.monotonic() - started:.0f} s, exit status {proc.returncode}; it said: {output.read_text()[-3000:]}")
     messages = []
-    rows = grading.grade(folder, course, progress=False, log=messages.append)
+    rows = grader.grade(folder, course, progress=False, log=messages.append)
     assert messages[0].startswith(f"grading {len(students) - done_before} submission"), messages
     assert len(rows) == len(students) and all(r.status == "graded" for r in rows), \
         ("every grade is present", [r for r in rows if r.status != "graded"])
@@ -454,9 +454,9 @@ def test_check_full_runs_the_hidden_checks_without_showing_them():
 
 def test_check_warns_about_changed_test_cells():
     edited = SAMPLES / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"
-    assert grading._changed_locked_cells(edited) == [
+    assert check._changed_locked_cells(edited) == [
         "you edited test cell(s): test_kv_cache_bytes, test_kv_cache_bytes_hidden"]
-    assert grading._changed_locked_cells(SAMPLES / "reference" / "02_kv_cache" / "kv_cache.ipynb") == []
+    assert check._changed_locked_cells(SAMPLES / "reference" / "02_kv_cache" / "kv_cache.ipynb") == []
 
 
 def test_check_rejects_files_it_cannot_run(tmp_path):

@@ -497,11 +497,11 @@ def _hostile_submissions(folder: Path) -> None:
 def graded(tmp_path_factory):
     if sandbox.sandbox_problem():
         pytest.skip("the sealed grader needs bubblewrap")
-    from course.grade import grading
+    from course.grade import grader
 
     root = tmp_path_factory.mktemp("hostile")
     _hostile_submissions(root / "subs")
-    rows = grading.grade(root / "subs", root / "course", jobs=1, progress=False, log=lambda *_: None)
+    rows = grader.grade(root / "subs", root / "course", jobs=1, progress=False, log=lambda *_: None)
     return {r.student: r for r in rows}
 
 

@@ -575,7 +575,7 @@ def _submissions(folder: Path, graded, answers: dict[str, dict[int, str] | None]
 def test_grading_the_quiz_rewards_knowledge_only(graded, tmp_path):
     """Through the real grader: the right letters score 5/5, the released notebook 0, and one letter
     everywhere at most 40 %."""
-    from course.grade import grading, sandbox
+    from course.grade import grader, sandbox
 
     if sandbox.sandbox_problem():
         pytest.skip("the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
@@ -583,7 +583,7 @@ def test_grading_the_quiz_rewards_knowledge_only(graded, tmp_path):
     answers = {"reference": right, "blank": None}
     answers |= {f"all-{k.lower()}": {n: k for n in right} for k in "ABCD"}
     folder = _submissions(tmp_path / "submissions", graded, answers)
-    rows = grading.grade(folder, tmp_path / "course", jobs=1, progress=False, log=lambda *_: None)
+    rows = grader.grade(folder, tmp_path / "course", jobs=1, progress=False, log=lambda *_: None)
     scores = {r.student: (r.score, r.max_score) for r in rows}
     assert scores["reference"] == (5, 5)
     assert scores["blank"][0] == 0

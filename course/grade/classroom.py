@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from . import grading
+from . import files, grader, nbgrader_api
 from .nbgrader_api import gradebook_busy, gradebook_problem
 from course.paths import AUTOGRADE
 
@@ -60,7 +60,7 @@ def exchange_dir(path: str | Path | None = None) -> Path:
 def config(course: Path, exchange: Path, timeout: int | None = None, memory_mb: int | None = None):
     """The course's nbgrader config (autograde/nbgrader_config.py) rooted in the class folder, with the
     shared exchange: what jupyter-config/instructor/nbgrader_config.py gives the formgrader."""
-    cfg = grading.load_config(course, timeout, memory_mb)
+    cfg = nbgrader_api.load_config(course, timeout, memory_mb)
     cfg.CourseDirectory.course_id = COURSE_ID
     cfg.Exchange.root = str(exchange)
     return cfg
@@ -124,7 +124,7 @@ def read_roster(path: Path) -> tuple[list[str], list[str]]:
     A line that is not a valid id raises ValueError naming the file, the line and what an id may be."""
     path = Path(path)
     try:
-        text = grading.read_small(path, ROSTER_LIMIT, "the roster").decode("utf-8")
+        text = files.read_small(path, ROSTER_LIMIT, "the roster").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"roster {path} is not UTF-8 text (byte offset {exc.start}): give a text file with one student "
                          "user name per line") from None
@@ -169,7 +169,7 @@ def check_gradebook(course: Path) -> None:
     is damaged: nbgrader would end in a SQLAlchemy traceback. A missing gradebook is fine (nbgrader makes one)."""
     try:
         why = gradebook_problem(course / "gradebook.db", retry="run the command again")
-    except grading.GradingError as exc:  # busy
+    except files.GradingError as exc:  # busy
         raise ClassroomError(str(exc)) from None
     if why:
         raise ClassroomError(_damaged(course, why))
@@ -186,7 +186,7 @@ def _gradebook_failure(course: Path, text: str) -> ClassroomError | None:
 
 
 def _assignment(name: str) -> str:
-    known = grading.assignments()
+    known = nbgrader_api.assignments()
     if name not in known:
         raise ValueError(f"assignment must be one of {sorted(known)}, got {name!r}")
     return name
@@ -197,7 +197,7 @@ def _api(course: Path, exchange: Path, log_level: str = "ERROR", **changes):
     for section, values in changes.items():
         for key, value in values.items():
             setattr(cfg[section], key, value)
-    return grading.nbgrader_api(cfg, log_level=log_level)
+    return nbgrader_api.nbgrader_api(cfg, log_level=log_level)
 
 
 def _run(result: dict, what: str, course: Path) -> str:
@@ -205,7 +205,7 @@ def _run(result: dict, what: str, course: Path) -> str:
         failure = _gradebook_failure(course, f"{result.get('log') or ''}\n{result.get('error') or ''}")
         if failure:
             raise failure
-    return grading.check_result(result, what, course)
+    return nbgrader_api.check_result(result, what, course)
 
 
 # ----------------------------------------------------------------------------- the steps
@@ -234,7 +234,7 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
         from sqlalchemy.exc import DatabaseError
 
         check_gradebook(course)
-        grading.venv_on_path(os.environ)  # a new gradebook runs `alembic`
+        nbgrader_api.venv_on_path(os.environ)  # a new gradebook runs `alembic`
         try:
             with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
                 known = {s.id for s in gb.students}
@@ -508,7 +508,7 @@ def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout:
     if not any(inbox.glob(f"*/{assignment}/*.ipynb")):
         raise ClassroomError(f"nothing collected for {assignment} in {inbox}: run `kvcourse classroom "
                              f"collect {assignment}` first (or wait for submissions)")
-    rows = grading.grade(inbox, course, jobs=jobs, timeout=timeout, force=force, progress=progress, log=log,
+    rows = grader.grade(inbox, course, jobs=jobs, timeout=timeout, force=force, progress=progress, log=log,
                          cluster=cluster, notes_for=quarantined(course, assignment))
     for folder in sorted(inbox.glob(f"*/{assignment}")):
         feedback = course / "feedback" / folder.parent.name / assignment
@@ -556,7 +556,7 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
 
     check_gradebook(course)
     try:
-        grading.export_csv(config(course, exchange), dest)
+        nbgrader_api.export_csv(config(course, exchange), dest)
     except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
         raise (_gradebook_failure(course, str(exc))
                or ClassroomError(f"the gradebook could not be read: {exc.orig}")) from None
@@ -565,7 +565,7 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
 
 def status(course: Path, exchange: Path, assignment: str | None = None) -> dict:
     """Counts per assignment: released, submissions waiting in the exchange, collected, graded, feedback."""
-    names = [_assignment(assignment)] if assignment else list(grading.assignments())
+    names = [_assignment(assignment)] if assignment else list(nbgrader_api.assignments())
     root = existing_exchange(exchange) / COURSE_ID
     out = {}
     for a in names:
@@ -655,13 +655,13 @@ def run_classroom(args) -> int:
                 print(f"collected {len(students)} submission(s)")
             rows = grade(args.assignment, course, exchange, jobs=args.jobs, timeout=args.timeout,
                          force=args.force, progress=not args.quiet, cluster=args.cluster)
-            code = grading.print_rows([r for r in rows if r.assignment == args.assignment])
+            code = grader.print_rows([r for r in rows if r.assignment == args.assignment])
             if args.step == "cycle":
                 released = feedback(args.assignment, course, exchange)
                 print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")
             return max(code, _report_impersonations(suspicious, course),
                        _report_refused(refused, course, args.assignment))
-    except (ClassroomError, grading.GradingError, ValueError) as exc:
+    except (ClassroomError, files.GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
