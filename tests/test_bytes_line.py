@@ -172,3 +172,17 @@ def test_the_compiled_step_agrees_with_the_eager_one():
     eager, step = BL.Step(model, context=8, compile=False), BL.Step(model, context=8, compile=True)
     torch.testing.assert_close(step(), eager(), atol=1e-4, rtol=1e-4)
     assert not eager.compiled and step.compiled == (step.step.fallback is None)
+
+
+def test_the_models_are_held_together_only_when_half_the_free_memory_holds_them(one_thread, monkeypatch):
+    """A laptop with little memory free builds, times and frees the models in turn instead of swapping."""
+    import psutil
+
+    from course.engine.config import ModelConfig
+
+    t = ModelConfig.from_name("tiny")
+    shapes = [t, t.with_(name="tiny-wide", dim=96, n_heads=6, ffn_dim=256, n_layers=3)]
+    free = type("Free", (), {"available": 10_000})()  # 10 kB free: nothing fits twice over
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    line = BL.bytes_line(shapes, compile=False, budget_s=0.02, probe_bytes=8 << 20, progress=False)
+    assert len(line.probes) == len(shapes) + 1, "one probe before each model and one after: built one at a time"

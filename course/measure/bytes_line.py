@@ -269,10 +269,11 @@ class BytesLine:
 def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch.dtype | str | None = None,
                context: int = CONTEXT, compile: bool = True, budget_s: float = 3.0, min_repeats: int = 3,
                probe_bytes: int = 1 << 30, progress: bool = True, log=None, rounds: int = 4,
-               resident_bytes: float = 8e9) -> BytesLine:
+               resident_bytes: float | None = None) -> BytesLine:
     """Time one decode step for each shape and fit the line.
 
-    When all the models fit in `resident_bytes` together, they are built first and then take turns, round
+    When all the models fit in `resident_bytes` together (default: 8 GB, or half the memory free now if that is
+    less, so a laptop is not pushed into swap), they are built first and then take turns, round
     after round (a probe of the streaming-read bandwidth before each round), so a burst of load from another
     program hits every point alike; otherwise each is built, timed and freed in turn. budget_s: about how long
     each shape's timed steps take in all (at least min_repeats steps). Every model is freed at the end.
@@ -289,6 +290,10 @@ def bytes_line(shapes: tuple[str, ...] | None = None, device="cpu", dtype: torch
         raise ValueError(f"a line needs at least 2 shapes, got {list(shapes)}")
     t_start, load_before = time.perf_counter(), os.getloadavg()[0]
     state = {"compile": compile}
+    if resident_bytes is None:
+        import psutil
+
+        resident_bytes = min(8e9, psutil.virtual_memory().available / 2)
     together = sum(c.n_params for c in configs) * _dtype_bytes(dtype) <= resident_bytes
     bar = None
     if progress:
