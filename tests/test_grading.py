@@ -310,7 +310,7 @@ def test_feedback_never_shows_hidden_tests(graded):
     assert len(secrets) > 40
     pages = sorted((course / "feedback").rglob("*.html"))
     graded_rows = [r for r in graded["rows"].values() if r.status == "graded"]
-    assert len(files) == len(graded_rows), "feedback for every graded submission"
+    assert len(pages) == len(graded_rows), "feedback for every graded submission"
     for path in pages:
         text = html_text(path)
         assert "BEGIN HIDDEN TESTS" not in text
