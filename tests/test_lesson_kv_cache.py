@@ -229,7 +229,9 @@ def test_quotes_the_one_machine_profile(run):
     saved = json.loads(machine.path().read_text()).get(f"{prof['device']}/{prof['dtype']}") \
         if machine.path().exists() else None
     if saved and saved["measured_at"] == prof["measured_at"]:
-        assert saved["bandwidth_gb_s"] == prof["bandwidth_gb_s"] and saved["decode_ms"] == prof["decode_ms"]
+        # a later lesson may add its compiled step to the same profile: the eager figure is this lesson's
+        assert saved["bandwidth_gb_s"] == prof["bandwidth_gb_s"]
+        assert saved["decode_ms"]["eager"] == prof["decode_ms"]["eager"]
     assert any(f"eager decode step: {prof['decode_ms']['eager']:.0f} ms" in line for line in printed_text(nb)) \
         or "cache_speedup" in r.get("unreliable", [])
 

@@ -171,10 +171,11 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-# Package scope: both stop when the browser suite ends, not at the end of the run. Playwright's sync API keeps an
+# Module scope (the browser suite is one module; "package" acts as "session" for a folder without __init__.py):
+# both stop when the browser suite ends, not at the end of the run. Playwright's sync API keeps an
 # asyncio loop marked running in this thread while it is started, and every later test that calls asyncio.run
 # (Jupyter's contents manager, nbclient) would fail with "cannot be called from a running event loop".
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def jupyter_server(tmp_path_factory):
     """One JupyterLab for the whole browser suite, stopped (with its kernels) at the end."""
     pytest.importorskip("jupyterlab")
@@ -198,7 +199,7 @@ def jupyter_server(tmp_path_factory):
         (ARTIFACTS / "jupyterlab.log").write_text(log)
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def browser_context(tmp_path_factory):
     """Headless Debian Chromium with an empty profile, shared by the session (one context, many tabs)."""
     if not CHROMIUM.exists():
