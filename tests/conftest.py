@@ -98,23 +98,6 @@ def cpu_burner():
             p.wait()
 
 
-# The tiers. `make test` runs everything. `make test-fast` (-m "not slow and not browser") covers the engine, the
-# grading logic, progress and the CLI; beyond what is marked slow where it is written, it leaves out whole end-to-end
-# modules (a JupyterHub, sealed sandboxes started by the dozen) and the single tests that took 30 s or more under
-# load (each also covered in the fast tier by a smaller test: the checks' own unit tests, the tiny model's).
-END_TO_END_MODULES = {"test_classroom.py", "test_classroom_faults.py", "test_grading_hostile.py"}
-SLOW_TESTS = ("test_checks_gaps.py::test_review_bug_sample_loses_exactly_its_cells",  # every sample graded sealed too
-              "test_bytes_line.py::test_the_compiled_step_agrees_with_the_eager_one",
-              "test_bench.py::test_quick_suite_on_tiny_model_writes_valid_json_and_markdown",
-              "test_speculative.py::test_speculative_generate_sampling_matches_target_on_tiny_model",
-              "test_tool_faults.py::test_a_named_pipe_is_refused_without_waiting")
-
-
 def pytest_collection_modifyitems(items):
-    """Marks the fast tier's leave-outs slow; tests/test_lesson_consistency.py compares what the lesson tests' runs
-    left behind, so it runs after them."""
-    for item in items:
-        name = item.nodeid.split("/")[-1]
-        if item.path.name in END_TO_END_MODULES or name.split("[")[0] in SLOW_TESTS:
-            item.add_marker(pytest.mark.slow)
+    """tests/test_lesson_consistency.py compares what the lesson tests' runs left behind: it runs after them."""
     items.sort(key=lambda item: item.path.name == "test_lesson_consistency.py")  # stable: the rest keep their order

@@ -53,6 +53,7 @@ def check_schema(result: dict):
         assert t["met"] in (True, False, None) and (t["value"] is None or math.isfinite(t["value"]))
 
 
+@pytest.mark.slow
 def test_quick_suite_on_tiny_model_writes_valid_json_and_markdown(tmp_path, capsys):
     threads = torch.get_num_threads()
     result, markdown = _run_cli(tmp_path, "--model", "tiny")

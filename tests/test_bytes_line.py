@@ -166,6 +166,7 @@ def test_a_line_that_does_not_rise_says_so_instead_of_dividing_by_infinity():
     line.plot()
 
 
+@pytest.mark.slow
 def test_the_compiled_step_agrees_with_the_eager_one():
     config = ModelConfig.from_name("tiny").with_(n_layers=2)
     model = BL.random_model(config, seed=2, context=8)

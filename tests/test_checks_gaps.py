@@ -174,6 +174,7 @@ def test_review_bug_loses_its_cell(name):
     assert failed_cells(assignment, bug, (cell,)) == {cell}
 
 
+@pytest.mark.slow  # every sample is also graded sealed in tests/test_grading.py
 @pytest.mark.parametrize("name", list(SAMPLE_BUGS))
 def test_review_bug_sample_loses_exactly_its_cells(name):
     """The sample loses the cells the review named and no other (the rest of its code is the reference's)."""

@@ -38,6 +38,8 @@ from traitlets.config.loader import PyFileConfigLoader
 from course.grade import classroom, nbgrader_api
 from course.paths import AUTOGRADE, PROJECT_ROOT
 
+pytestmark = pytest.mark.slow  # end to end (JupyterHub, sealed sandboxes by the dozen): out of make test-fast
+
 CLASSROOM = AUTOGRADE / "classroom"
 HUB_CONFIG = CLASSROOM / "jupyterhub_config.py"
 NODE_DIR = PROJECT_ROOT / ".state" / "node"

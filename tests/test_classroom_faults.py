@@ -14,6 +14,8 @@ from course.grade import classroom, files
 from course.paths import AUTOGRADE, SOLUTIONS
 from test_classroom import classroom_main
 
+pytestmark = pytest.mark.slow  # end to end (JupyterHub, sealed sandboxes by the dozen): out of make test-fast
+
 ASSIGNMENT, NOTEBOOK = "01_memory_formula", "memory_formula"
 REFERENCE = AUTOGRADE / "samples" / "reference" / ASSIGNMENT / f"{NOTEBOOK}.ipynb"
 STAMP = "2026-01-01 10:00:00.000000 UTC"

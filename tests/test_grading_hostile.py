@@ -19,6 +19,8 @@ from course.grade import grader, sandbox
 from course.grade.verdicts import Check, exact
 from course.paths import AUTOGRADE
 
+pytestmark = pytest.mark.slow  # end to end (JupyterHub, sealed sandboxes by the dozen): out of make test-fast
+
 needs_bwrap = pytest.mark.skipif(bool(sandbox.sandbox_problem()),
                                  reason="the sealed grader needs bubblewrap: sh scripts/ensure_bwrap.sh")
 SECRET = "HIDDEN-INPUT-4242"

@@ -147,6 +147,7 @@ def test_vectorised_first_token_matches_target():
     assert total_variation(emp, p) < 0.03 < total_variation(q, p)
 
 
+@pytest.mark.slow
 def test_speculative_generate_sampling_matches_target_on_tiny_model():
     """End to end (draft model, KV caches, verify pass): the second token's law is the target's."""
     target = tiny_model(seed=0)

@@ -280,6 +280,7 @@ def test_an_unreadable_progress_file_is_the_learners_and_says_chmod(tmp_path):
     assert [p for p in (tmp_path / "tmp").rglob("*") if p.is_file()] == []  # no session copy left behind
 
 
+@pytest.mark.slow
 def test_a_named_pipe_is_refused_without_waiting(tmp_path):
     """Each of these waited forever for a writer to the pipe."""
     import os
