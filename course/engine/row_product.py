@@ -7,7 +7,8 @@
 A decode step of B sequences multiplies B row vectors by every weight matrix. The weights are read once whatever B
 is, so up to the point where arithmetic takes longer than reading, a step of 8 sequences should cost about what a
 step of 1 costs; BLAS's matrix-matrix kernels did not deliver that for small B on the course's CPUs (see
-row_product.cpp). The compiled decode step (course.engine.fast) calls this kernel for batches of 2 or more.
+row_product.cpp). The compiled decode step (course.engine.fast) calls this kernel for batches of 2 or more; past
+16 rows it hands the product to BLAS, which wins there.
 
 It is built for this machine's CPU (-march=native) by torch.utils.cpp_extension into the course's cache folder
 (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), once per CPU kind and torch version. The build prints
