@@ -243,7 +243,7 @@ def test_block_table_prefix_store_is_a_drop_in_for_generate(tiny, one_thread):
     s = store.stats
     assert (s.hits, s.misses, s.tokens_reused, s.tokens_computed) == (2, 1, 96, 58 + 2 * 10)
     assert store.entry_bytes(50) == 4 * store.pool.block_bytes
-    assert store.match(prefix + [1]).n_tokens == 50 and store.match(ids_of(60, seed=15)) is None
+    assert len(store.match(prefix + [1]).tokens) == 50 and store.match(ids_of(60, seed=15)) is None
 
 
 def test_prefix_store_unpins_the_oldest_when_the_pool_is_full(tiny, one_thread):

@@ -288,13 +288,3 @@ def test_greedy_speculative_equals_greedy_target_real(real_model, tokenizer):
         assert out.tokens == base, draft.name
     lookup = speculative_generate(real_model, PromptLookupDraft(), prompt, 24, k=4).stats
     assert lookup.tokens_per_target_pass > 1.5  # the answer copies the prompt: drafts get accepted
-
-
-def test_break_even_acceptance():
-    from course.engine.speculative import break_even_acceptance
-
-    a = break_even_acceptance(2, draft_cost=0.3, verify_cost=1.2)
-    assert predicted_speedup(a, 2, 0.3, 1.2) == pytest.approx(1.0, abs=1e-6)
-    assert predicted_speedup(a - 0.05, 2, 0.3, 1.2) < 1 < predicted_speedup(a + 0.05, 2, 0.3, 1.2)
-    assert break_even_acceptance(4, draft_cost=0.0, verify_cost=1.0) == pytest.approx(0.0, abs=1e-9)
-    assert break_even_acceptance(2, draft_cost=1.0, verify_cost=1.5) != break_even_acceptance(2, 1.0, 1.5)  # nan

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from course.engine.config import whole
 from course.engine.generate import decode_loop, prefill, prompt_tensor
 from course.engine.kv_cache import KVCache
 
@@ -38,10 +39,8 @@ def beam_search(model, prompt_ids, width: int = 4, max_new_tokens: int = 24, eos
     use_cache=False recomputes every beam's whole sequence each step (the reference the tests
     compare the cache reordering against).
     """
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width must be a positive whole number of beams, got {width!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    whole("width (beams)", width)
+    whole("max_new_tokens", max_new_tokens)
     device = model.device
     prompt = prompt_tensor(model, prompt_ids, max_new_tokens)  # [1, T]
     T = prompt.shape[1]
@@ -83,11 +82,8 @@ def beam_search(model, prompt_ids, width: int = 4, max_new_tokens: int = 24, eos
     hypotheses = sorted(finished + live, key=lambda h: h[1], reverse=True)  # no length penalty: plain sums
     best_tokens, best_score = hypotheses[0]
     single = KVCache(model.config, 1, size, dtype=model.dtype, device="meta").nbytes
-    beam_bytes = cache.nbytes if cache is not None else KVCache(model.config, width, size, dtype=model.dtype,
-                                                                 device="meta").nbytes
-    shape = tuple(cache[0].k.shape) if cache is not None else (width, model.config.n_kv_heads, size,
-                                                                model.config.head_dim)
-    return BeamResult(best_tokens, best_score, hypotheses, width, beam_bytes, single, shape)
+    beams = KVCache(model.config, width, size, dtype=model.dtype, device="meta")  # the cache's shape, also uncached
+    return BeamResult(best_tokens, best_score, hypotheses, width, beams.nbytes, single, tuple(beams[0].k.shape))
 
 
 @torch.inference_mode()

@@ -15,7 +15,16 @@ Glossary (the lesson's letters):
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
+
+
+def whole(name: str, value, minimum: int = 1) -> int:
+    """value as an int, or a ValueError naming the argument (a bool, a float or a number below minimum)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        wanted = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -38,14 +47,10 @@ class ModelConfig:
 
     def __post_init__(self):
         for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "dim", "ffn_dim", "vocab_size", "max_seq_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            object.__setattr__(self, name, whole(name, getattr(self, name)))
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
-                "each KV head serves a whole group of query heads"
-            )
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
+                             "each KV head serves a whole group of query heads")
 
     @property
     def group_size(self) -> int:

@@ -21,6 +21,7 @@ from typing import Callable, Generator, Sequence
 import numpy as np
 import torch
 
+from course.engine.config import whole
 from course.engine.device import synchronize
 
 # This module imports the caches (course.engine.kv_cache) and the sampler (course.engine.sampling) only where a call
@@ -47,8 +48,7 @@ def prompt_tensor(model, prompt_ids, max_new_tokens: int = 0) -> torch.Tensor:
     device, with room in the context for max_new_tokens after it."""
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.device)
     ids = ids.view(1, -1) if ids.dim() <= 1 else ids
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    whole("max_new_tokens", max_new_tokens, minimum=0)
     if ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token")
     if ids.shape[1] + max_new_tokens > model.config.max_seq_len:

@@ -91,7 +91,6 @@ class QuantComparison:
     greedy_agreement: float  # share of steps whose argmax agrees, both fed the same tokens (teacher forcing)
     free_run_same_prefix: int  # tokens the INT8 greedy generation matches before its first difference
     reference_tokens: list[int] = field(default_factory=list)
-    int8_tokens: list[int] = field(default_factory=list)
     per_step_max_diff: list[float] = field(default_factory=list)
 
 
@@ -123,7 +122,7 @@ def compare_int8_cache(model, prompt_ids, n_tokens: int = 64) -> QuantComparison
     return QuantComparison(n_tokens=n_tokens, max_abs_logit_diff=diff.max().item(),
                            mean_abs_logit_diff=diff.mean().item(), max_abs_logit=ref.abs().max().item(),
                            greedy_agreement=agree, free_run_same_prefix=same, reference_tokens=tokens,
-                           int8_tokens=list(free), per_step_max_diff=diff.amax(-1).tolist())
+                           per_step_max_diff=diff.amax(-1).tolist())
 
 
 def cache_bytes_by_dtype(config: ModelConfig, batch: int, max_seq_len: int) -> dict[str, int]:

@@ -40,7 +40,7 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from course.engine.config import ModelConfig
+from course.engine.config import ModelConfig, whole
 from course.engine.positions import Positions
 
 
@@ -55,10 +55,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int, block_size: int):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size = whole("num_blocks", num_blocks), whole("block_size", block_size)
         self.free: deque[int] = deque(range(num_blocks))  # allocate from the left, return to the right
         self.ref_count = [0] * num_blocks
         self.key_of: list[tuple | None] = [None] * num_blocks  # the prefix tokens a full block holds
@@ -370,7 +367,17 @@ class _Layer:
         return self.view.update(self.layer, pos, k, v)
 
 
-class PagedBatch:
+class _View:
+    """A paged view as the model sees a cache: len() layers, cache[i].update(pos, k, v)."""
+
+    def __getitem__(self, layer: int) -> _Layer:
+        return _Layer(self, layer)
+
+    def __len__(self) -> int:
+        return len(self.cache.k)
+
+
+class PagedBatch(_View):
     """One model call's view of the paged cache: B sequences, each writing n_new positions from its length.
 
     Built by PagedKVCache.append; pass it as the model's cache with start_pos=batch.positions. The slots to write
@@ -414,14 +421,8 @@ class PagedBatch:
             out.append(self.positions.arrange(gather_blocks(pool, self.block_table)[:, :, :self.kv_len]))
         return out[0], out[1]  # [B, H_kv, kv_len, D_h] (packed: side by side, [1, H_kv, B·kv_len, D_h])
 
-    def __getitem__(self, layer: int) -> _Layer:
-        return _Layer(self, layer)
 
-    def __len__(self) -> int:
-        return len(self.cache.k)
-
-
-class PagedSequence:
+class PagedSequence(_View):
     """One sequence of a PagedKVCache behind KVCache's interface: cache[i].update(start_pos, k, v).
 
     Layer 0's update reserves the positions (allocating blocks, truncating if start_pos rewinds, as
@@ -442,9 +443,3 @@ class PagedSequence:
             self.cache.truncate(self.seq_id, start_pos)
             self._batch = self.cache.append([self.seq_id], n_new=k.shape[2])
         return self._batch.update(layer, start_pos, k, v)
-
-    def __getitem__(self, layer: int) -> _Layer:
-        return _Layer(self, layer)
-
-    def __len__(self) -> int:
-        return len(self.cache.k)

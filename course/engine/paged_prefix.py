@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from course.engine.config import whole
 from course.engine.device import synchronize
 from course.engine.paged import PagedKVCache, PagedSequence
 
@@ -59,18 +60,12 @@ class PrefixEntry:
     tokens: tuple[int, ...]
     seq_id: tuple
 
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens)
-
 
 class PagedPrefixCache:
     """A prefix store whose entries are shared blocks of one paged pool of `max_bytes`, least recently used first."""
 
     def __init__(self, model: nn.Module, max_bytes: int, block_size: int = 16):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive integer (bytes of K/V blocks), got {max_bytes!r}")
-        self.model, self.max_bytes, self.block_size = model, max_bytes, block_size
+        self.model, self.max_bytes, self.block_size = model, whole("max_bytes (of K/V blocks)", max_bytes), block_size
         self.pool = PagedKVCache.for_budget(model.config, max_bytes, block_size, model.dtype, model.device)
         self.pool.make_room = self._unpin_oldest
         self.entries: OrderedDict[tuple, PrefixEntry] = OrderedDict()  # oldest first
@@ -96,7 +91,7 @@ class PagedPrefixCache:
     def match(self, ids) -> PrefixEntry | None:
         """The longest pinned prefix that ids start with (marked most recently used), or None."""
         ids = tuple(int(t) for t in ids)
-        best = max((e for t, e in self.entries.items() if ids[:len(t)] == t), key=lambda e: e.n_tokens, default=None)
+        best = max((e for t, e in self.entries.items() if ids[:len(t)] == t), key=lambda e: len(e.tokens), default=None)
         if best is not None:
             self.entries.move_to_end(best.tokens)
         return best

@@ -131,15 +131,7 @@ def probabilities(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
 
     temperature 0 gives a one-hot on the argmax (the lowest id if the largest logits tie).
     """
-    _check_logits(logits)
-    check_params(temperature, top_k, top_p)
-    return _probabilities(logits, temperature, top_k, top_p)
-
-
-def _probabilities(logits, temperature, top_k, top_p) -> torch.Tensor:
-    if temperature == 0:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    return _transform(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return Sampler(temperature, top_k, top_p).probs(logits)
 
 
 def kept_mask(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -186,7 +178,9 @@ class Sampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a call would draw from (same shape as logits)."""
         _check_logits(logits, self.dtype)
-        return _probabilities(logits, self.temperature, self.top_k, self.top_p)
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        return _transform(logits, self.temperature, self.top_k, self.top_p).softmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         probs = self.probs(logits)

@@ -39,18 +39,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from course.engine.config import whole
 from course.engine.device import synchronize
 from course.engine.generate import decode_one_token, generate
 from course.engine.kv_cache import KVCache
 from course.engine.paged import PagedBatch, PagedKVCache, PoolExhausted
 
 POLICIES = ("continuous", "static")
-
-
-def _whole(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,7 @@ class Request:
                              f"sequence of whole-number token ids ({exc})") from None
         if not self.prompt_ids:
             raise ValueError(f"request {self.id!r}: the prompt is empty; give at least one token")
-        _whole(f"request {self.id!r}: max_new_tokens", self.max_new_tokens)
+        whole(f"request {self.id!r}: max_new_tokens", self.max_new_tokens)
         if isinstance(self.arrival, bool) or not isinstance(self.arrival, numbers.Real) \
                 or not math.isfinite(self.arrival) or self.arrival < 0:
             raise ValueError(f"request {self.id!r}: arrival must be a finite number >= 0 (seconds, or steps with "
@@ -188,8 +183,7 @@ def make_trace(n_requests: int = 16, seed: int = 0, prompt_len: tuple[int, int] 
 
     long_share > 0 makes answer lengths bimodal, chat traffic's shape: that share of the requests draws from
     long_new_tokens, the rest from new_tokens (the case where a static batch waits for its longest member)."""
-    if n_requests < 1:
-        raise ValueError(f"n_requests must be >= 1, got {n_requests}")
+    whole("n_requests", n_requests)
     ranges = [("prompt_len", prompt_len), ("new_tokens", new_tokens)]
     if long_share:
         if not 0 < long_share <= 1 or long_new_tokens is None:
@@ -230,11 +224,11 @@ def _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, 
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if clock not in ("wall", "steps"):
         raise ValueError(f"clock must be 'wall' or 'steps', got {clock!r}")
-    _whole("max_batch", max_batch), _whole("block_size", block_size)
+    whole("max_batch", max_batch), whole("block_size", block_size)
     if num_blocks is not None:
-        _whole("num_blocks", num_blocks)
+        whole("num_blocks", num_blocks)
     if eos_id is not None:
-        _whole("eos_id", eos_id, minimum=0)
+        whole("eos_id", eos_id, minimum=0)
     requests = list(requests)
     if not requests:
         raise ValueError("no requests to serve")

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course.engine.config import whole
 from course.engine.device import synchronize
 from course.engine.generate import Generation, decode_loop, prefill, prompt_tensor
 from course.engine.kv_cache import KVCache
@@ -276,12 +277,6 @@ class SpeculativeGeneration(Generation):
     stats: SpeculativeStats | None = None
 
 
-def check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (draft tokens per target pass) must be an integer >= 1, got {k!r}")
-    return k
-
-
 @torch.inference_mode()
 def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_tokens: int = 64, k: int = 4, *,
                          temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
@@ -292,11 +287,10 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
     temperature 0: greedy speculative decoding (output equals greedy target decoding token for token).
     temperature > 0: speculative sampling (output distributed exactly as the target's sampler).
     """
-    check_k(k)
+    whole("k (draft tokens per target pass)", k)
     generator = torch.Generator(device=target.device).manual_seed(seed) if seed is not None else None
     sampler = Sampler(temperature, top_k, top_p, generator, dtype=target.dtype)  # settings checked once
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    whole("max_new_tokens", max_new_tokens)
     ids = prompt_tensor(target, prompt_ids, max_new_tokens)  # [1, T], the context checked
     prompt = ids[0].tolist()
     capacity = min(len(prompt) + max_new_tokens + k + 1, target.config.max_seq_len)
@@ -345,7 +339,7 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
 def expected_tokens_per_pass(acceptance: float, k: int) -> float:
     """Mean tokens per target pass if each draft token is kept independently with probability α:
     1 + α + α² + … + α^k = (1 − α^(k+1)) / (1 − α)."""
-    check_k(k)
+    whole("k (draft tokens per target pass)", k)
     if not 0 <= acceptance <= 1:
         raise ValueError(f"acceptance must be in [0, 1], got {acceptance}")
     if acceptance == 1:
@@ -361,15 +355,3 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float, verify_cost:
     is purely bandwidth-bound; more on a CPU, where k+1 tokens also cost arithmetic).
     """
     return expected_tokens_per_pass(acceptance, k) / (k * draft_cost + verify_cost)
-
-
-def break_even_acceptance(k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
-    """The per-token acceptance α at which predicted_speedup = 1 (nan if even α = 1 cannot pay)."""
-    check_k(k)
-    if predicted_speedup(1.0, k, draft_cost, verify_cost) < 1:
-        return float("nan")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):  # bisection: the speedup grows with α
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if predicted_speedup(mid, k, draft_cost, verify_cost) < 1 else (lo, mid)
-    return hi
