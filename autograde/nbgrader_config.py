@@ -36,21 +36,13 @@ PROJECT = os.path.dirname(HERE)
 
 c.CourseDirectory.root = HERE
 c.CourseDirectory.course_id = "kvcourse"
-c.CourseDirectory.source_directory = os.path.join(PROJECT, "solutions")
-c.CourseDirectory.release_directory = "release"
-c.CourseDirectory.submitted_directory = "submitted"
-c.CourseDirectory.autograded_directory = "autograded"
-c.CourseDirectory.feedback_directory = "feedback"
+c.CourseDirectory.source_directory = os.path.join(PROJECT, "solutions")  # release/, submitted/ ...: nbgrader's names
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "gradebook.db")
 c.Exchange.root = os.path.join(HERE, "exchange")
 c.Exchange.cache = os.path.join(HERE, "exchange", ".cache")  # nbgrader's default is in the home folder
 
-# Student version: solution regions become a stub that fails loudly; hidden tests are removed.
-c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
-c.ClearSolutions.begin_solution_delimeter = "BEGIN SOLUTION"
-c.ClearSolutions.end_solution_delimeter = "END SOLUTION"
-c.ClearHiddenTests.begin_test_delimeter = "BEGIN HIDDEN TESTS"
-c.ClearHiddenTests.end_test_delimeter = "END HIDDEN TESTS"
+# Student version: nbgrader's defaults (a solution region becomes "# YOUR CODE HERE" and a
+# `raise NotImplementedError()` that fails loudly; "### BEGIN/END HIDDEN TESTS" regions are removed).
 
 # Execution: a per-cell timeout that interrupts the kernel (an infinite loop costs one cell, not the run).
 # SafeExecute (course/nbgrader_ext.py) adds: a memory cap on the kernel (RLIMIT_AS), a kernel that dies
@@ -65,15 +57,8 @@ c.GraderKernelManager.memory_limit_mb = 4096
 # A deleted test cell is put back from the gradebook; an edited one is overwritten (nbgrader's checksums).
 c.OverwriteCells.add_missing_cells = True
 
-c.Autograde.autograde_preprocessors = [
-    SafeExecute,
-    IgnorePattern,
-    ClearMetadataPreprocessor,
-    LimitOutput,
-    SaveAutoGrades,
-    AssignLatePenalties,
-    CheckCellMetadata,
-]
+c.Autograde.autograde_preprocessors = [SafeExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                       SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 
 # Feedback never shows hidden tests: their source is cut out and their output reduced to pass/fail.
 c.GenerateFeedback.preprocessors = [GetGrades, HideHiddenTests, SanitizeMarkdown, CSSHTMLHeaderPreprocessor]

@@ -4,6 +4,8 @@ Run by course.grade.verdicts: `run` inside the sandbox on the learner's namespac
 plain data. Byte counts must be an exact integer (int, a numpy integer, an integer 0-d tensor, a whole Fraction:
 course.grade.verdicts.exact); a float such as 2.0 * ... fails, with a hint that names it.
 """
+import functools
+
 from course.engine.config import ModelConfig
 from course.grade.verdicts import Check, close, exact, raises
 
@@ -17,24 +19,16 @@ FORMULA = "hint: one K and one V per layer, per KV head, per token, per sequence
 WHOLE = "hint: return a whole number of bytes (an int, not a float)"
 
 
-def kv(*args):
-    return lambda ns: ns["kv_cache_bytes"](*args)
+def call(name, *args, **kw):
+    """What the learner's `name(*args, **kw)` returns."""
+    return lambda ns: ns[name](*args, **kw)
 
 
-def per_token(config, *args):
-    return lambda ns: ns["kv_bytes_per_token"](config, *args)
-
-
-def ctx(*args, **kw):
-    return lambda ns: ns["max_context"](*args, **kw)
-
-
-def batch(*args, **kw):
-    return lambda ns: ns["max_batch"](*args, **kw)
-
-
-def gqa(config):
-    return lambda ns: ns["gqa_saving"](config)
+kv = functools.partial(call, "kv_cache_bytes")
+per_token = functools.partial(call, "kv_bytes_per_token")
+ctx = functools.partial(call, "max_context")
+batch = functools.partial(call, "max_batch")
+gqa = functools.partial(call, "gqa_saving")
 
 
 # The course's own KV byte math: left out of the sandbox (course.grade.sandbox.course_tree).

@@ -54,17 +54,13 @@ def rewind(ns):
     return (k_all.clone(), v_all.clone(), k_buffer[:, :, :5].clone())
 
 
-def new_cache_course_shape(ns):
-    """new_cache for the course model's own shape (SmolLM2-135M: 30 layers, H_kv = 3, D_h = 64), a small T_max:
-    every layer sized from the config it is given, not from a config the notebook happens to define."""
-    caches = ns["new_cache"](SMOLLM, 2, 5)
-    return (len(caches), [(tuple(c.k.shape), tuple(c.v.shape), str(c.k.dtype), str(c.v.dtype)) for c in caches])
-
-
-def new_cache_head_dim(ns):
-    """new_cache for a config whose D_h (24) is not dim // n_heads (64 // 4 = 16), as in some real models."""
-    caches = ns["new_cache"](WIDE_HEADS, 1, 5)
-    return (len(caches), [(tuple(c.k.shape), tuple(c.v.shape)) for c in caches])
+def new_cache_shapes(config, batch):
+    """new_cache for another config than the notebook's, a small T_max: every layer sized from the config it is
+    given, not from a config the notebook happens to define."""
+    def run(ns):
+        caches = ns["new_cache"](config, batch, 5)
+        return (len(caches), [(tuple(c.k.shape), tuple(c.v.shape), str(c.k.dtype), str(c.v.dtype)) for c in caches])
+    return run
 
 
 def new_cache_dtype(ns):
@@ -160,10 +156,10 @@ CHECKS = {
               "hint: allocate both buffers once, as zeros of shape [B, H_kv, T_max, D_h] and the given dtype"),
         Check("new_cache passes its dtype on", new_cache_dtype, exact,
               "hint: new_cache must build every LayerCache with the dtype it is given"),
-        Check("new_cache for the course model's shape", new_cache_course_shape, exact,
+        Check("new_cache for the course model's shape", new_cache_shapes(SMOLLM, 2), exact,
               "hint: new_cache must size every LayerCache from the config it is given (config.n_layers, "
               "config.n_kv_heads, config.head_dim), not from the notebook's own cfg"),
-        Check("new_cache when D_h is not dim / n_heads", new_cache_head_dim, exact,
+        Check("new_cache when D_h is not dim / n_heads", new_cache_shapes(WIDE_HEADS, 1), exact,
               "hint: size every LayerCache with config.head_dim: D_h is not always config.dim // config.n_heads"),
     ],
     "test_cache_update": [

@@ -101,6 +101,8 @@ INF = float("inf")
 # the check counts them: a row of 8 keeps 4 at p = 0.5, one of 4 keeps 2, [.5, .5] keeps 1.
 EXACT_SHARES = torch.tensor([[0.0] * 8, [0.0] * 4 + [-INF] * 4, [0.0, -INF, 0.0] + [-INF] * 5, [0.0] + [-INF] * 7])
 UNCHANGED = "the caller's logits must not change"
+NUCLEUS_FULL = ("hint: drop a token when the mass before it is >= p: once the kept tokens add up to exactly p, the "
+                "nucleus is full")
 GREEDY_ROWS = torch.tensor([[0.0, 5.0, 1.0, 4.0], [3.0, -1.0, 2.0, 7.0], [2.0, 6.0, 6.0, -1.0],
                             [1.0, 1.0, 1.0, 1.0]])  # each row's maximum elsewhere; rows 3 and 4 tie
 MIXED = torch.tensor([[2.0, 1.0, 0.5, -1.0, 3.0], [0.0, -2.0, 1.5, 1.0, 0.5]])
@@ -181,8 +183,7 @@ def generator_advances(got, ref) -> bool:
 
 def ids_equal(got, ref) -> bool:
     """Integer ids of ref's shape and values; any integer dtype (the notebook does not fix the ids' dtype)."""
-    return (isinstance(got, Array) and isinstance(ref, Array) and got.data.shape == ref.data.shape
-            and got.data.dtype.kind in "iu" and bool((got.data == ref.data).all()))
+    return ids_of(got, ref) and same(got, ref)
 
 
 def shape_and_ids(got, ref) -> bool:
@@ -320,12 +321,8 @@ CHECKS = {
         Check("p < 0", call("top_p_filter", ROWS, -0.2), raises, "hint: p must be in (0, 1]: p <= 0 raises ValueError"),
         Check("p = 1 on a 49152-token vocabulary", wide_top_p_one, exact,
               "hint: p = 1 keeps every token (a float32 running total can reach 1 before the last token)"),
-        Check("top-p: the running total lands exactly on p", kept_per_row(0.5), exact,
-              "hint: drop a token when the mass before it is >= p: once the kept tokens add up to exactly p, "
-              "the nucleus is full"),
-        Check("top-p: exactly on p = 0.25", kept_per_row(0.25), exact,
-              "hint: drop a token when the mass before it is >= p: once the kept tokens add up to exactly p, "
-              "the nucleus is full"),
+        Check("top-p: the running total lands exactly on p", kept_per_row(0.5), exact, NUCLEUS_FULL),
+        Check("top-p: exactly on p = 0.25", kept_per_row(0.25), exact, NUCLEUS_FULL),
         Check("top-k leaves its input alone", input_after(lambda ns, x: ns["top_k_filter"](x, 2)), exact,
               f"hint: return a new tensor (masked_fill, not masked_fill_): {UNCHANGED}"),
         Check("top-p leaves its input alone", input_after(lambda ns, x: ns["top_p_filter"](x, 0.6)), exact,

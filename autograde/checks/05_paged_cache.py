@@ -25,6 +25,11 @@ def randn(seed, *shape):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
+def kv(pair):
+    """Copies of the (K, V) an update returned, before later updates can write into them."""
+    return [pair[0].clone(), pair[1].clone()]
+
+
 # ----------------------------------------------------------------------------- the pool
 
 def pool_cycle(ns):
@@ -55,13 +60,11 @@ def pool_ids(got, ref) -> bool:
     return a != b and {a, b} <= {0, 1, 2} and c != d and {c, d} == {0, 1, 2} - {b}
 
 
-def pool_empty(n):
-    def run(ns):
-        pool = ns["BlockPool"](n)
-        for _ in range(n):
-            pool.allocate()
-        return pool.allocate()
-    return run
+def pool_empty(ns):
+    pool = ns["BlockPool"](2)
+    for _ in range(2):
+        pool.allocate()
+    return pool.allocate()
 
 
 def says_what_to_do(ns):
@@ -79,19 +82,15 @@ def says_enough(got, ref) -> bool:
     return type(got) is str and len(got) > 20 and type(ref) is str and len(ref) > 20
 
 
-def release_free_block(ns):
-    pool = ns["BlockPool"](2)
-    block = pool.allocate()
-    pool.release(block)
-    return pool.release(block)
-
-
-def share_free_block(ns):
-    """share() on a block that was allocated and released again (free now): the notebook says ValueError."""
-    pool = ns["BlockPool"](2)
-    block = pool.allocate()
-    pool.release(block)
-    return pool.share(block)
+def free_block(method):
+    """release() or share() on a block that was allocated and released again (free now): the notebook says
+    ValueError."""
+    def run(ns):
+        pool = ns["BlockPool"](2)
+        block = pool.allocate()
+        pool.release(block)
+        return getattr(pool, method)(block)
+    return run
 
 
 # ----------------------------------------------------------------------------- the cache
@@ -138,10 +137,9 @@ def chunk_after_prompt(ns):
     cache = ns["PagedKVCache"](TINY, num_blocks=6, block_size=2)
     k, v = randn(14, 1, 2, 12, 16), randn(15, 1, 2, 12, 16)
     cache.update(0, 0, 0, k[:, :, :3], v[:, :, :3])
-    k_all, v_all = cache.update(0, 0, 3, k[:, :, 3:7], v[:, :, 3:7])
-    out = [k_all.clone(), v_all.clone(), len(cache.tables[0]), cache.pool.num_free]
-    k_all, v_all = cache.update(0, 0, 7, k[:, :, 7:12], v[:, :, 7:12])
-    return out + [k_all.clone(), v_all.clone(), len(cache.tables[0]), cache.pool.num_free, cache.lengths[0]]
+    out = kv(cache.update(0, 0, 3, k[:, :, 3:7], v[:, :, 3:7])) + [len(cache.tables[0]), cache.pool.num_free]
+    out += kv(cache.update(0, 0, 7, k[:, :, 7:12], v[:, :, 7:12]))
+    return out + [len(cache.tables[0]), cache.pool.num_free, cache.lengths[0]]
 
 
 def pool_dtype(ns):
@@ -153,15 +151,15 @@ def pool_dtype(ns):
     fresh = [cache.k[0].clone(), cache.v[0].clone(), cache.k[-1].clone(), cache.v[-1].clone()]
     x = randn(16, 1, 2, 3, 16).half()
     cache.update(0, 0, 0, x + 1, x * 3)
-    k_all, v_all = cache.update(0, 1, 0, x, x * 2)
-    return fresh + [k_all.clone(), v_all.clone()] + in_table_order(cache, 0, (1, 0))
+    out = fresh + kv(cache.update(0, 1, 0, x, x * 2))
+    return out + in_table_order(cache, 0, [cache.k[1], cache.v[1], cache.k[0], cache.v[0]], num_blocks=3)
 
 
-def in_table_order(cache, seq_id, layers):
-    """Each layer's K and V pools with the sequence's blocks first, in table order, then every other block by id."""
+def in_table_order(cache, seq_id, pools, num_blocks):
+    """Each pool with the sequence's blocks first, in table order, then every other block by id."""
     table = list(cache.tables[seq_id])
-    order = table + sorted(set(range(cache.k[0].shape[0])) - set(table))
-    return [pool[layer][order].clone() for layer in layers for pool in (cache.k, cache.v)]
+    order = table + sorted(set(range(num_blocks)) - set(table))
+    return [pool[order].clone() for pool in pools]
 
 
 def course_shape(ns):
@@ -172,11 +170,9 @@ def course_shape(ns):
     fresh = [len(cache.k), len(cache.v), [(tuple(k.shape), tuple(v.shape)) for k, v in zip(cache.k, cache.v)]]
     x = randn(19, 1, 3, 6, 64)
     cache.update("s", 0, 0, x[:, :, :5], x[:, :, :5])
-    k_all, v_all = cache.update("s", 29, 0, x[:, :, :5], -x[:, :, :5])
-    out = [k_all.clone(), v_all.clone()]
+    out = fresh + kv(cache.update("s", 29, 0, x[:, :, :5], -x[:, :, :5]))
     cache.update("s", 0, 5, x[:, :, 5:], x[:, :, 5:])
-    k_all, v_all = cache.update("s", 29, 5, x[:, :, 5:], -x[:, :, 5:])
-    return fresh + out + [k_all.clone(), v_all.clone(), len(cache.tables["s"]), cache.pool.num_free]
+    return out + kv(cache.update("s", 29, 5, x[:, :, 5:], -x[:, :, 5:])) + [len(cache.tables["s"]), cache.pool.num_free]
 
 
 def pools_in_place(ns):
@@ -189,9 +185,7 @@ def pools_in_place(ns):
     for start, end in ((0, 3), (3, 4)):
         for layer in range(TINY.n_layers):
             cache.update(0, layer, start, x[:, :, start:end] + layer, -x[:, :, start:end])
-    table = list(cache.tables[0])
-    order = table + sorted(set(range(3)) - set(table))
-    return [pool[order].clone() for pool in held]
+    return in_table_order(cache, 0, held, num_blocks=3)
 
 
 def wide_heads(ns):
@@ -210,20 +204,16 @@ def rewind(ns):
     c = ns["PagedKVCache"](TINY, num_blocks=6, block_size=2)
     a, b = randn(17, 1, 2, 7, 16), randn(18, 1, 2, 3, 16)
     c.update(0, 0, 0, a, a * 2)
-    k_all, v_all = c.update(0, 0, 3, b[:, :, :2], b[:, :, :2] * 2)
-    out = [k_all.clone(), v_all.clone()]
-    k_all, v_all = c.update(0, 0, 5, b[:, :, 2:], b[:, :, 2:] * 2)
-    return out + [k_all.clone(), v_all.clone()]
+    return kv(c.update(0, 0, 3, b[:, :, :2], b[:, :, :2] * 2)) + kv(c.update(0, 0, 5, b[:, :, 2:], b[:, :, 2:] * 2))
 
 
 def gather(ns):
     cache = ns["PagedKVCache"](TINY, num_blocks=8, block_size=4)
     k, v = randn(3, 1, 2, 10, 16), randn(4, 1, 2, 10, 16)
-    k_all, v_all = cache.update(0, 0, 0, k[:, :, :6], v[:, :, :6])
-    out = [k_all.clone(), v_all.clone()]
+    out = kv(cache.update(0, 0, 0, k[:, :, :6], v[:, :, :6]))
     for pos in range(6, 10):
-        k_all, v_all = cache.update(0, 0, pos, k[:, :, pos:pos + 1], v[:, :, pos:pos + 1])
-    return out + [k_all.clone(), v_all.clone()]
+        last = cache.update(0, 0, pos, k[:, :, pos:pos + 1], v[:, :, pos:pos + 1])
+    return out + kv(last)
 
 
 def free_all(ns):
@@ -252,10 +242,9 @@ def free_then_reuse(ns):
     c.free("a")
     out = [sorted(c.lengths), sorted(c.tables), c.pool.num_free]
     for layer in range(TINY.n_layers):
-        k_all, v_all = c.update("a", layer, 0, y[:, :, :3], y[:, :, :3] * 2)
-    out += [k_all.clone(), v_all.clone(), c.lengths["a"], len(c.tables["a"])]
-    k_all, v_all = c.update("a", 1, 3, y[:, :, 3:], y[:, :, 3:] * 2)
-    out += [k_all.clone(), v_all.clone(), c.lengths["a"], len(c.tables["a"])]
+        last = c.update("a", layer, 0, y[:, :, :3], y[:, :, :3] * 2)
+    out += kv(last) + [c.lengths["a"], len(c.tables["a"])]
+    out += kv(c.update("a", 1, 3, y[:, :, 3:], y[:, :, 3:] * 2)) + [c.lengths["a"], len(c.tables["a"])]
     for seq in ("a", "b"):
         c.free(seq)
     return out + [sorted(c.lengths), c.pool.num_free]
@@ -270,8 +259,8 @@ def out_of_order(ns):
     c.update("a", 0, 2, xa[:, :, 2:4], xa[:, :, 2:4] * 2)
     c.free("b")
     for pos in range(4, 8):
-        k_all, v_all = c.update("a", 0, pos, xa[:, :, pos:pos + 1], xa[:, :, pos:pos + 1] * 2)
-    return [k_all.clone(), v_all.clone(), c.pool.num_free, len(c.tables["a"])]
+        last = c.update("a", 0, pos, xa[:, :, pos:pos + 1], xa[:, :, pos:pos + 1] * 2)
+    return kv(last) + [c.pool.num_free, len(c.tables["a"])]
 
 
 def full_pool(ns):
@@ -316,9 +305,8 @@ def fork_basic(ns):
     p, c = list(cache.tables["p"]), list(cache.tables["c"])
     out = [[p, c], cache.pool.ref_count[p[0]], cache.pool.num_free, cache.lengths["c"]]
     y = randn(11, 1, 2, 1, 16)
-    k_c, _ = cache.update("c", 0, 6, y, y)
-    k_p, _ = cache.update("p", 0, 6, -y, -y)
-    return out + [k_c.clone(), k_p.clone()]
+    out.append(cache.update("c", 0, 6, y, y)[0].clone())
+    return out + [cache.update("p", 0, 6, -y, -y)[0].clone()]
 
 
 def fork_tables(got, ref) -> bool:
@@ -344,8 +332,7 @@ def fork_then_free_parent(ns):
     out.append(c.pool.num_free)
     junk = torch.full((1, 2, 6, 16), 9.0)
     c.update("other", 0, 0, junk, junk)
-    k_all, v_all = c.update("c", 0, 4, x[:, :, 4:5], x[:, :, 4:5] + 1)
-    out += [k_all.clone(), v_all.clone(), c.pool.num_free]
+    out += kv(c.update("c", 0, 4, x[:, :, 4:5], x[:, :, 4:5] + 1)) + [c.pool.num_free]
     c.free("c")
     c.free("other")
     return out + [c.pool.num_free, list(c.pool.ref_count)]
@@ -378,10 +365,8 @@ def fork_three_layers(ns):
     ns["fork"](c, "p", "c")
     out = [c.pool.num_free, c.lengths["c"]]
     for layer in range(3):
-        k_c, v_c = c.update("c", layer, 6, y + layer, y - layer)
-        out += [k_c.clone(), v_c.clone()]
-        k_p, v_p = c.update("p", layer, 6, -y, y * 3)
-        out += [k_p.clone(), v_p.clone()]
+        out += kv(c.update("c", layer, 6, y + layer, y - layer))
+        out += kv(c.update("p", layer, 6, -y, y * 3))
     return out
 
 
@@ -434,22 +419,22 @@ def greedy(seed, config, prompt, n, num_blocks, block_size):
     return run
 
 
+def next_token(model, cache, seq_id, tokens, at):
+    """The greedy token after `tokens`, written at positions at .. of sequence seq_id of the learner's cache."""
+    return int(model(torch.tensor([tokens]), start_pos=at, cache=SequenceView(cache, seq_id), last_only=True).argmax())
+
+
 def interleaved(ns):
     mqa = tiny_model(seed=7, config=MQA)
     prompts = {"x": [1, 2, 3, 4, 5], "y": [9, 8, 7]}
     c = ns["PagedKVCache"](mqa.config, num_blocks=20, block_size=3)
-    last, pos, out = {}, {}, {s: [] for s in prompts}
+    out = {s: [] for s in prompts}
     with torch.no_grad():
         for s, p in prompts.items():
-            logits = mqa(torch.tensor([p]), start_pos=0, cache=SequenceView(c, s), last_only=True)
-            last[s], pos[s] = int(logits.argmax()), len(p)
-            out[s].append(last[s])
+            out[s].append(next_token(mqa, c, s, p, 0))
         for _ in range(19):
-            for s in prompts:
-                logits = mqa(torch.tensor([[last[s]]]), start_pos=pos[s], cache=SequenceView(c, s),
-                             last_only=True)
-                last[s], pos[s] = int(logits.argmax()), pos[s] + 1
-                out[s].append(last[s])
+            for s, p in prompts.items():  # the last token out goes in at position len(p) + (tokens out so far) - 1
+                out[s].append(next_token(mqa, c, s, out[s][-1:], len(p) + len(out[s]) - 1))
     return out
 
 
@@ -463,13 +448,10 @@ def forked_continuations(ns):
         ns["fork"](c, "prompt", "a")
         ns["fork"](c, "prompt", "b")
         for s in ("a", "b"):
-            tokens, token, at = [], p[-1], len(p) - 1
-            for _ in range(8):
-                token = int(mqa(torch.tensor([[token]]), start_pos=at, cache=SequenceView(c, s),
-                                last_only=True).argmax())
-                tokens.append(token)
-                at += 1
-            outs.append(tokens)
+            tokens = [p[-1]]
+            for at in range(len(p) - 1, len(p) + 7):
+                tokens.append(next_token(mqa, c, s, tokens[-1:], at))
+            outs.append(tokens[1:])
     return outs
 
 
@@ -487,7 +469,7 @@ CHECKS = {
               "hint: allocate() takes a free block at count 1; release() frees it when the count reaches 0"),
     ],
     "test_pool_refuses": [
-        Check("an empty pool", pool_empty(2), raises, "hint: when no block is free, raise MemoryError"),
+        Check("an empty pool", pool_empty, raises, "hint: when no block is free, raise MemoryError"),
         Check("the message", says_what_to_do, says_enough, "hint: say in the MemoryError what to do"),
     ],
     "test_cache_blocks": [
@@ -524,9 +506,9 @@ CHECKS = {
               "tokens already stored (a rewrite)"),
         Check("three layers, one table", layers_share_a_table, exact,
               "hint: each layer has its own K/V pool, and all layers share one block table"),
-        Check("releasing a free block", release_free_block, raises,
+        Check("releasing a free block", free_block("release"), raises,
               "hint: releasing a block that is already free must raise ValueError"),
-        Check("sharing a free block", share_free_block, raises,
+        Check("sharing a free block", free_block("share"), raises,
               "hint: sharing a block that is free (never allocated, or released) must raise ValueError"),
         Check("a freed id reused", free_then_reuse, exact,
               "hint: free() forgets the sequence: its table and its length (lengths[seq_id]) go, so that the id "
