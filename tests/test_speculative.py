@@ -184,7 +184,6 @@ def test_greedy_speculative_equals_greedy_target_tiny(tiny, k):
         out = speculative_generate(tiny, draft, prompt, 40, k=k)
         assert out.tokens == base, draft.name
         s = out.stats
-        assert s.emitted == s.accepted + s.target_passes
         assert len(out.tokens) == 1 + s.emitted
         assert s.proposed <= k * s.target_passes
     # a draft that IS the target is always right: k+1 tokens per pass until the limit

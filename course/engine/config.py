@@ -52,10 +52,7 @@ class ModelConfig:
             raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
                              "each KV head serves a whole group of query heads")
 
-    @property
-    def group_size(self) -> int:
-        """Query heads that share one KV head (1 = MHA, n_heads = MQA)."""
-        return self.n_heads // self.n_kv_heads
+    group_size = property(lambda self: self.n_heads // self.n_kv_heads)  # query heads per KV head (1 = MHA)
 
     @property
     def n_params(self) -> int:

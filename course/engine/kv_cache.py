@@ -28,9 +28,7 @@ class LayerKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    @property
-    def max_seq_len(self) -> int:
-        return self.k.shape[2]
+    max_seq_len = property(lambda self: self.k.shape[2])
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every buffer this layer holds (what its bytes are made of)."""
@@ -92,9 +90,7 @@ class KVCache:
     def __len__(self) -> int:
         return len(self.layers)
 
-    @property
-    def max_seq_len(self) -> int:
-        return self.layers[0].max_seq_len
+    max_seq_len = property(lambda self: self.layers[0].max_seq_len)
 
     @property
     def nbytes(self) -> int:

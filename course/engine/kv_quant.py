@@ -68,10 +68,7 @@ class Int8LayerKVCache(LayerKVCache):
 
 
 class Int8KVCache(KVCache):
-    """All layers' INT8 caches for one batch; drop-in for course.engine.kv_cache.KVCache.
-
-    `nbytes` counts every buffer: the int8 K and V plus their fp16 scales.
-    """
+    """All layers' INT8 caches for one batch; its `nbytes` counts the int8 K and V and their fp16 scales."""
 
     layer_class = Int8LayerKVCache
 

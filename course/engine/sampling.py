@@ -158,8 +158,8 @@ class Sampler:
         ids, probs = pick(logits)    # logits [B, V] (or [V]) → token ids [B] and the distribution [B, V]
                                      # they were drawn from (one-hot when greedy), as gpt-fast's sample()
 
-    Each call checks the logits with one reduction and one device sync (course.engine.sampling._check_logits),
-    and never re-checks the settings. `dtype`: the dtype the model computes in, named if its logits go bad.
+    Each call checks the logits (_check_logits: one reduction, one sync), never the settings again. `dtype`: the
+    dtype the model computes in, named if its logits go bad.
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -171,9 +171,7 @@ class Sampler:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator, self.dtype = generator, dtype
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+    greedy = property(lambda self: self.temperature == 0)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a call would draw from (same shape as logits)."""

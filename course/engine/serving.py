@@ -115,19 +115,11 @@ class ServeResult:
     timeline: list[StepRecord]
     cache_bytes: int  # bytes of the whole cache (pool or preallocated buffers)
 
-    @property
-    def generated_tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.completions)
-
-    @property
-    def makespan(self) -> float:
-        """First arrival to last finish, on the serving clock."""
-        return max(c.finished for c in self.completions) - min(c.request.arrival for c in self.completions)
-
-    @property
-    def throughput(self) -> float:
-        """Generated tokens per second (per step with clock="steps") over the makespan."""
-        return self.generated_tokens / self.makespan
+    generated_tokens = property(lambda self: sum(len(c.tokens) for c in self.completions))
+    # first arrival to last finish, on the serving clock; generated tokens per second (per step with clock="steps")
+    makespan = property(lambda self: max(c.finished for c in self.completions)
+                        - min(c.request.arrival for c in self.completions))
+    throughput = property(lambda self: self.generated_tokens / self.makespan)
 
     @property
     def cpu_throughput(self) -> float:
@@ -152,9 +144,7 @@ class ServeResult:
         cells = [phase for s in self.timeline for _, phase in s.slots]
         return sum(p != "idle" for p in cells) / len(cells) if cells else math.nan
 
-    @property
-    def preemptions(self) -> int:
-        return sum(c.preemptions for c in self.completions)
+    preemptions = property(lambda self: sum(c.preemptions for c in self.completions))
 
     def outputs(self) -> dict[int, list[int]]:
         return {c.request.id: list(c.tokens) for c in self.completions}
@@ -218,8 +208,7 @@ class _Running:
 
 
 def _checked(model, requests, policy, max_batch, cache, block_size, num_blocks, clock, eos_id) -> list[Request]:
-    """serve()'s arguments, checked before the first iteration: a request that could never finish is refused here,
-    by name, instead of waiting in the queue forever."""
+    """serve()'s arguments, checked before the first iteration (the module docstring says what is refused)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if clock not in ("wall", "steps"):
@@ -401,12 +390,8 @@ def _reserve_decoders(decoding: list[_Running], paged: PagedKVCache, waiting: de
 
 
 def _step(model, step: list[_Running], paged: PagedKVCache, device) -> None:
-    """ONE forward pass for every request in the iteration: new prompts and running requests' next tokens.
-
-    All feeding one token (a pure decode step): a [B, 1] batch. Otherwise the feeds are packed in one row
-    [1, N] (Positions.pack): the weights are read once for the prompts and the decode tokens together
-    (Orca's selective batching), attention keeps the sequences apart.
-    """
+    """ONE forward pass for the iteration's new prompts and next tokens: a [B, 1] batch when each feeds one token,
+    else every feed packed in one row [1, N] (Positions.pack, the module docstring's step 2)."""
     counts = [len(r.feed) for r in step]
     uniform = len(set(counts)) == 1
     batch = PagedBatch(paged, [r.completion.request.id for r in step], [r.start for r in step],

@@ -239,21 +239,20 @@ class SpeculativeStats:
     """Counts and seconds for one speculative generation (the prefill pass is counted apart)."""
     k: int
     draft_name: str
-    target_passes: int = 0  # verification passes (decode phase)
-    proposed: int = 0  # draft tokens offered to the target
-    accepted: int = 0  # of those, kept
-    emitted: int = 0  # tokens produced by the verification passes (accepted + one per pass)
     draft_passes: int = 0  # draft model forward passes (0 for prompt lookup)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     wall_seconds: float = 0.0  # the whole call, prefill included
-    accepted_per_pass: list[int] = field(default_factory=list)
+    accepted_per_pass: list[int] = field(default_factory=list)  # one entry per verification pass
     proposed_per_pass: list[int] = field(default_factory=list)
 
-    @property
-    def acceptance_rate(self) -> float:
-        """Share of proposed draft tokens the target kept (nan if nothing was proposed)."""
-        return self.accepted / self.proposed if self.proposed else float("nan")
+    target_passes = property(lambda self: len(self.accepted_per_pass))  # verification passes (decode phase)
+    proposed = property(lambda self: sum(self.proposed_per_pass))  # draft tokens offered to the target
+    accepted = property(lambda self: sum(self.accepted_per_pass))  # of those, kept
+    emitted = property(lambda self: self.accepted + self.target_passes)  # each pass adds one token to those kept
+
+    # share of proposed draft tokens the target kept (nan if nothing was proposed)
+    acceptance_rate = property(lambda self: self.accepted / self.proposed if self.proposed else float("nan"))
 
     @property
     def agreement(self) -> float:
@@ -262,14 +261,10 @@ class SpeculativeStats:
         tested = self.accepted + sum(a < p for a, p in zip(self.accepted_per_pass, self.proposed_per_pass))
         return self.accepted / tested if tested else float("nan")
 
-    @property
-    def tokens_per_target_pass(self) -> float:
-        """Decode-phase tokens per target pass: 1 for plain decoding, up to k+1 here."""
-        return self.emitted / self.target_passes if self.target_passes else float("nan")
-
-    @property
-    def decode_seconds(self) -> float:
-        return self.wall_seconds - self.prefill_seconds
+    # decode-phase tokens per target pass: 1 for plain decoding, up to k+1 here
+    tokens_per_target_pass = property(lambda self: self.emitted / self.target_passes if self.target_passes
+                                      else float("nan"))
+    decode_seconds = property(lambda self: self.wall_seconds - self.prefill_seconds)
 
 
 @dataclass
@@ -322,8 +317,6 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
         logits = prefill(target, x, cache, start_pos=len(seq) - 1, last_only=False)[0]  # [m+1, V]: ONE pass, all m+1
         n_ok, nxt = verify_sampled(sampler.probs(logits), q, drafted, generator)  # one-hot p and q when greedy
         new = drafted[:n_ok] + [nxt]
-        stats.target_passes, stats.proposed = stats.target_passes + 1, stats.proposed + len(drafted)
-        stats.accepted, stats.emitted = stats.accepted + n_ok, stats.emitted + len(new)
         stats.accepted_per_pass.append(n_ok)
         stats.proposed_per_pass.append(len(drafted))
         seq += new

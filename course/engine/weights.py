@@ -185,10 +185,7 @@ class CacheCheck:
     nbytes: int
     config: ModelConfig | None = field(default=None, repr=False)
     state: dict | None = field(default=None, repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None
+    ok = property(lambda self: self.problem is None)
 
 
 def _verify(cached: Path) -> CacheCheck:
