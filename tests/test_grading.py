@@ -454,9 +454,9 @@ def test_check_full_runs_the_hidden_checks_without_showing_them():
 
 def test_check_warns_about_changed_test_cells():
     edited = SAMPLES / "adv-edited-test" / "01_memory_formula" / "memory_formula.ipynb"
-    assert check._changed_locked_cells(edited) == [
+    assert check.restored(edited)[1] == [
         "you edited test cell(s): test_kv_cache_bytes, test_kv_cache_bytes_hidden"]
-    assert check._changed_locked_cells(SAMPLES / "reference" / "02_kv_cache" / "kv_cache.ipynb") == []
+    assert check.restored(SAMPLES / "reference" / "02_kv_cache" / "kv_cache.ipynb")[1] == []
 
 
 def test_check_rejects_files_it_cannot_run(tmp_path):

@@ -326,10 +326,10 @@ def test_the_sandbox_caps_processes(tmp_path):
     try:
         proc = subprocess.run(sandbox.bwrap_command(box, [sys.executable, "/sub/forks.py"], sandbox._sandbox_env(1)),
                               capture_output=True, text=True, timeout=120,
-                              preexec_fn=sandbox._limiter(limits, sandbox._user_tasks() + 64, cgroup))
+                              preexec_fn=sandbox._limiter(limits, sandbox._user_tasks() + 64, [cgroup]))
     finally:
         time.sleep(3.5)
-        sandbox._remove_cgroup(cgroup)
+        sandbox._remove_cgroups([cgroup])
     assert int(proc.stdout.strip()) < 200, "a fork bomb stops at the process cap"
 
 

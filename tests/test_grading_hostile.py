@@ -386,7 +386,7 @@ def test_the_tmpfs_are_sized_from_the_memory_cap():
 
 def _can_cap_memory() -> bool:
     group = sandbox._memory_cgroup(2 ** 30)
-    sandbox._remove_cgroup(group)
+    sandbox._remove_cgroups([group])
     return group is not None
 
 

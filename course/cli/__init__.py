@@ -5,9 +5,13 @@ May import: every layer of `course`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import select
+import signal
 import sys
+import threading
 
 # name → (module, help). Each module defines add_arguments(parser) and run(args) -> int exit code.
 COMMANDS = {
@@ -61,28 +65,12 @@ def _exit_on_sigterm() -> None:
     `finally` blocks and atexit clean-ups run (temporary copies of the learner's files, locks), which the default
     action skips. Only where nothing else has set a handler, and only in a command (a notebook kernel keeps its own
     behaviour: its temporary folders are swept by the next process instead)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def terminated(signum, frame):
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
             raise SystemExit(128 + signum)
 
         signal.signal(signal.SIGTERM, terminated)
-
-
-def _output_closed() -> int:
-    """stdout's reader went away (`kvcourse progress | head -1`): not an error of this command. Quiet, and exit 0
-    as a command whose output fits the pipe does; stdout goes to devnull so the flush at exit fails no more."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
-    return 0
 
 
 def _deepest_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
@@ -98,8 +86,6 @@ def _deepest_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentP
 def _stdout_closed() -> bool:
     """True when stdout is a pipe whose reader has gone (poll says POLLERR on its write end)."""
     try:
-        import select
-
         poller = select.poll()
         poller.register(sys.stdout.fileno(), select.POLLOUT)
         return any(events & (select.POLLERR | select.POLLHUP) for _fd, events in poller.poll(0))
@@ -132,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError as exc:
         if not _stdout_closed():  # e.g. a child process's pipe: an error like any other
             return _user_error(args.command, exc)
-        return _output_closed()
+        # stdout's reader went away (`kvcourse progress | head -1`): not an error of this command. Quiet, and exit 0
+        # as a command whose output fits the pipe does; stdout goes to devnull so the flush at exit fails no more
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except USER_ERRORS as exc:
         return _user_error(args.command, exc)
     except KeyboardInterrupt:

@@ -9,8 +9,10 @@ notebook as `kvcourse grade` does and prints each test cell's verdict and the sc
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import re
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -100,10 +102,6 @@ def restored(path: Path):
     return nb, words
 
 
-def _changed_locked_cells(path: Path) -> list[str]:
-    return restored(path)[1]
-
-
 def summary(results: list[TestResult]) -> str:
     """One line: how many visible tests pass, and the first failing one with its hint."""
     visible = [t for t in results if t.status != "hidden"]
@@ -167,10 +165,10 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
 def full_check(notebook: Path, timeout: int | None = None):
     """Grade one notebook as the instructor's grader would, into a throw-away course folder.
 
-    Returns (row, {grade_id: (points, passed, hints)}) -- verdicts only, no hidden code or inputs."""
-    import shutil
+    Returns (row, {grade_id: (points, passed, hints, visible)}) -- verdicts only, no hidden code or inputs."""
+    import nbformat
 
-    from course.grade import grader, sandbox, verdicts
+    from course.grade import grader, sandbox
     from course.paths import SOLUTIONS
 
     if not SOLUTIONS.is_dir():
@@ -188,8 +186,6 @@ def full_check(notebook: Path, timeout: int | None = None):
         shutil.copyfile(notebook, folder / f"{stem}.ipynb")
         (row,) = grader.grade(folder.parent.parent, Path(tmp) / "course", timeout=timeout, progress=False,
                               log=lambda *_: None, unsandboxed=unsandboxed)
-        import nbformat
-
         cells = {}
         graded = Path(tmp) / "course" / "autograded" / "me" / assignment / f"{stem}.ipynb"
         if graded.exists():
@@ -198,7 +194,7 @@ def full_check(notebook: Path, timeout: int | None = None):
                 if meta.get("grade") and not meta.get("solution"):
                     error = next((o for o in cell.outputs if o.output_type == "error"), None)
                     cells[meta["grade_id"]] = (float(meta.get("points", 0)), error is None,
-                                               error.evalue if error is not None else "")
+                                               error.evalue if error is not None else "", _visible(cell))
         return row, cells
 
 
@@ -211,27 +207,19 @@ def add_arguments_check(p: argparse.ArgumentParser) -> None:
 
 def run_check(args) -> int:
     path = Path(args.notebook)
-    if not path.exists():
-        print(f"error: {path} does not exist; give the path of your exercise notebook", file=sys.stderr)
-        return 2
-    if path.is_dir():
-        print(f"error: {path} is a folder; give the path of your exercise notebook (.ipynb)", file=sys.stderr)
-        return 2
     if not path.is_file():  # a named pipe or a device: reading it would wait for a writer, forever
-        print(f"error: {path} is not a regular file (a named pipe or a device?); give the path of your exercise "
-              "notebook (.ipynb)", file=sys.stderr)
-        return 2
-    if args.timeout < 1:
-        print(f"error: --timeout must be at least 1 second, got {args.timeout}", file=sys.stderr)
+        what = ("does not exist" if not path.exists() else "is a folder" if path.is_dir()
+                else "is not a regular file (a named pipe or a device?)")
+        print(f"error: {path} {what}; give the path of your exercise notebook (.ipynb)", file=sys.stderr)
         return 2
     reason = invalid_reason(path)
     if reason:
         print(f"error: {path}: {reason}. Restore it from exercises/ or your last checkpoint.", file=sys.stderr)
         return 2
-    changed = _changed_locked_cells(path)
+    changed = restored(path)[1]
     for problem in changed:
         print(f"  note: {problem}; the ORIGINAL tests were run instead (results below), as the grader does")
-    if getattr(args, "full", False):
+    if args.full:
         return _run_full(path, args.timeout)
     print(f"Running {path} in a fresh kernel ...", flush=True)
     results, answer_errors = check(path, timeout=args.timeout)
@@ -251,22 +239,15 @@ def run_check(args) -> int:
             print(f"         {t.message}")
             if t.hint:
                 print(f"         hint: {t.hint}")
-    passed = sum(t.status == "pass" for t in visible)
     exercise = exercise_of(path)
     if exercise is None:  # recorded under its own name, it would show as an exercise the course does not have
         print(f"  note: {path.name} is not one of the exercise notebooks (nor a copy of one), so this check is "
               "not saved to your progress")
     elif exercise != path.stem:
         print(f"  note: {path.name} is a copy of the exercise {exercise}: saved to your progress as {exercise}")
-    try:  # the learner's progress file remembers each self-check (`kvcourse progress` shows it)
-        from course.teach.progress import record_exercise_check
-
-        if exercise is not None:
-            record_exercise_check(exercise, passed, len(visible), {t.grade_id: t.status for t in visible})
-    except Exception as exc:  # progress is a convenience: never let it break the check itself
-        print(f"  note: could not save this check to your progress file ({exc})")
+    _save_progress(exercise, {t.grade_id: t.status for t in visible})
     print(summary(results))
-    return 0 if passed == len(visible) else 1
+    return 0 if all(t.status == "pass" for t in visible) else 1
 
 
 def _visible(cell) -> bool:
@@ -275,20 +256,13 @@ def _visible(cell) -> bool:
                                                    for ln in cell.source.splitlines())
 
 
-def _save_visible(path: Path, cells: dict) -> None:
-    """Save the visible tests' results of a full check to the progress file, as a plain check does (a full check
-    left `kvcourse progress` at "tests 0/5" after the visible tests had passed in it)."""
-    exercise = exercise_of(path)
-    if exercise is None or not cells:
-        return
+def _save_progress(exercise: str | None, statuses: dict[str, str]) -> None:
+    """Remember the visible tests' results ({grade_id: pass | fail}) in the learner's progress file, which
+    `kvcourse progress` shows; a full check saves them too (it used to leave "tests 0/5" after they passed)."""
     try:
-        nb = read_notebook(path)
-        visible = [grade_id(c) for c in nb.cells if c.cell_type == "code" and grade_id(c)
-                   and (nbgrader_meta(c) or {}).get("grade") and not nbgrader_meta(c).get("solution") and _visible(c)]
-        statuses = {gid: "pass" if cells[gid][1] else "fail" for gid in visible if gid in cells}
-        if statuses:
-            from course.teach.progress import record_exercise_check
+        from course.teach.progress import record_exercise_check
 
+        if exercise is not None and statuses:
             record_exercise_check(exercise, sum(v == "pass" for v in statuses.values()), len(statuses), statuses)
     except Exception as exc:  # progress is a convenience: never let it break the check itself
         print(f"  note: could not save this check to your progress file ({exc})")
@@ -313,9 +287,9 @@ def _run_full(path: Path, timeout: int) -> int:
     except GradingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    for gid, (points, passed, hint) in cells.items():
+    for gid, (points, passed, hint, _) in cells.items():
         print(f"  {'[pass]' if passed else '[FAIL]'} {gid} ({points:g} pt)" + ("" if passed else f"\n         {hint}"))
-    _save_visible(path, cells)
+    _save_progress(exercise_of(path), {gid: "pass" if c[1] else "fail" for gid, c in cells.items() if c[3]})
     notes = _notes_for_learner(row.problems)
     if row.status != "graded":
         print(f"not graded: {'; '.join(notes) or row.problems}")
@@ -330,8 +304,6 @@ def validate(self, filename: str) -> dict:
     """Validator.validate as `kvcourse check` runs the notebook (its released tests put back, its own kernel): {}
     when every visible test passes, else one "failed" entry, the first failing test's cell, whose error is the
     summary line `kvcourse check` ends with (nbgrader's dialog shows an entry as the cell, then its error)."""
-    import html
-
     results, _ = check(Path(filename))
     failing = [t for t in results if t.status == "fail"]
     if not failing:

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import errno
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -185,6 +186,19 @@ def _gradebook_failure(course: Path, text: str) -> ClassroomError | None:
     return None
 
 
+@contextlib.contextmanager
+def _gradebook_errors(course: Path, what: str):
+    """check_gradebook, then SQLAlchemy's errors inside the block said as the clear ClassroomError."""
+    from sqlalchemy.exc import DatabaseError
+
+    check_gradebook(course)
+    try:
+        yield
+    except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
+        raise (_gradebook_failure(course, str(exc))
+               or ClassroomError(f"the gradebook could not be {what}: {exc.orig}")) from None
+
+
 def _assignment(name: str) -> str:
     known = nbgrader_api.assignments()
     if name not in known:
@@ -231,21 +245,16 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     added = []
     if roster:
         from nbgrader.api import Gradebook
-        from sqlalchemy.exc import DatabaseError
 
-        check_gradebook(course)
         nbgrader_api.venv_on_path(os.environ)  # a new gradebook runs `alembic`
-        try:
-            with Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
-                known = {s.id for s in gb.students}
-                for student in roster:
-                    gb.update_or_create_student(student)
-                    if student not in known:
-                        added.append(student)
-                        known.add(student)
-        except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
-            raise (_gradebook_failure(course, str(exc))
-                   or ClassroomError(f"the gradebook could not be written: {exc.orig}")) from None
+        with _gradebook_errors(course, "written"), \
+                Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
+            known = {s.id for s in gb.students}
+            for student in roster:
+                gb.update_or_create_student(student)
+                if student not in known:
+                    added.append(student)
+                    known.add(student)
     return added
 
 
@@ -271,8 +280,6 @@ def impersonations(assignment: str, exchange: Path) -> list[tuple[str, str, str]
     student id the submitter gave (`nbgrader submit --CourseDirectory.student_id=alice` works for anyone),
     but the folder belongs to whoever created it, and only root can change that. (Where students have no
     Unix accounts of their own, as with a one-account test spawner, ownership cannot tell them apart.)"""
-    import pwd
-
     inbound = exchange / COURSE_ID / "inbound"
     found = []
     if not inbound.is_dir():
@@ -283,21 +290,14 @@ def impersonations(assignment: str, exchange: Path) -> list[tuple[str, str, str]
             pwd.getpwnam(claimed)
         except KeyError:  # students without Unix accounts (a test hub's one-account spawner): owners say nothing
             continue
-        owner = _owner(entry)
+        uid = entry.lstat().st_uid  # the folder's own owner, even where it is a link (collect refuses those)
+        try:
+            owner = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            owner = f"uid {uid}"
         if owner != claimed:
             found.append((entry.name, claimed, owner))
     return found
-
-
-def _owner(path: Path) -> str:
-    """The user name of the folder's own owner, even where it is a link (collect refuses those)."""
-    import pwd
-
-    uid = path.lstat().st_uid
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
 
 
 # ----------------------------------------------------------------------------- collecting plain files only
@@ -552,14 +552,8 @@ def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
                              if dest != course / "grades.csv" else
                              f"{dest} is a folder where the CSV file goes: move it out of the way, or write the "
                              "grades elsewhere with --to FILE.csv")
-    from sqlalchemy.exc import DatabaseError
-
-    check_gradebook(course)
-    try:
+    with _gradebook_errors(course, "read"):
         nbgrader_api.export_csv(config(course, exchange), dest)
-    except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
-        raise (_gradebook_failure(course, str(exc))
-               or ClassroomError(f"the gradebook could not be read: {exc.orig}")) from None
     return dest
 
 

@@ -121,18 +121,17 @@ def disk_error(exc: OSError, what: Path) -> GradingError:
     folder = what.parent
     intact = "; the previous version of the file is intact" if what.is_file() else "; nothing was written there"
     again = "run the same command again (graded submissions are kept)"
-    elsewhere = "or write elsewhere (`kvcourse grade --course DIR`, `kvcourse classroom export --to FILE`)"
+    elsewhere = "write elsewhere (`kvcourse grade --course DIR`, `kvcourse classroom export --to FILE`)"
     code = exc.errno
     if code in DISK_FULL:
         why = "the disk is full" if code == errno.ENOSPC else "your disk quota is used up"
         return GradingError(f"could not write {what}: {why}{intact}; {KEPT}. Free some space and {again}.")
     if code in (errno.EACCES, errno.EPERM):
         return GradingError(f"could not write {what}: permission denied in {folder}{intact}. Make it yours to write "
-                            f"(`chmod u+rwx {folder}`, or fix its owner) {elsewhere}, and {again}.")
+                            f"(`chmod u+rwx {folder}`, or fix its owner) or {elsewhere}, and {again}.")
     if code == errno.EROFS:
-        return GradingError(f"could not write {what}: {folder} is on a read-only file system{intact}. Write "
-                            f"elsewhere (`kvcourse grade --course DIR`, `kvcourse classroom export --to FILE`) and "
-                            f"{again}.")
+        return GradingError(f"could not write {what}: {folder} is on a read-only file system{intact}. "
+                            f"Instead, {elsewhere} and {again}.")
     if code == errno.EISDIR or what.is_dir():
         return GradingError(f"could not write {what}: it is a folder, not a file; nothing was written. Move that "
                             f"folder away (or choose another path), and {again}.")

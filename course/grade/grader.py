@@ -19,6 +19,7 @@ import contextlib
 import copy
 import csv
 import io
+import json
 import os
 import shutil
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 from course.grade import cluster as clusters, sandbox, verdicts
 from course.grade.files import (DISK_FULL, GradingError, atomic_write, course_lock, disk_error, full_disk, read_json,
                                read_small, replace_dir)
+from course.grade.harness import is_test_cell
 from course.grade.nbgrader_api import (assignments, check_result, export_csv, failure, gradebook_problem, load_config,
                                        nbgrader_api, sha, source_hash)
 from course.grade.plain import decode
@@ -73,8 +75,6 @@ class Ledger:
                                and set(v["row"]) <= set(Row.__dataclass_fields__)}
 
     def save(self) -> None:
-        import json
-
         try:
             atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True))
         except OSError as exc:
@@ -95,8 +95,6 @@ def _version(assignment: str) -> str:
 
 def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dict[str, list]:
     """The checks applied to the solution notebook, outside any sandbox; cached per version."""
-    import json
-
     version = _version(assignment)
     cache = work / "reference" / f"{assignment}.json"
     stored = read_json(cache, "cached reference values", None) if cache.exists() else None
@@ -164,31 +162,30 @@ def _clean_outputs(outputs, budget: list[int] | None = None) -> list:
     return clean
 
 
-def _verdict_output(verdict: verdicts.CellVerdict, n_checks: int):
+def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
+    """The notebook as graded: each test cell's output is its verdict (none where no check covers it: never the
+    learner's), every other cell's the sandbox's cleaned outputs."""
     from nbformat.v4 import new_output
 
-    if verdict.passed:
-        return [new_output("stream", name="stdout", text=f"passed: {n_checks} check(s), judged by the grader\n")]
-    message = "; ".join(verdict.failures)
-    return [new_output("error", ename="AssertionError", evalue=message, traceback=[f"AssertionError: {message}"])]
-
-
-def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
     nb = copy.deepcopy(nb)
     done = {e["i"]: e for e in outcome.events if e.get("ev") == "cell_done" and type(e.get("i")) is int}
     budget = [NOTEBOOK_OUTPUT_LIMIT]
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        meta = cell.get("metadata", {}).get("nbgrader", {})
         cell.execution_count = None
-        if meta.get("grade") and not meta.get("solution") and meta.get("grade_id") in verdict_map:
-            gid = meta["grade_id"]
-            cell.outputs = _verdict_output(verdict_map[gid], len(checks[gid]))
-        elif meta.get("grade") and not meta.get("solution"):  # a test cell no check covers: never the learner's
-            cell.outputs = []
-        else:
+        verdict = verdict_map.get(grade_id(cell))
+        if not is_test_cell(cell):
             cell.outputs = _clean_outputs(done.get(i, {}).get("outputs", []), budget)
+        elif verdict is None:
+            cell.outputs = []
+        elif verdict.passed:
+            text = f"passed: {len(checks[verdict.grade_id])} check(s), judged by the grader\n"
+            cell.outputs = [new_output("stream", name="stdout", text=text)]
+        else:
+            message = "; ".join(verdict.failures)
+            cell.outputs = [new_output("error", ename="AssertionError", evalue=message,
+                                       traceback=[f"AssertionError: {message}"])]
     return nb
 
 
@@ -503,13 +500,11 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
         return row
     got = {gid: [decode(v) for v in values] for gid, values in _values(outcome.events, checks).items()}
     verdict_map = verdicts.judge(checks, got, reference)
-    for e in outcome.events:
-        if e.get("ev") == "cell_done" and e.get("timeout") and "a cell ran past the timeout and was interrupted" not in problems:
-            problems.append("a cell ran past the timeout and was interrupted")
-        for o in e.get("outputs", []) if isinstance(e.get("outputs"), list) else []:
-            if isinstance(o, dict) and o.get("ename") == "MemoryError" and \
-                    "an allocation failed under the memory cap (MemoryError)" not in problems:
-                problems.append("an allocation failed under the memory cap (MemoryError)")
+    if any(e.get("ev") == "cell_done" and e.get("timeout") for e in outcome.events):
+        problems.append("a cell ran past the timeout and was interrupted")
+    if any(isinstance(o, dict) and o.get("ename") == "MemoryError" for e in outcome.events
+           for o in (e.get("outputs") if isinstance(e.get("outputs"), list) else [])):
+        problems.append("an allocation failed under the memory cap (MemoryError)")
     executed = executed_notebook(nb, outcome, checks, verdict_map)
     dest = run_dir / "executed" / sub.student / sub.assignment
     dest.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ import time
 import traceback
 
 from course.grade.plain import encode, error
-from course.grade.verdicts import load_checks_source
+from course.grade.verdicts import load_checks
 
 OUTPUT_CAP = 1_000_000  # characters of stdout/stderr kept per cell (feedback says how much was cut)
 
@@ -166,7 +166,7 @@ def main() -> int:
     emit(ev="cells_done", full=full_scratch())
     job = line()  # the grader writes the checks only now: see the module's docstring
     if "checks" in job:
-        checks = load_checks_source(job["checks"], job.get("checks_name", "checks"))
+        checks = load_checks(f"{job.get('checks_name', 'checks')}.py", job["checks"])
         run_checks(checks, ns, emit, timeout, {tuple(x) for x in job.get("skip_checks", [])})
     emit(ev="done")
     sys.stdout.flush()

@@ -2,6 +2,7 @@
 assignments of the source folder, the student versions (exercises/), the gradebook's health and CSV export."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -51,7 +52,6 @@ def venv_on_path(env: dict) -> dict:
     return env
 
 
-
 def nbgrader_api(cfg, log_level: str = "ERROR"):
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
@@ -84,10 +84,7 @@ def check_result(result: dict, what: str, where: Path = AUTOGRADE) -> str:
 
 
 def sha(*chunks: bytes) -> str:
-    h = hashlib.sha256()
-    for chunk in chunks:
-        h.update(chunk)
-    return h.hexdigest()
+    return hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
 def source_hash(assignment: str, source: Path = SOLUTIONS) -> str:
@@ -150,18 +147,12 @@ def gradebook_problem(path: Path, retry: str = "grade again") -> str:
         if any(path.with_name(path.name + end).exists() for end in ("-journal", "-wal")):
             # a writer was killed mid-commit: only a read-write open rolls its journal back (read-only
             # SQLite reports "attempt to write a readonly database" for a sound gradebook)
-            con = sqlite3.connect(str(path), timeout=10)
-            try:
+            with contextlib.closing(sqlite3.connect(str(path), timeout=10)) as con:
                 con.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            finally:
-                con.close()
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as con:
             if con.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
                 return "SQLite's integrity check failed"
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            con.close()
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):  # in use, not broken: never moved aside (it holds grades)
             raise GradingError(gradebook_busy(path, retry)) from None

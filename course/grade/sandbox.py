@@ -8,6 +8,9 @@ a copy of the course package without the exercise's reference (`course_tree`); t
 """
 from __future__ import annotations
 
+import ast
+import atexit
+import contextlib
 import ctypes
 import json
 import os
@@ -16,6 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -98,8 +103,6 @@ def _module_file(name: str) -> Path | None:
 
 def _imports(source: str, package: str = "") -> tuple[set[str], set[str]]:
     """(course modules named by any import, those imported when the code is first run: not inside a function)."""
-    import ast
-
     every, at_import = set(), set()
 
     def visit(node, top: bool):
@@ -145,9 +148,6 @@ def course_tree(checks: Path) -> Path:
 
 @lru_cache(maxsize=None)
 def _tree(roots: frozenset, absent: tuple) -> Path:
-    import atexit
-    import tempfile
-
     from course.grade.files import GradingError
 
     keep, todo = set(), sorted(roots)
@@ -206,8 +206,6 @@ def bwrap_command(workdir: Path | None, argv: list[str], env: dict, tmpfs_bytes:
 @lru_cache(maxsize=1)
 def sandbox_problem() -> str:
     """"" when bwrap can start a sealed process here; else what is missing and how to fix it."""
-    import tempfile
-
     if shutil.which("bwrap") is None:
         return ("the grading sandbox needs bubblewrap (`bwrap`), which is not installed: as root run "
                 "`sh scripts/ensure_bwrap.sh` (Debian/Ubuntu: apt-get install bubblewrap)")
@@ -282,9 +280,8 @@ def _cgroup(places: list[tuple[Path, str]], value: int, kind: str) -> Path | Non
 
 def _pids_cgroup(limit: int) -> Path | None:
     """A cgroup whose pids.max caps processes + threads (root only: RLIMIT_NPROC holds for everyone else)."""
-    if os.getuid() != 0:
-        return None
-    return _cgroup([(Path("/sys/fs/cgroup/pids"), "pids.max"), (Path("/sys/fs/cgroup"), "pids.max")], limit, "")
+    places = [(Path("/sys/fs/cgroup/pids"), "pids.max"), (Path("/sys/fs/cgroup"), "pids.max")]
+    return None if os.getuid() else _cgroup(places, limit, "")
 
 
 def _memory_cgroup(limit_bytes: int) -> Path | None:
@@ -314,7 +311,7 @@ def _memory_cgroup(limit_bytes: int) -> Path | None:
 def _oom_kills(groups) -> int:
     """How many processes the kernel killed in these cgroups for going over memory (0 where it cannot tell)."""
     n = 0
-    for group in (g for g in groups if g is not None):
+    for group in filter(None, groups):
         for name in ("memory.events", "memory.oom_control"):  # cgroup v2, v1
             try:
                 text = (group / name).read_text()
@@ -325,8 +322,8 @@ def _oom_kills(groups) -> int:
     return n
 
 
-def _remove_cgroup(path) -> None:
-    for group in path if isinstance(path, (list, tuple)) else [path]:
+def _remove_cgroups(groups: list) -> None:
+    for group in groups:
         for _ in range(50):
             if group is None or not group.exists():
                 break
@@ -337,15 +334,14 @@ def _remove_cgroup(path) -> None:
                 time.sleep(0.1)
 
 
-def _limiter(limits: Limits, nproc: int, cgroup=None):  # cgroup: a Path, or a list of them (None skipped)
+def _limiter(limits: Limits, nproc: int, groups: list = ()):  # groups: cgroups to join (None skipped)
     libc = ctypes.CDLL(None, use_errno=True)
     memory, cpu, fsize = limits.memory_mb * 2 ** 20, int(limits.wall_s * 2) + 10, limits.file_mb * 2 ** 20
 
     def preexec():  # runs in the child between fork and exec: the limits hold for everything inside
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the sandbox dies with the grader, even on kill -9
-        for group in (cgroup if isinstance(cgroup, (list, tuple)) else [cgroup]):
-            if group is not None:
-                (group / "cgroup.procs").write_text(str(os.getpid()))
+        for group in filter(None, groups):
+            (group / "cgroup.procs").write_text(str(os.getpid()))
         if limits.memory_mb > 0:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 5))
@@ -427,8 +423,6 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
     same first "cells_done" _accept goes by). The events come back on a second pipe, of which the grader keeps
     MAX_EVENTS_BYTES. A run silent for stall_s is killed: the harness writes at every cell's and check's start
     and end, each under a timeout, so that much silence is code that swallowed the timeout's interrupt."""
-    import threading
-
     read_fd, write_fd = os.pipe()
     payloads = [json.dumps({k: job[k] for k in ("notebook", "cell_timeout", "stop_before")} | {"events_fd": write_fd}),
                 json.dumps({k: job[k] for k in ("checks", "checks_name", "skip_checks")})]
@@ -454,7 +448,7 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
                                     preexec_fn=_limiter(limits, _user_tasks() + limits.extra_processes, cgroup))
     except BaseException:
         os.close(read_fd)
-        _remove_cgroup(cgroup)
+        _remove_cgroups(cgroup)
         raise
     finally:
         os.close(write_fd)
@@ -480,15 +474,13 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
         cells_done.set()  # it ended: the feeder stops waiting
 
     def feed():
-        try:
+        with contextlib.suppress(OSError):  # it died before reading its job: the exit status says how
             proc.stdin.write(payloads[0].encode() + b"\n")
             proc.stdin.flush()
             cells_done.wait()
             if proc.poll() is None:
                 proc.stdin.write(payloads[1].encode() + b"\n")
             proc.stdin.close()
-        except OSError:  # it died before reading its job: the exit status says how
-            pass
 
     threads_ = [threading.Thread(target=f, daemon=True) for f in (pump, feed)]
     for t in threads_:
@@ -506,13 +498,11 @@ def _attempt(workdir: Path, job: dict, limits: Limits, sealed: bool, threads: in
                     "stalled" if stall_s and time.monotonic() - heard[0] > stall_s else None)
     finally:
         if proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
         oom = _oom_kills(cgroup)
-        _remove_cgroup(cgroup)
+        _remove_cgroups(cgroup)
     threads_[0].join(timeout=30)  # every writer is gone with the sandbox (bwrap's PID namespace)
     threads_[1].join(timeout=5)
     if not threads_[0].is_alive():

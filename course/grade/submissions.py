@@ -7,6 +7,7 @@ stored outputs are dropped, and a folder name holding * ? [ ], which nbgrader wo
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
 import stat
@@ -248,8 +249,6 @@ def repair(nb, release_nb) -> list[str]:
     grader never runs the test cells' code anyway (verdicts come from course.grade.verdicts), but feedback
     shows them, and nbgrader's gradebook keys scores by them.
     """
-    import copy
-
     from nbformat.v4 import new_code_cell
 
     metadata_notes = release_metadata(nb, release_nb)
@@ -295,8 +294,6 @@ def release_metadata(nb, release_nb) -> list[str]:
     except an answer cell whose id was renamed while the released answer cell is gone: it takes the released
     id back, so it is graded on its code. A second cell with the same id loses its metadata. `repair` runs it
     first, then puts back deleted cells and edited test cells."""
-    import copy
-
     released = {grade_id(c): c for c in release_nb.cells if grade_id(c)}
     present = {grade_id(c) for c in nb.cells if grade_id(c) in released}
     unclaimed = [gid for gid, c in released.items()

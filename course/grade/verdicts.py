@@ -10,8 +10,8 @@ A checks module may name the course modules the sandbox leaves out (ABSENT: cour
 """
 from __future__ import annotations
 
-import importlib.util
 import math
+import types
 from fractions import Fraction
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,36 +171,23 @@ def checks_path(assignment: str, folder: Path | None = None) -> Path:
     return Path(folder or AUTOGRADE / "checks") / f"{assignment}.py"
 
 
-def load_module(path: Path):
-    """A checks module imported from its file (in the grader)."""
+def load_module(path: Path, source: str | None = None):
+    """The checks module at `path`, run from its file (in the grader) or from `source`, its text (the sandbox gets
+    the text on a pipe, after the cells ran)."""
     path = Path(path)
-    spec = importlib.util.spec_from_file_location(f"kvcourse_checks_{path.stem.replace('-', '_')}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    _valid(module.CHECKS, str(path))
+    module = types.ModuleType(f"kvcourse_checks_{path.stem.replace('-', '_')}")
+    exec(compile(path.read_text() if source is None else source, str(path), "exec"), module.__dict__)
+    checks = module.__dict__.get("CHECKS")
+    if not isinstance(checks, dict):
+        raise TypeError(f"{path}: CHECKS must be a dict from test-cell grade_id to a list of Check")
+    for gid, items in checks.items():
+        if not isinstance(gid, str) or not items or not all(isinstance(c, Check) for c in items):
+            raise TypeError(f"{path}: CHECKS[{gid!r}] must be a non-empty list of Check")
     return module
 
 
-def load_checks(path: Path) -> dict[str, list[Check]]:
-    return load_module(path).CHECKS
-
-
-def load_checks_source(source: str, name: str) -> dict[str, list[Check]]:
-    """CHECKS from a checks module's source text (the sandbox gets the text on a pipe, after the cells ran)."""
-    import types
-
-    module = types.ModuleType(f"kvcourse_checks_{name.replace('-', '_')}")
-    exec(compile(source, f"<checks {name}>", "exec"), module.__dict__)
-    return _valid(module.__dict__.get("CHECKS"), name)
-
-
-def _valid(checks, where: str) -> dict[str, list[Check]]:
-    if not isinstance(checks, dict):
-        raise TypeError(f"{where}: CHECKS must be a dict from test-cell grade_id to a list of Check")
-    for gid, items in checks.items():
-        if not isinstance(gid, str) or not items or not all(isinstance(c, Check) for c in items):
-            raise TypeError(f"{where}: CHECKS[{gid!r}] must be a non-empty list of Check")
-    return checks
+def load_checks(path: Path, source: str | None = None) -> dict[str, list[Check]]:
+    return load_module(path, source).CHECKS
 
 
 def judge(checks: dict[str, list[Check]], got: dict[str, list], ref: dict[str, list]) -> dict[str, CellVerdict]:
