@@ -3,11 +3,10 @@
 One SQLite file, course.paths.progress_path() by default; rows are only appended. SQLite's own atomic commit does the
 hard part: WAL mode, one ``BEGIN IMMEDIATE`` transaction per write and a busy timeout, so any number of kernels and
 commands write at once and lose nothing (https://www.sqlite.org/wal.html, https://www.sqlite.org/lang_transaction.html).
-
-A file that cannot be used is never overwritten. A damaged one is renamed ``<name>.corrupt-<time>-<pid>`` and a fresh
-one started (a ProgressFileWarning, kept in ``notes``), or with ``keep_damaged`` left as it is. Another program's
-database, not a file, unreadable or read-only, busy past ``timeout``, a full disk: ProgressFileError, one line naming
-the file and what to do; nothing of that call is saved. On a full disk reads still read the file as it is.
+A file that cannot be used is never overwritten: a damaged one is moved aside to ``<name>.corrupt-<time>-<pid>`` and a
+fresh one started (a ProgressFileWarning, kept in ``notes``), or with ``keep_damaged`` left as it is. Anything else
+(another program's database, not a file, unreadable or read-only, busy past ``timeout``, a full disk) is a
+ProgressFileError, one line naming the file and what to do. On a full disk reads still read the file as it is.
 """
 from __future__ import annotations
 
@@ -17,16 +16,16 @@ import os
 import sqlite3
 import stat
 import sys
-import threading
 import time
 import warnings
+from collections import Counter
 from contextlib import closing, suppress
+from functools import lru_cache
 from pathlib import Path
 
 from course.paths import PROGRESS_VAR, progress_path
 from course.teach.questions import normalise_level
 
-SCHEMA_VERSION = 1
 _T, _I, _R = "TEXT NOT NULL", "INTEGER NOT NULL", "REAL NOT NULL"
 _SCHEMA = {  # table -> its columns, between `id` and `at` (epoch seconds)
     "answers": {"lesson": _T, "question_id": _T, "choice": _T, "correct": _I},
@@ -40,13 +39,15 @@ _SCHEMA = {  # table -> its columns, between `id` and `at` (epoch seconds)
                     "unit": _T, "correct": _I},
     "reviews": {"kind": _T, "item": _T, "lesson": _T, "answer": _T, "correct": _I},  # answers given in review
 }
+_CREATE = "".join(f"CREATE TABLE IF NOT EXISTS {table} (id INTEGER PRIMARY KEY, "
+                  + "".join(f"{c} {kind}, " for c, kind in cols.items()) + "at REAL NOT NULL); "
+                  for table, cols in _SCHEMA.items())
 # True for a row as record() saves it; other rows (edited by hand or by another program) are skipped, with one note.
-_TYPE = {_T: "typeof({}) = 'text'", _I: "typeof({}) = 'integer'", _R: "typeof({}) IN ('integer', 'real')",
-         "TEXT": "typeof({}) IN ('text', 'null')"}
-_VALID = {t: " AND ".join([_TYPE[kind].format(c) for c, kind in cols.items()] + [_TYPE[_R].format("at")])
+_TYPEOF = {_T: "'text'", _I: "'integer'", _R: "'integer', 'real'", "TEXT": "'text', 'null'"}
+_VALID = {t: " AND ".join(f"typeof({c}) IN ({_TYPEOF[kind]})" for c, kind in [*cols.items(), ("at", _R)])
           + " AND at BETWEEN 0 AND 2.5e11" for t, cols in _SCHEMA.items()}
 _VALID["exercise_checks"] += " AND passed BETWEEN 0 AND total"
-_NOT_SQLITE = "it is not an SQLite file"
+_KINDS = {11: "damaged", 26: "damaged", 5: "busy", 6: "busy", 10: "disk", 13: "disk"}  # SQLite's primary result codes
 BUSY_MESSAGE = "the progress file is busy (another kernel or command is using it); try again"
 
 
@@ -67,44 +68,26 @@ class ProgressFileBusy(ProgressFileError):
 
 
 def _kind(exc: sqlite3.Error) -> str | None:
-    """What an SQLite error says about the file, from its result code (Python >= 3.11)."""
-    return {11: "damaged", 26: "damaged", 5: "busy", 6: "busy", 10: "disk", 13: "disk"}.get(
-        getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+    return _KINDS.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
 
 
 def _problem(path: Path) -> tuple[str, str] | None:
-    """('damaged' | 'foreign', why) for the file at `path`, read without writing to it; None when it is ours, empty,
-    or not there. A -wal beside it (which may hold its tables) is read read-only too; that may add a -shm."""
+    """('damaged' | what else the file is, why), read without writing to it; None when it is ours, empty, or not
+    there. A -wal beside it (which may hold its tables) is read read-only too; that may add a -shm."""
     try:
-        with open(path, "rb") as f:
-            if f.read(16) not in (b"SQLite format 3\x00", b""):
-                return "damaged", _NOT_SQLITE
         wal = os.path.isfile(f"{path}-wal") and os.path.getsize(f"{path}-wal")
         uri = path.absolute().as_uri() + ("?mode=ro" if wal else "?immutable=1")
         with closing(sqlite3.connect(uri, uri=True)) as c:
             names = [r[0] for r in c.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
             tables = {n: [r[1] for r in c.execute(f'PRAGMA table_info("{n}")')] for n in names}
-            version, check = (c.execute(f"PRAGMA {p}").fetchone()[0] for p in ("user_version", "quick_check"))
-    except (FileNotFoundError, sqlite3.Error) as exc:
+            check = c.execute("PRAGMA quick_check").fetchone()[0]
+    except sqlite3.Error as exc:  # not a database at all: ours only if its name says so
+        if getattr(exc, "sqlite_errorcode", 0) == 26 and path.suffix not in (".sqlite", ".sqlite3", ".db"):
+            return "not a progress file", str(exc)
         return ("damaged", str(exc)) if _kind(exc) == "damaged" else None
-    wrong = sorted(set(tables) - set(_SCHEMA)) or [t for t in tables if tables[t] != ["id", *_SCHEMA[t], "at"]]
-    if wrong or version not in (0, SCHEMA_VERSION):
-        return "foreign", f"tables {', '.join(wrong[:5])}" if wrong else f"user_version {version}"
+    if wrong := sorted(set(tables) - set(_SCHEMA)) or [t for t in tables if tables[t] != ["id", *_SCHEMA[t], "at"]]:
+        return "another program's database", f"tables {', '.join(wrong[:5])}"
     return None if check == "ok" else ("damaged", f"integrity check failed: {check}")
-
-
-def _create_tables(conn: sqlite3.Connection) -> None:
-    for table, cols in _SCHEMA.items():
-        body = ", ".join(["id INTEGER PRIMARY KEY", *(f"{c} {kind}" for c, kind in cols.items()), "at REAL NOT NULL"])
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {table} ({body})")
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-
-
-def _transact(conn: sqlite3.Connection, fn, write: bool):
-    if write:
-        conn.execute("BEGIN IMMEDIATE")  # the write lock up front: a writer waits instead of failing half-way
-    with conn:  # COMMIT, or ROLLBACK when fn raises
-        return fn(conn)
 
 
 def is_within(predicted: float, measured: float, tolerance: float) -> bool:
@@ -116,13 +99,11 @@ class ProgressStore:
     """One progress file. Every call opens a short-lived connection, so any number of processes can share it."""
 
     def __init__(self, path: str | os.PathLike | None = None, timeout: float = 30.0, keep_damaged: bool = False):
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.path = Path(path) if path is not None else progress_path()
         self.timeout, self.keep_damaged = float(timeout), keep_damaged
         self.notes: list[str] = []  # everything said about the file, one line each
         self.disk_error: ProgressFileDiskError | None = None  # a read met a full disk (a call that works clears it)
-        self._checked, self._skipped, self._lock = False, False, threading.RLock()
+        self._checked = self._skipped = False
 
     def _note(self, text: str) -> None:
         self.notes.append(text)
@@ -152,7 +133,7 @@ class ProgressStore:
 
     def _check_file(self) -> None:
         """Before SQLite opens it: a file of ours that we may read and write; else one line saying what to do."""
-        path, own, why = self.path, f"set {PROGRESS_VAR} to a file of its own", None
+        path, own = self.path, f"set {PROGRESS_VAR} to a file of its own"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             mode = os.stat(path).st_mode if os.path.lexists(path) else None
@@ -161,68 +142,57 @@ class ProgressStore:
             raise ProgressFileError(f"cannot use {path} ({exc.strerror}: {where}); {own}") from None
         if mode is not None and not stat.S_ISREG(mode):
             what = "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "a device"
-            why = f"{path} is {what}, not a file; {own}"
-        elif mode is not None and not os.access(path, os.R_OK):
-            why = (f"cannot read the progress file {path} (Permission denied): make it yours with `chmod u+rw {path}` "
-                   f"(or `sudo chown $USER {path}`) and run again")
-        elif problem := _problem(path):
-            ours = problem[1] != _NOT_SQLITE or path.suffix in (".sqlite", ".sqlite3", ".db")  # else: not ours
-            if problem[0] == "damaged" and ours:
-                self._damaged(problem[1])
-            else:
-                what = "another program's database" if problem[0] == "foreign" else "not a progress file"
-                why = f"{path} is {what} ({problem[1]}), so it was left untouched; {own}"
+            raise ProgressFileError(f"{path} is {what}, not a file; {own}")
+        if mode is not None and not os.access(path, os.R_OK):
+            raise ProgressFileError(f"cannot read the progress file {path} (Permission denied): make it yours with "
+                                    f"`chmod u+rw {path}` (or `sudo chown $USER {path}`) and run again")
+        if (problem := _problem(path)) and problem[0] == "damaged":
+            self._damaged(problem[1])
+        elif problem:
+            raise ProgressFileError(f"{path} is {problem[0]} ({problem[1]}), so it was left untouched; {own}")
         for where, what in ([(path, "it")] if path.exists() else []) + [(path.parent, f"its folder {path.parent}")]:
-            if why is None and not os.access(where, os.W_OK):
-                why = f"progress cannot be saved in {path}: {what} is not writable (`chmod u+w {where}` makes it so)"
-        if why is not None:
-            raise ProgressFileError(why)
+            if not os.access(where, os.W_OK):
+                raise ProgressFileError(f"progress cannot be saved in {path}: {what} is not writable "
+                                        f"(`chmod u+w {where}` makes it so)")
         self._checked = True
 
     def _error(self, exc: sqlite3.Error) -> ProgressFileError:
-        """One line for an SQLite error: what happened to the file, and what to do."""
-        kind, path = _kind(exc), self.path
-        if kind == "busy":
-            return ProgressFileBusy(f"{BUSY_MESSAGE} ({path})")
-        if kind == "disk":
-            return ProgressFileDiskError(f"cannot write the progress file {path} ({exc}; is its disk full?): free "
+        if _kind(exc) == "busy":
+            return ProgressFileBusy(f"{BUSY_MESSAGE} ({self.path})")
+        if _kind(exc) == "disk":
+            return ProgressFileDiskError(f"cannot write the progress file {self.path} ({exc}; is its disk full?): free "
                                          f"space on its disk and try again (or set {PROGRESS_VAR} to a file elsewhere)")
-        return ProgressFileError(f"progress file {path}: {exc}; if it persists, set {PROGRESS_VAR} to another file")
-
-    def _open(self) -> sqlite3.Connection:  # a short-lived connection, in WAL mode, with our tables
-        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode still safe if a kernel crashes
-        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] < len(_SCHEMA) or \
-                conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":  # a new or an older file
-            conn.execute("PRAGMA journal_mode=WAL")
-            _transact(conn, _create_tables, write=True)
-        return conn
+        return ProgressFileError(f"progress file {self.path}: {exc}; if it persists, set {PROGRESS_VAR} to another "
+                                 "file")
 
     def _run(self, fn, write: bool = False):
         """fn(connection), in a transaction if it writes: every read and write of the store comes through here."""
-        with self._lock:
-            for attempt in (0, 1):
-                if not self._checked:
-                    self._check_file()
-                try:
-                    with closing(self._open()) as conn:
-                        out, self.disk_error = _transact(conn, fn, write), None
-                        return out
-                except sqlite3.Error as exc:
-                    if _kind(exc) == "damaged" and not attempt:
-                        self._checked = False  # checked again (and so moved aside) before the second attempt
-                        continue
-                    if write or _kind(exc) != "disk":
-                        raise self._error(exc) from None
-                    if self.disk_error is None:  # a full disk: read the file as it is, with no lock and no -shm
-                        self.disk_error = self._error(exc)
-                        self._note(f"{self.disk_error}. Until then what is saved is shown as it is.")
-                    with closing(sqlite3.connect(self.path.absolute().as_uri() + "?immutable=1", uri=True)) as conn:
-                        conn.row_factory = sqlite3.Row
-                        return fn(conn)
+        for attempt in (0, 1):
+            if not self._checked:
+                self._check_file()
+            try:
+                # BEGIN IMMEDIATE before a write takes the write lock up front: a writer waits instead of failing
+                with closing(sqlite3.connect(self.path, timeout=self.timeout, isolation_level="IMMEDIATE")) as conn:
+                    conn.row_factory = sqlite3.Row
+                    conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode still safe if a kernel crashes
+                    if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] < len(_SCHEMA):  # new, older
+                        conn.executescript(f"PRAGMA journal_mode=WAL; BEGIN IMMEDIATE; {_CREATE} COMMIT;")
+                    with conn:  # COMMIT, or ROLLBACK when fn raises
+                        out, self.disk_error = fn(conn), None
+                    return out
+            except sqlite3.Error as exc:
+                if _kind(exc) == "damaged" and not attempt:
+                    self._checked = False  # checked again (and so moved aside) before the second attempt
+                    continue
+                if write or _kind(exc) != "disk":
+                    raise self._error(exc) from None
+                if self.disk_error is None:  # a full disk: read the file as it is, with no lock and no -shm
+                    self.disk_error = self._error(exc)
+                    self._note(f"{self.disk_error}. Until then what is saved is shown as it is.")
+                with closing(sqlite3.connect(self.path.absolute().as_uri() + "?immutable=1", uri=True)) as conn:
+                    conn.row_factory = sqlite3.Row
+                    return fn(conn)
 
-    # ------------------------------------------------------------------ writes
     def record(self, table: str, *rows: dict) -> None:
         """Append rows to a table in one transaction, each value checked against its column first."""
         for column, value in ((c, v) for row in rows for c, v in row.items()):
@@ -250,31 +220,27 @@ class ProgressStore:
         self.record("card_ratings", dict(lesson=lesson, card_id=card_id, knew=int(bool(knew))))
 
     def record_exercise_check(self, exercise: str, passed: int, total: int, details=None) -> None:
-        """One `kvcourse check` run: `passed` of `total` visible tests passed."""
         if not (isinstance(passed, int) and isinstance(total, int) and 0 <= passed <= total):
             raise ValueError(f"passed and total must be whole numbers, 0 <= passed <= total, got {passed!r}, {total!r}")
         self.record("exercise_checks", dict(exercise=exercise, passed=passed, total=total,
                                             details=None if details is None else json.dumps(details)))
 
-    def record_measurements(self, lesson: str, values: dict) -> int:
-        """Keep a lesson's JSON-serialisable numbers, so quiz text can cite them after a restart. Returns how many."""
+    def record_measurements(self, lesson: str, values: dict) -> None:
+        """Keep a lesson's numbers, so quiz text can cite them after a restart; what JSON cannot hold is left out."""
         rows = []
         for key, value in values.items():
-            with suppress(TypeError, ValueError):  # what JSON cannot hold is left out
+            with suppress(TypeError, ValueError):
                 rows.append(dict(lesson=lesson, key=str(key), value=json.dumps(value)))
         if rows:
             self.record("measurements", *rows)
-        return len(rows)
 
     def record_prediction(self, lesson: str, key: str, prompt: str, predicted: float, measured: float,
                           tolerance: float, unit: str) -> bool:
         """A prediction and its measurement; returns whether it was within tolerance (is_within)."""
         if not (isinstance(tolerance, (int, float)) and tolerance > 0):
             raise ValueError(f"tolerance must be a number > 0 (0.3 means ±30 %), got {tolerance!r}")
-        try:
-            correct = is_within(predicted, measured, tolerance)
-        except TypeError:  # record() says which value is not a number
-            correct = False
+        numbers = all(isinstance(v, (int, float)) for v in (predicted, measured))  # else record() says which is not
+        correct = numbers and is_within(predicted, measured, tolerance)
         self.record("predictions", dict(lesson=lesson, key=key, prompt=prompt, predicted=predicted, measured=measured,
                                         tolerance=tolerance, unit=unit, correct=int(correct)))
         return correct
@@ -289,13 +255,10 @@ class ProgressStore:
         self.record("review_resets", {})
 
     def reset(self) -> None:
-        """Delete everything saved, in one transaction."""
         self._run(lambda c: [c.execute(f"DELETE FROM {t}") for t in _SCHEMA], write=True)
 
-    # ------------------------------------------------------------------ reads
     def rows(self, table: str, lesson: str | None = None) -> list[dict]:
-        """A table's rows (of one lesson), oldest first, `correct`/`knew` as bools. Rows not as record() saves them
-        are skipped, with one note."""
+        """A table's rows (of one lesson), oldest first, `correct`/`knew` as bools; rows unlike record()'s skipped."""
         sql = f"SELECT *, ({_VALID[table]}) AS ok FROM {table}{' WHERE lesson = ?' if lesson else ''} ORDER BY at, id"
         rows = self._run(lambda c: [dict(r) for r in c.execute(sql, (lesson,) if lesson else ())])
         good = [r for r in rows if r.pop("ok")]
@@ -307,6 +270,13 @@ class ProgressStore:
             self._skipped = True
             self._note(f"some saved rows in {self.path} have values of the wrong type or out of range (edited by hand "
                        f"or by another program) and were skipped ({n} in {table}); the rest is read as usual.")
+
+    def _json(self, table: str, text: str | None):
+        """A JSON column's value; None, with the one note, for one edited into something else."""
+        try:
+            return None if text is None else json.loads(text)
+        except ValueError:
+            return self._skip(table, 1)
 
     def answers(self, lesson: str | None = None) -> list[dict]:
         return self.rows("answers", lesson)
@@ -322,47 +292,31 @@ class ProgressStore:
 
     def exercise_checks(self) -> list[dict]:
         """The latest self-check of each exercise (its details decoded), with how many times it was checked."""
-        latest, runs = {}, {}
-        for r in self.rows("exercise_checks"):
-            latest[r["exercise"]], runs[r["exercise"]] = r, runs.get(r["exercise"], 0) + 1
-        for r in latest.values():
-            try:
-                r["details"] = json.loads(r["details"]) if r["details"] else None
-            except ValueError:  # shown without its details (they only name the tests)
-                r["details"] = self._skip("exercise_checks", 1)
-        return [dict(latest[e], runs=runs[e]) for e in sorted(latest)]
+        rows = self.rows("exercise_checks")
+        latest, runs = {r["exercise"]: r for r in rows}, Counter(r["exercise"] for r in rows)
+        return [dict(r, details=self._json("exercise_checks", r["details"]), runs=runs[e]) for e, r in sorted(latest.items())]
 
     def measurements(self, lesson: str | None = None) -> dict:
-        """key -> latest saved value (of one lesson, or of all)."""
-        values = {}
-        for r in self.rows("measurements", lesson):
-            try:
-                values[r["key"]] = json.loads(r["value"])
-            except ValueError:
-                self._skip("measurements", 1)
-        return values
+        """key -> latest saved value (of one lesson, or of all); one that is not JSON (edited by hand) is left out."""
+        values = {r["key"]: self._json("measurements", r["value"]) for r in self.rows("measurements", lesson)}
+        return {key: value for key, value in values.items() if value is not None}
 
     def counts(self) -> dict[str, int]:
         return self._run(lambda c: {t: c.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in _SCHEMA})
 
 
-_stores: dict[Path, ProgressStore] = {}
+_stores = lru_cache(maxsize=None)(ProgressStore)  # one store per file, shared by every caller in this process
 
 
 def default_store() -> ProgressStore:
     """The store for course.paths.progress_path(), looked up at each call (KVCOURSE_PROGRESS may change)."""
-    path = progress_path()
-    if path not in _stores:
-        _stores[path] = ProgressStore(path)
-    return _stores[path]
+    return _stores(progress_path())
 
 
 def record_exercise_check(exercise: str, passed: int, total: int, details=None) -> None:
     """For `kvcourse check`: save a self-check; anything about the file is printed as a "Note: ..." line."""
-    store = default_store()
-    before = len(store.notes)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ProgressFileWarning)
-        store.record_exercise_check(exercise, passed, total, details)
-    for note in store.notes[before:]:
-        print(f"Note: {note}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ProgressFileWarning)
+        default_store().record_exercise_check(exercise, passed, total, details)
+    for w in caught:
+        print(f"Note: {w.message}", file=sys.stderr)
