@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from course.engine.config import ModelConfig
+from course.engine.config import ModelConfig, whole
 from course.engine.kv_cache import KVCache, LayerKVCache
 
 QMAX = 127  # symmetric int8 range [-127, 127]; -128 is left unused so that 0 is exactly representable
@@ -100,8 +100,7 @@ def compare_int8_cache(model, prompt_ids, n_tokens: int = 64) -> QuantComparison
     """
     from course.engine.generate import generate, teacher_forced_logits
 
-    if n_tokens <= 0:
-        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+    whole("n_tokens", n_tokens)
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=model.device).view(1, -1)  # [1, T]
     size = ids.shape[1] + n_tokens
     with tqdm(total=2 * n_tokens, desc="float and INT8 caches, same tokens", unit="tok") as bar:

@@ -61,7 +61,9 @@ class BlockAllocator:
         self.key_of: list[tuple | None] = [None] * num_blocks  # the prefix tokens a full block holds
         self.block_of: dict[tuple, int] = {}  # prefix tokens → the full block ending there
 
-    num_free = property(lambda self: len(self.free))
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
 
     def allocate(self) -> int:
         """A fresh block with reference count 1; PoolExhausted if none is free."""
@@ -141,14 +143,33 @@ class PagedKVCache:
         c = self.config
         return 2 * c.n_layers * c.n_kv_heads * c.head_dim * self.k[0].element_size()
 
-    block_bytes = property(lambda self: self.bytes_per_token * self.block_size)
-    # the whole pool, allocated up front (like vLLM's gpu_memory_utilization share)
-    nbytes = property(lambda self: self.allocator.num_blocks * self.block_bytes)
-    blocks_held = property(lambda self: self.allocator.num_blocks - self.allocator.num_free)
-    bytes_reserved = property(lambda self: self.blocks_held * self.block_bytes)  # blocks some sequence holds now
-    # positions written and held (a shared block counted once); what the sequences would hold with no sharing
-    bytes_used = property(lambda self: sum(self._filled()[0].values()) * self.bytes_per_token)
-    bytes_logical = property(lambda self: sum(s.length for s in self.sequences.values()) * self.bytes_per_token)
+    @property
+    def block_bytes(self) -> int:
+        return self.bytes_per_token * self.block_size
+
+    @property
+    def nbytes(self) -> int:
+        """The whole pool, allocated up front (like vLLM's gpu_memory_utilization share)."""
+        return self.allocator.num_blocks * self.block_bytes
+
+    @property
+    def blocks_held(self) -> int:
+        return self.allocator.num_blocks - self.allocator.num_free
+
+    @property
+    def bytes_reserved(self) -> int:
+        """Bytes of the blocks some sequence holds now."""
+        return self.blocks_held * self.block_bytes
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the positions written and held (a shared block counted once)."""
+        return sum(self._filled()[0].values()) * self.bytes_per_token
+
+    @property
+    def bytes_logical(self) -> int:
+        """Bytes the sequences would hold with no sharing: Σ lengths · bytes_per_token."""
+        return sum(s.length for s in self.sequences.values()) * self.bytes_per_token
 
     def _filled(self) -> tuple[dict[int, int], dict[int, list]]:
         """Positions written in each held block (a shared block: its fullest holder), and each block's holders."""
@@ -347,13 +368,10 @@ class _Layer:
 
 
 class _View:
-    """A paged view as the model sees a cache: len() layers, cache[i].update(pos, k, v)."""
+    """A paged view as the model sees a cache: cache[i].update(pos, k, v)."""
 
     def __getitem__(self, layer: int) -> _Layer:
         return _Layer(self, layer)
-
-    def __len__(self) -> int:
-        return len(self.cache.k)
 
 
 class PagedBatch(_View):

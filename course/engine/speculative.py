@@ -34,9 +34,8 @@ from course.engine.generate import Generation, decode_loop, prefill, prompt_tens
 from course.engine.kv_cache import KVCache
 from course.engine.sampling import Sampler
 
+
 # --------------------------------------------------- The accept / reject step (pure functions of two distributions)
-
-
 def accept_probability(p: torch.Tensor, q: torch.Tensor, token: int) -> float:
     """min(1, p(x) / q(x)) for a token x the draft drew from q. p, q: [V] probabilities."""
     q_x = float(q[token])
@@ -92,8 +91,7 @@ def speculative_first_token(p: torch.Tensor, q: torch.Tensor, n: int, generator:
     of samples from the real model's p and q in a second. p, q: [V]. Returns [n] token ids
     (and, with return_accepted, a [n] bool mask of the draws that kept the draft's token).
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    whole("n (draws)", n)
     x = torch.multinomial(q, n, replacement=True, generator=generator)  # [n] drafted tokens
     ratio = (p[x] / q[x]).clamp(max=1.0)  # [n] accept probabilities
     accept = torch.rand(n, generator=generator, device=p.device) < ratio
@@ -113,8 +111,6 @@ def empirical_distribution(tokens: torch.Tensor, vocab_size: int) -> torch.Tenso
 
 
 # ----------------------------------------------------------------------------------------------------------- Drafts
-
-
 class Draft:
     """What speculative_generate needs from a draft. Subclasses propose up to k tokens."""
 
@@ -196,7 +192,6 @@ def shallow_copy(model: nn.Module, n_layers: int) -> nn.Module:
 
 
 def shallow_draft(model: nn.Module, n_layers: int) -> ModelDraft:
-    """A ModelDraft over shallow_copy(model, n_layers)."""
     return ModelDraft(shallow_copy(model, n_layers), f"shallow SmolLM2 ({n_layers}/{model.config.n_layers} layers)")
 
 
@@ -232,8 +227,6 @@ class PromptLookupDraft(Draft):
 
 
 # ---------------------------------------------------------------------------------------------- The generation loop
-
-
 @dataclass
 class SpeculativeStats:
     """Counts and seconds for one speculative generation (the prefill pass is counted apart)."""
@@ -327,8 +320,6 @@ def speculative_generate(target: nn.Module, draft: Draft, prompt_ids, max_new_to
 
 
 # ---------------------------------------------------------------------------------------------------- The economics
-
-
 def expected_tokens_per_pass(acceptance: float, k: int) -> float:
     """Mean tokens per target pass if each draft token is kept independently with probability α:
     1 + α + α² + … + α^k = (1 − α^(k+1)) / (1 − α)."""

