@@ -35,10 +35,8 @@ def run(args) -> int:
     for note in store.notes:
         print(f"Note: {note}")
     print(f"\n{table}\n")
-    if not exercises:
-        print("Exercises: no self-check yet (run `kvcourse check NOTEBOOK`).")
-    else:
-        print("Exercises (latest `kvcourse check`):")
+    print("Exercises (latest `kvcourse check`):" if exercises else
+          "Exercises: no self-check yet (run `kvcourse check NOTEBOOK`).")
     for e in exercises:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e["at"]))
         status = "all passed" if e["passed"] == e["total"] else "to fix"

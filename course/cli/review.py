@@ -18,7 +18,7 @@ from course.paths import PROGRESS_VAR
 from course.teach.predict import as_number
 from course.teach.progress import ProgressFileError, ProgressFileWarning, ProgressStore, default_store
 from course.teach.questions import load_questions
-from course.teach.review import DEFAULT_LIMIT, KIND_TEXT, RULE, ReviewSession, due_items, nothing_due_text
+from course.teach.review import DEFAULT_LIMIT, KIND_TEXT, RULE, ReviewSession, NOTHING_DUE, due_items
 
 
 def _progress_file(text: str):
@@ -103,7 +103,7 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
 
 def _list(items, limit: int) -> int:
     if not items:
-        print(nothing_due_text())
+        print(NOTHING_DUE)
         return 0
     print(f"{len(items)} item{'s' if len(items) != 1 else ''} to review, most missed first (`kvcourse review` asks the "
           f"first {min(limit, len(items))}). {RULE}")
@@ -126,7 +126,7 @@ def _ask(prompt: str) -> str:
 
 def _session(session: ReviewSession) -> int:
     if not session.items:
-        print(nothing_due_text())
+        print(NOTHING_DUE)
         return 0
     print(f"Review: {session.due_total} to review; here are the {len(session.items)} that need it most. {RULE}")
     print("Type your answer (s skips, q stops).\n")
@@ -138,21 +138,14 @@ def _session(session: ReviewSession) -> int:
             {"question": _question, "card": _card, "prediction": _prediction}[item.kind](session)
             print()
     except (_Stop, KeyboardInterrupt):
-        print("\nStopped; " + _saved_text(session))
-    except ProgressFileError as exc:  # busy, or its disk full
-        print(f"\nkvcourse review: {exc}. Stopped; " + _saved_text(session, before_this_one=True), file=sys.stderr)
+        print("\nStopped; everything answered so far is saved.")
+    except ProgressFileError as exc:  # busy, or its disk full: say truly what of the sitting is saved
+        saved = ("everything answered before this one is saved; this one may not be."
+                 if session.count("right") + session.count("missed") else "this answer may not be saved.")
+        print(f"\nkvcourse review: {exc}. Stopped; {saved}", file=sys.stderr)
         return 1
     print(session.summary_text())
     return 0
-
-
-def _saved_text(session: ReviewSession, before_this_one: bool = False) -> str:
-    """What of this sitting is saved, in words that are true."""
-    answered = session.count("right") + session.count("missed")
-    if before_this_one:
-        return ("this answer may not be saved." if not answered else
-                "everything answered before this one is saved; this one may not be.")
-    return "everything answered so far is saved."
 
 
 def _reply(prompt: str, ok, again: str, session: ReviewSession) -> str | None:

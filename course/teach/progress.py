@@ -294,7 +294,8 @@ class ProgressStore:
         """The latest self-check of each exercise (its details decoded), with how many times it was checked."""
         rows = self.rows("exercise_checks")
         latest, runs = {r["exercise"]: r for r in rows}, Counter(r["exercise"] for r in rows)
-        return [dict(r, details=self._json("exercise_checks", r["details"]), runs=runs[e]) for e, r in sorted(latest.items())]
+        return [dict(r, details=self._json("exercise_checks", r["details"]), runs=runs[e])
+                for e, r in sorted(latest.items())]
 
     def measurements(self, lesson: str | None = None) -> dict:
         """key -> latest saved value (of one lesson, or of all); one that is not JSON (edited by hand) is left out."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -105,11 +106,6 @@ class QuestionBank:
             if item.id == wanted:
                 return item
         raise ValueError(f"{name} {wanted!r} is not in {self.path}; known ids: {', '.join(i.id for i in items)}")
-
-    def autograded(self) -> list[Question]:
-        """Questions marked `autograded: true`: none in the package's bank (the graded quiz's questions live in
-        autograde/quiz_questions.yaml; autograde/make_quiz.py's graded_questions() loads them)."""
-        return [q for q in self.questions if q.autograded]
 
     def check_lesson(self, lesson_id: str) -> Lesson:
         if lesson_id not in self.lessons:
@@ -258,12 +254,10 @@ def measured_values(lesson_id: str | None = None, store=None) -> dict:
 
     values: dict = {}
     if store is not None:
-        try:
+        with suppress(Exception):  # a broken progress file must never stop a quiz
             values.update(store.measurements())
             if lesson_id is not None:
                 values.update(store.measurements(lesson_id))
-        except Exception:  # a broken progress file must never stop a quiz
-            pass
     values.update(recorded())
     return values
 

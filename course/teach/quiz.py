@@ -12,6 +12,7 @@ answers in code: ``answer("kv-1", "A")``, ``show_answer("interview-1")``, ``self
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 
 from course.measure.display import text_only
 from course.teach.progress import ProgressStore, default_store
@@ -29,13 +30,16 @@ def measured_values(lesson_id: str | None = None, store: ProgressStore | None = 
     return _measured_values(lesson_id, store)
 
 
-def _show(widget_factory, text_factory):
+def _show(make, text, show: bool = True):
+    """Display make()'s widget, or print text() with KVCOURSE_QUIZ=text; show=False returns the widget (for tests)."""
+    if not show:
+        return make()
     if text_only():
-        print(text_factory())
-        return
+        print(text())
+        return None
     from IPython.display import display
 
-    display(widget_factory())  # its MIME bundle carries the text fallback (see the module's docstring)
+    display(make())  # its MIME bundle carries the text fallback (see the module's docstring)
 
 
 def checkpoint(lesson_id: str, *, cards: bool = True, store: ProgressStore | None = None, show: bool = True):
@@ -50,10 +54,8 @@ def checkpoint(lesson_id: str, *, cards: bool = True, store: ProgressStore | Non
         store.record_measurements(lesson_id, recorded())  # so explanations can cite them after a restart
     except Exception as exc:  # never let the progress file stop the quiz
         warnings.warn(f"could not save this lesson's measurements: {exc}", stacklevel=2)
-    make = lambda: CheckpointQuiz(lesson_id, cards=cards, store=store)  # noqa: E731
-    if not show:
-        return make()
-    _show(make, lambda: checkpoint_text(lesson_id, measured_values(lesson_id, store), cards))
+    return _show(lambda: CheckpointQuiz(lesson_id, cards=cards, store=store),
+                 lambda: checkpoint_text(lesson_id, measured_values(lesson_id, store), cards), show)
 
 
 def self_assessment(lesson_id: str, level: str | None = None, *, store: ProgressStore | None = None,
@@ -66,10 +68,7 @@ def self_assessment(lesson_id: str, level: str | None = None, *, store: Progress
         return None
     from course.teach.quiz_widget import SelfAssessmentWidget
 
-    make = lambda: SelfAssessmentWidget(lesson_id, store=store)  # noqa: E731
-    if not show:
-        return make()
-    _show(make, lambda: self_assessment_text(lesson_id))
+    return _show(lambda: SelfAssessmentWidget(lesson_id, store=store), lambda: self_assessment_text(lesson_id), show)
 
 
 def answer(question_id: str, choice: str, *, store: ProgressStore | None = None) -> bool:
@@ -84,8 +83,6 @@ def show_answer(card_id: str, *, store: ProgressStore | None = None) -> None:
     """Reveal a flip card's model answer without widgets (and note that it was seen)."""
     card = load_questions().card(card_id)
     store = store or default_store()
-    try:
+    with suppress(Exception):  # a progress file that cannot be written must not hide the answer
         store.record_card_view(card.lesson, card.id)
-    except Exception:  # a progress file that cannot be written must not hide the answer
-        pass
     print(card_text(card, measured_values(card.lesson, store), reveal=True))

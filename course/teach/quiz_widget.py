@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 import re
+from contextlib import suppress
 
 import ipywidgets as widgets
 
@@ -48,13 +49,9 @@ class QuestionWidget(_TextFallback, widgets.VBox):
 
     def __init__(self, question, *, number: int | None = None, store: ProgressStore | None = None,
                  values=None, on_check=None):
-        self.question = question
-        self.number = number
-        self.store = store
+        self.question, self.number, self.store, self.on_check = question, number, store, on_check
         self._values = values if callable(values) else (lambda v=values or {}: v)
-        self.on_check = on_check
         self.result: CheckResult | None = None
-        self.attempts = 0
         head = f"<b>{number}.</b> " if number is not None else ""
         vals = self._values()
         # Option texts go in HTML (which wraps); the picker holds only the letters, because radio-button
@@ -105,7 +102,6 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         if self.options.value is None:
             self.feedback.value = "<span style='color:#666'>Pick an option first.</span>"
             return None
-        self.attempts += 1
         self.result = grade(self.question, self.options.value, self._values(), self.store)
         self.feedback.value = self._feedback_html(self.result)
         if self.on_check is not None:
@@ -193,15 +189,6 @@ class FlipCard(_TextFallback, widgets.VBox):
         return card_text(self.card, self._values())
 
 
-class CardDeck(_TextFallback, widgets.VBox):
-    def __init__(self, cards, *, store: ProgressStore | None = None, values=None):
-        self.cards = [FlipCard(c, store=store, values=values) for c in cards]
-        super().__init__(self.cards)
-
-    def text(self) -> str:
-        return "\n".join(c.text() for c in self.cards)
-
-
 class CheckpointQuiz(_TextFallback, widgets.VBox):
     """A lesson's checkpoint: its questions, a running score, then its interview cards."""
 
@@ -216,10 +203,9 @@ class CheckpointQuiz(_TextFallback, widgets.VBox):
         self.score.add_class("kvcourse-quiz-score")
         header = widgets.HTML(f"<h3>Checkpoint — {_html(self.lesson.title)}</h3>")
         children = [header, *self.questions, self.score]
-        self.deck = None
-        if cards and self.bank.cards_for(lesson_id):
-            self.deck = CardDeck(self.bank.cards_for(lesson_id), store=self.store, values=values)
-            children += [widgets.HTML("<h4>Interview prep — answer aloud, then flip</h4>"), self.deck]
+        self.cards = [FlipCard(c, store=self.store, values=values) for c in self.bank.cards_for(lesson_id) if cards]
+        if self.cards:
+            children += [widgets.HTML("<h4>Interview prep — answer aloud, then flip</h4>"), widgets.VBox(self.cards)]
         super().__init__(children)
         self.add_class("kvcourse-quiz")
         self._update()
@@ -233,7 +219,7 @@ class CheckpointQuiz(_TextFallback, widgets.VBox):
                             "progress</code>; what you missed comes back in lessons/review.ipynb).")
 
     def text(self) -> str:
-        return checkpoint_text(self.lesson.id, measured_values(self.lesson.id, self.store), cards=self.deck is not None)
+        return checkpoint_text(self.lesson.id, measured_values(self.lesson.id, self.store), cards=bool(self.cards))
 
 
 class SelfAssessmentWidget(_TextFallback, widgets.VBox):
@@ -243,10 +229,8 @@ class SelfAssessmentWidget(_TextFallback, widgets.VBox):
         self.lesson = (bank or load_questions()).check_lesson(lesson_id)
         self.store = store if store is not None else default_store()
         saved = None
-        try:
+        with suppress(Exception):  # a broken progress file must not hide the question
             saved = self.store.self_assessment(lesson_id)
-        except Exception:
-            pass
         self.prompt = widgets.HTML(f"<b>Self-assessment.</b> {_html(self.lesson.self_assessment)}")
         self.levels = widgets.ToggleButtons(options=list(LEVELS), value=saved)
         self.levels.add_class("kvcourse-quiz-levels")

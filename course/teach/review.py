@@ -19,6 +19,7 @@ from course.teach.questions import CheckResult, QuestionBank, fill_numbers, grad
 
 RULE = "Review asks again what you missed, even if you then got it right; answer it right in review and it leaves."
 DEFAULT_LIMIT = 10  # items per sitting: a few minutes
+NOTHING_DUE = "Nothing to review: review holds only what you missed, and nothing you missed is waiting."
 KIND_TEXT = {"question": "question", "card": "interview card", "prediction": "predict again"}
 # Which lesson each exercise (its notebook's stem in exercises/) follows: the course table the recaps link from.
 EXERCISE_LESSONS = {Path(path).stem: lesson for lesson, _title, exercises in COURSE for path in exercises}
@@ -56,7 +57,6 @@ def due_items(store: ProgressStore | None = None, bank: QuestionBank | None = No
                 predictions[item] = r  # the latest: its measured value is what a new prediction is checked against
     for r in store.rows("reviews"):
         history.setdefault((r["kind"], r["item"], r["lesson"]), []).append((r["at"], r["correct"], True))
-    known = {q.id for q in bank.questions} | {c.id for c in bank.cards}
     order = {item_id: n for n, item_id in enumerate([q.id for q in bank.questions] + [c.id for c in bank.cards])}
     lessons = list(bank.lessons)
     reset = max((r["at"] for r in store.rows("review_resets")), default=0.0)
@@ -64,20 +64,16 @@ def due_items(store: ProgressStore | None = None, bank: QuestionBank | None = No
     for (kind, item, where), events in history.items():
         cleared = max([reset] + [at for at, right, in_review in events if right and in_review])
         misses = sum(1 for at, right, _ in events if not right and at > cleared)
-        if misses and (kind == "prediction" or item in known) and lesson in (None, where):
+        if misses and (kind == "prediction" or item in order) and lesson in (None, where):  # a known question or card
             items.append(ReviewItem(kind, item, where, misses, predictions.get(item)))
     items.sort(key=lambda i: (-i.misses, lessons.index(i.lesson) if i.lesson in lessons else len(lessons),
                               order.get(i.id, len(order)), i.id))
-    return items[:limit] if limit is not None else items
+    return items[:limit]  # limit None: all
 
 
 def _check_limit(limit) -> None:
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"limit must be a whole number >= 1 (or None for all), got {limit!r}")
-
-
-def nothing_due_text() -> str:
-    return "Nothing to review: review holds only what you missed, and nothing you missed is waiting."
 
 
 # ---------------------------------------------------------------------- one sitting
@@ -104,7 +100,7 @@ class ReviewSession:
     def __post_init__(self):
         _check_limit(self.limit)
         due = due_items(self.store, self.bank, lesson=self.lesson)
-        self.due_total, self.items = len(due), due[:self.limit] if self.limit is not None else due
+        self.due_total, self.items = len(due), due[:self.limit]
 
     @property
     def done(self) -> bool:
@@ -181,17 +177,17 @@ class ReviewSession:
 
     def summary_text(self) -> str:
         if not self.items:
-            return nothing_due_text()
+            return NOTHING_DUE
+        right, missed, skipped = self.count("right"), self.count("missed"), self.count("skipped")
         left = len(due_items(self.store, self.bank))
-        return (f"Reviewed {self.count('right') + self.count('missed')} of {len(self.items)}: {self.count('right')} "
-                f"right, {self.count('missed')} missed" + (f", {self.count('skipped')} skipped" if self.count(
-                    "skipped") else "") + f". {left} item{'s' if left != 1 else ''} still in review.")
+        return (f"Reviewed {right + missed} of {len(self.items)}: {right} right, {missed} missed"
+                f"{f', {skipped} skipped' if skipped else ''}. {left} item{'s' if left != 1 else ''} still in review.")
 
     def text(self) -> str:
         """The sitting as plain text, with how to answer each item in code and no answers: what a run without
         widgets shows."""
         if not self.items:
-            return "Review\n" + nothing_due_text()
+            return "Review\n" + NOTHING_DUE
         lines = [f"Review: {self.due_total} item{'s' if self.due_total != 1 else ''} to review. {RULE}", ""]
         for item in self.items:
             how = {"question": "LETTER", "card": "True or False", "prediction": "NUMBER"}[item.kind]
@@ -288,7 +284,7 @@ def progress_text(store: ProgressStore | None = None, bank: QuestionBank | None 
                        for c, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in table]
     due = sum(r.in_review for r in data)
     lines += ["", LEGEND, "", f"{due} item{'s' if due != 1 else ''} in review: run `kvcourse review` or open "
-              f"lessons/review.ipynb. {RULE}" if due else nothing_due_text()]
+              f"lessons/review.ipynb. {RULE}" if due else NOTHING_DUE]
     lines += [f"{c['exercise']}: {c['passed']}/{c['total']} visible tests pass" for c in store.exercise_checks()
               if EXERCISE_LESSONS.get(c["exercise"]) not in (bank or load_questions()).lessons]
     return "\n".join(lines)

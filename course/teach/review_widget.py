@@ -139,7 +139,4 @@ def review(limit: int = DEFAULT_LIMIT, lesson: str | None = None, *, store: Prog
     Displays it and returns None; with show=False returns the widget (for tests)."""
     session = ReviewSession(store if store is not None else default_store(), load_questions(), limit=limit,
                             lesson=lesson)
-    make = lambda: ReviewWidget(session)  # noqa: E731
-    if not show:
-        return make()
-    _show(make, session.text)
+    return _show(lambda: ReviewWidget(session), session.text, show)
