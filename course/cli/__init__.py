@@ -13,6 +13,8 @@ import signal
 import sys
 import threading
 
+from course.cli.args import harden
+
 # name → (module, help). Each module defines add_arguments(parser) and run(args) -> int exit code.
 COMMANDS = {
     "doctor": ("course.cli.doctor", "check the set-up: versions, device, model file, memory bandwidth"),
@@ -36,8 +38,6 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> tuple[Parser, dict]:
     """The `kvcourse` parser and {command name: its run function}, for every command this checkout has."""
-    from course.cli.args import harden
-
     parser = Parser(prog="kvcourse", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # subcommand parsers are Parsers too
     available = {}
@@ -53,11 +53,6 @@ def build_parser() -> tuple[Parser, dict]:
         available[name] = getattr(module, f"run_{name}", getattr(module, "run", None))
     harden(parser)
     return parser, available
-
-
-# Errors that mean "this input cannot work" (a missing file, a folder for a file, a value out of range): one line on
-# stderr and exit status 2, like a usage error. KVCOURSE_DEBUG=1 shows the traceback instead.
-USER_ERRORS = (ValueError, OSError)
 
 
 def _exit_on_sigterm() -> None:
@@ -94,6 +89,8 @@ def _stdout_closed() -> bool:
 
 
 def _user_error(command: str, exc: BaseException) -> int:
+    """An input that cannot work (a missing file, a folder for a file, a value out of range): one line on stderr and
+    exit status 2, as a usage error. KVCOURSE_DEBUG=1 shows the traceback instead."""
     if os.environ.get("KVCOURSE_DEBUG"):
         raise exc
     message = " ".join(str(exc).split()) or type(exc).__name__
@@ -123,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except USER_ERRORS as exc:
+    except (ValueError, OSError) as exc:
         return _user_error(args.command, exc)
     except KeyboardInterrupt:
         print(f"kvcourse {args.command}: interrupted", file=sys.stderr)

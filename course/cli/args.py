@@ -27,7 +27,6 @@ def _typed(fn, name: str, bad_values: list[str]):
 
 
 def int_range(lo: int, hi: int = HUGE, what: str = "a whole number"):
-    """A whole number in [lo, hi]."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -39,16 +38,11 @@ def int_range(lo: int, hi: int = HUGE, what: str = "a whole number"):
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
 
-    bad = ["abc", "1.5", "", str(lo - 1), str(hi + 1) if hi < HUGE else str(HUGE * 10**9)]
-    if lo > 0:
-        bad.append("0")
-    if lo > -1:
-        bad.append("-1")
-    return _typed(parse, f"int_from_{lo}", sorted(set(bad)))
+    bad = ["abc", "1.5", "", "-1", str(lo - 1), str(hi + 1) if hi < HUGE else str(HUGE * 10**9)]
+    return _typed(parse, f"int_from_{lo}", sorted(set(bad + (["0"] if lo > 0 else []))))
 
 
 def float_range(lo: float, hi: float = math.inf, *, lo_open: bool = False, what: str = "a number"):
-    """A finite number in [lo, hi] (or (lo, hi] with lo_open)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -207,17 +201,11 @@ output_file = _typed(_output_file, "file", ["", "{dir}", "{fifo}", "{unwritable}
 
 
 # ------------------------------------------------------------------ options of the layers below
-def _checked_int(action: argparse.Action):
-    """Every plain int option in the course is a count, seconds, MiB or a port: never negative or near 2**31,
-    and zero only where zero is the default."""
-    return int_range(0 if action.default == 0 else 1)
-
-
 def harden(parser: argparse.ArgumentParser) -> None:
     """Swap plain `type=int` / `type=float` for the checked types, in `parser` and its subcommands."""
     for action in parser._actions:
-        if action.type is int:
-            action.type = _checked_int(action)
+        if action.type is int:  # a count, seconds, MiB or a port: never negative or near 2**31, 0 only as default
+            action.type = int_range(0 if action.default == 0 else 1)
         elif action.type is float:
             action.type = float_range(0.0)
         elif action.type is Path and action.dest == "course":  # the class folder of grade and classroom
