@@ -52,6 +52,25 @@ def test_a_second_grader_on_the_same_folder_stops_with_a_clear_message(tmp_path)
         pass
 
 
+def test_a_lock_left_by_a_killed_grader_is_taken_once_the_process_it_forked_ends(tmp_path):
+    lock = tmp_path / "course" / "work" / "grade.lock"
+    lock.parent.mkdir(parents=True)
+    code = ("import fcntl, os, time\n"
+            f"fh = open({str(lock)!r}, 'a+')\n"
+            "fcntl.flock(fh, fcntl.LOCK_EX)\n"
+            "fh.write(f'pid {os.getpid()}, started now')\n"
+            "fh.flush()\n"
+            "if os.fork() == 0:  # a sandbox being started: it shares the lock until it ends\n"
+            "    time.sleep(2)\n"
+            "    os._exit(0)\n"
+            "os._exit(0)  # the grader itself, killed\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    started = time.monotonic()
+    with files.course_lock(tmp_path / "course"):  # the named grader is gone: wait for its child, not refuse
+        waited = time.monotonic() - started
+    assert 0.5 < waited < 10, waited
+
+
 def test_atomic_writes_leave_the_previous_file_on_a_full_disk(tmp_path, monkeypatch):
     target = tmp_path / "grades.csv"
     target.write_text("student,score\nann,14\n")

@@ -173,6 +173,24 @@ def _course_folder_error(course: Path, lock_path: Path, exc: OSError) -> Grading
                         f"make this one yours (`chmod -R u+rwX {course}`); nothing was graded")
 
 
+def _lock_left_by_a_dead_grader(fh, holder: str) -> bool:
+    """True once the lock is ours, when the grader named in it has died (`kill -9`, then the same command again):
+    a sandbox it was starting can hold the lock a moment longer, until the kernel has ended it too."""
+    try:
+        os.kill(int(holder.split(",")[0].removeprefix("pid ")), 0)
+        return False  # alive: a second grader really is at work
+    except ProcessLookupError:
+        pass
+    except (ValueError, OSError):
+        return False
+    for _ in range(100):
+        time.sleep(0.1)
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+    return False
+
+
 @contextmanager
 def course_lock(course: Path):
     """One grader per course folder: a second one stops at once with a message naming the first."""
@@ -187,9 +205,10 @@ def course_lock(course: Path):
     except BlockingIOError:
         fh.seek(0)
         holder = fh.read().strip() or "another process"
-        fh.close()
-        raise GradingError(f"another grader is already working on {course} ({holder}); wait for it to finish, "
-                           "or give this run its own --course folder") from None
+        if not _lock_left_by_a_dead_grader(fh, holder):
+            fh.close()
+            raise GradingError(f"another grader is already working on {course} ({holder}); wait for it to "
+                               "finish, or give this run its own --course folder") from None
     fh.seek(0)
     fh.truncate()
     fh.write(f"pid {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}")
