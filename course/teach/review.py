@@ -199,7 +199,7 @@ class ReviewSession:
 def answer_again(item_id: str, answer, *, store: ProgressStore | None = None) -> bool:
     """Without widgets: answer an item in review (a letter, a number, or knew=True/False for a card); prints the
     verdict and saves it. Returns whether it was right."""
-    session = ReviewSession(store if store is not None else default_store(), load_questions(), limit=None)
+    session = ReviewSession(store if store is not None else default_store(), limit=None)
     while not session.done and session.current.id != item_id:
         session.skip()
     if session.done:

@@ -13,7 +13,6 @@ import ipywidgets as widgets
 
 from course.teach.predict import Prediction
 from course.teach.progress import ProgressFileError, ProgressStore, default_store
-from course.teach.questions import load_questions
 from course.teach.quiz import _show
 from course.teach.quiz_widget import FlipCard, QuestionWidget, _html, _TextFallback
 from course.teach.review import DEFAULT_LIMIT, RULE, ReviewSession, progress_html
@@ -137,6 +136,5 @@ def review(limit: int = DEFAULT_LIMIT, lesson: str | None = None, *, store: Prog
     """A review sitting of what you missed, as a widget (text with how to answer in code when there are no widgets).
 
     Displays it and returns None; with show=False returns the widget (for tests)."""
-    session = ReviewSession(store if store is not None else default_store(), load_questions(), limit=limit,
-                            lesson=lesson)
+    session = ReviewSession(store if store is not None else default_store(), limit=limit, lesson=lesson)
     return _show(lambda: ReviewWidget(session), session.text, show)
