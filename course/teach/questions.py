@@ -311,8 +311,7 @@ def question_text(q: Question, number: int | None = None, values: dict | None = 
     head = f"Q{number}. " if number is not None else ""
     lines = [f"{head}{fill_numbers(q.prompt, values)}  [{q.id}]"]
     lines += [f"    {o.key}. {fill_numbers(o.text, values)}" for o in q.options]
-    letters = "/".join(o.key for o in q.options)
-    lines.append(f"    → to answer: answer({q.id!r}, LETTER) with LETTER one of {letters}")
+    lines.append(f"    → to answer: answer({q.id!r}, LETTER) with LETTER one of {'/'.join(o.key for o in q.options)}")
     return "\n".join(lines)
 
 
@@ -337,8 +336,7 @@ def checkpoint_text(lesson_id: str, values: dict | None = None, cards: bool = Tr
 
 def self_assessment_text(lesson_id: str) -> str:
     lesson = load_questions().check_lesson(lesson_id)
-    levels = " / ".join(LEVELS)
-    return (f"Self-assessment — {lesson.self_assessment}\n    {levels}\n"
+    return (f"Self-assessment — {lesson.self_assessment}\n    {' / '.join(LEVELS)}\n"
             f"    → save yours: self_assessment({lesson_id!r}, level={LEVELS[1]!r})")
 
 
