@@ -17,11 +17,16 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
+import nbformat
+from traitlets.config import Config
+
+from course.grade import grader, sandbox
 from course.grade.files import GradingError
 from course.grade.nbgrader_api import assignments
 from course.grade.submissions import grade_id, invalid_reason, nbgrader_meta, read_notebook, repair
-from course.paths import EXERCISES, jupyter_env
+from course.paths import EXERCISES, SOLUTIONS, jupyter_env
 
 HIDDEN_BEGIN = "BEGIN HIDDEN TESTS"
 LEARNER_WORDS = {"deleted answer cell(s) replaced by empty ones": "you deleted answer cell(s)",
@@ -46,10 +51,6 @@ class TestResult:
     source: str = ""
 
 
-def _grade_ids(nb) -> set[str]:
-    return {grade_id(c) for c in nb.cells} - {None}
-
-
 def exercise_of(path: Path) -> str | None:
     """Which exercise notebook `path` is (its stem, e.g. 'memory_formula'), or None.
 
@@ -58,12 +59,10 @@ def exercise_of(path: Path) -> str | None:
     of its cells, which the released notebook names and a learner cannot usefully change: the grader
     restores them), then the exercise folder it sits in when that folder holds one exercise. A notebook none of
     these tie to an exercise is None, and its checks are not recorded as a new exercise."""
-    import nbformat
-
     by_stem = {nb: a for a, nbs in assignments().items() for nb in nbs}
     path = Path(path)
     try:
-        mine = _grade_ids(read_notebook(path))
+        mine = {grade_id(c) for c in read_notebook(path).cells} - {None}
     except Exception:  # not a notebook nbformat can read: nothing in it to go by
         mine = set()
     if mine:
@@ -71,7 +70,7 @@ def exercise_of(path: Path) -> str | None:
         for stem, assignment in by_stem.items():
             release = EXERCISES / assignment / f"{stem}.ipynb"
             if release.exists():
-                overlap[stem] = len(mine & _grade_ids(nbformat.read(str(release), as_version=4)))
+                overlap[stem] = len(mine & {grade_id(c) for c in nbformat.read(str(release), as_version=4).cells})
         best = sorted((n, stem) for stem, n in overlap.items() if n)
         if path.stem in by_stem and (overlap.get(path.stem) or not best):
             return path.stem
@@ -85,8 +84,6 @@ def exercise_of(path: Path) -> str | None:
 
 def restored(path: Path):
     """(the notebook with its released test cells back, what the learner had changed)."""
-    import nbformat
-
     path = Path(path)
     nb = read_notebook(path)  # its stored outputs dropped: they may be megabytes, and the run replaces them
     stem = exercise_of(path)
@@ -122,22 +119,14 @@ def check(notebook: Path, timeout: int = 60, memory_mb: int = 4096) -> tuple[lis
     from course.grade.nbgrader_ext import SafeExecute
 
     nb, _ = restored(Path(notebook))
-    env = jupyter_env()
-    env.update({"NBGRADER_EXECUTION": "validate", "MPLBACKEND": "Agg"})
-    old = dict(os.environ)
-    os.environ.update(env)  # the kernel inherits this process's environment
-    try:
-        from traitlets.config import Config
-
-        cfg = Config()
-        cfg.GraderKernelManager.memory_limit_mb = memory_mb
-        executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg, kernel_name="python3",
-                               extra_arguments=["--IPKernelApp.log_level=ERROR"])  # the course's kernel, whatever
-        # kernel the notebook was last saved with (VS Code's or a conda env's name raised NoSuchKernel)
+    cfg = Config()
+    cfg.GraderKernelManager.memory_limit_mb = memory_mb
+    executor = SafeExecute(timeout=timeout, interrupt_on_timeout=True, config=cfg, kernel_name="python3",
+                           extra_arguments=["--IPKernelApp.log_level=ERROR"])  # the course's kernel, whatever
+    # kernel the notebook was last saved with (VS Code's or a conda env's name raised NoSuchKernel)
+    env = dict(jupyter_env(), NBGRADER_EXECUTION="validate", MPLBACKEND="Agg")
+    with mock.patch.dict(os.environ, env):  # the kernel inherits this process's environment, put back after
         executor.preprocess(nb, {"metadata": {"path": str(Path(notebook).resolve().parent)}})
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
 
     results, answer_errors = [], []
     for cell in nb.cells:
@@ -166,11 +155,6 @@ def full_check(notebook: Path, timeout: int | None = None):
     """Grade one notebook as the instructor's grader would, into a throw-away course folder.
 
     Returns (row, {grade_id: (points, passed, hints, visible)}) -- verdicts only, no hidden code or inputs."""
-    import nbformat
-
-    from course.grade import grader, sandbox
-    from course.paths import SOLUTIONS
-
     if not SOLUTIONS.is_dir():
         raise GradingError("a full check needs the course folder with solutions/ (a clone of the course); "
                            "in a class, submit the notebook and read the feedback instead")
@@ -268,18 +252,6 @@ def _save_progress(exercise: str | None, statuses: dict[str, str]) -> None:
         print(f"  note: could not save this check to your progress file ({exc})")
 
 
-def _notes_for_learner(problems: str) -> list[str]:
-    """The grader's notes on this run, as a learner reads them: the instructor's UNSANDBOXED warning becomes the
-    reason the sandbox could not start (a learner never passed --unsandboxed)."""
-    from course.grade import grader, sandbox
-
-    marker = "\0unsandboxed\0"
-    problems = problems.replace(grader.UNSANDBOXED, marker)  # one note, though it holds a "; " itself
-    return [("your notebook ran without the grading sandbox, which cannot start here ("
-             f"{sandbox.sandbox_problem() or 'unknown reason'}); the checks and the score are the same")
-            if note == marker else note for note in (p.strip() for p in problems.split("; ")) if note]
-
-
 def _run_full(path: Path, timeout: int) -> int:
     print(f"Grading {path} as the grader does (hidden checks included) ...", flush=True)
     try:
@@ -290,7 +262,13 @@ def _run_full(path: Path, timeout: int) -> int:
     for gid, (points, passed, hint, _) in cells.items():
         print(f"  {'[pass]' if passed else '[FAIL]'} {gid} ({points:g} pt)" + ("" if passed else f"\n         {hint}"))
     _save_progress(exercise_of(path), {gid: "pass" if c[1] else "fail" for gid, c in cells.items() if c[3]})
-    notes = _notes_for_learner(row.problems)
+    # the grader's notes as a learner reads them: the instructor's UNSANDBOXED warning (one note, though it holds
+    # a "; " itself) becomes the reason the sandbox could not start (a learner never passed --unsandboxed)
+    marker = "\0unsandboxed\0"
+    notes = [("your notebook ran without the grading sandbox, which cannot start here ("
+              f"{sandbox.sandbox_problem() or 'unknown reason'}); the checks and the score are the same")
+             if note == marker else note
+             for note in (p.strip() for p in row.problems.replace(grader.UNSANDBOXED, marker).split("; ")) if note]
     if row.status != "graded":
         print(f"not graded: {'; '.join(notes) or row.problems}")
         return 1

@@ -1,10 +1,5 @@
-"""Helpers the exercise notebooks call, so their cells stay short.
-
-`attention_replaced(model, fn)` runs the course model with a learner's attention in every layer: the model
-still computes Q, K, V and RoPE, then calls fn(q, k_new, v_new, layer_cache, start_pos) -> [B, H, T, D_h].
-`real_model_demo(...)` (exercise 02) and `paged_exercise_demo(...)` (exercise 05) repeat an exercise's check on
-SmolLM2, the real model: greedy tokens with the learner's cache against the course's own decoding.
-"""
+"""Helpers the exercise notebooks call, so their cells stay short: the course model with a learner's attention
+in every layer, and an exercise's check repeated on SmolLM2, the real model (greedy tokens against the course's)."""
 from __future__ import annotations
 
 import time

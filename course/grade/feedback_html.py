@@ -9,6 +9,11 @@ styles, frames and non-web links, with bleach (the library nbconvert itself uses
 """
 from __future__ import annotations
 
+import bleach
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
+from nbconvert.preprocessors import Preprocessor
+from traitlets import Bool
+
 TAGS = frozenset({
     "a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "details", "div", "dl", "dt", "em", "h1", "h2", "h3",
     "h4", "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "s", "span", "strong", "sub", "summary", "sup",
@@ -26,8 +31,6 @@ PROTOCOLS = frozenset({"http", "https", "mailto"})
 
 def clean_html(element) -> str:
     """`element` (HTML, str or bytes) with only TAGS and ATTRIBUTES kept: anything else is shown escaped."""
-    import bleach
-
     text = element.decode() if isinstance(element, bytes) else str(element)
     return bleach.clean(text, tags=TAGS, attributes=ATTRIBUTES, protocols=PROTOCOLS, strip_comments=True)
 
@@ -35,27 +38,16 @@ def clean_html(element) -> str:
 def sanitized_markdown(source: str) -> str:
     """A markdown cell's source rendered to HTML and cleaned: raw HTML is valid markdown, so the feedback template's
     own markdown2html passes it through unchanged, and nothing of the student's <script> or onerror= survives."""
-    from nbconvert.filters.markdown_mistune import markdown2html_mistune
-
     return clean_html(markdown2html_mistune(source))
 
 
-def _preprocessor():
-    from nbconvert.preprocessors import Preprocessor
-    from traitlets import Bool
+class SanitizeMarkdown(Preprocessor):
+    """nbgrader's feedback template renders markdown cells without nbconvert's sanitising (its own
+    `markdowncell` block): this replaces each markdown cell's source with its cleaned HTML first."""
 
-    class SanitizeMarkdown(Preprocessor):
-        """nbgrader's feedback template renders markdown cells without nbconvert's sanitising (its own
-        `markdowncell` block): this replaces each markdown cell's source with its cleaned HTML first."""
+    enabled = Bool(True).tag(config=True)  # nbconvert registers preprocessors switched off unless they say so
 
-        enabled = Bool(True).tag(config=True)  # nbconvert registers preprocessors switched off unless they say so
-
-        def preprocess_cell(self, cell, resources, index):
-            if cell.cell_type == "markdown" and cell.source.strip():
-                cell.source = sanitized_markdown(cell.source)
-            return cell, resources
-
-    return SanitizeMarkdown
-
-
-SanitizeMarkdown = _preprocessor()
+    def preprocess_cell(self, cell, resources, index):
+        if cell.cell_type == "markdown" and cell.source.strip():
+            cell.source = sanitized_markdown(cell.source)
+        return cell, resources

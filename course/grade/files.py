@@ -67,21 +67,7 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
-def _plain_target(path: Path) -> Path:
-    """`path`, its folder made, once it is known to be a new or plain file (or a folder, which the rename
-    refuses): a device, pipe or socket there would be replaced by the file (`--to /dev/full`)."""
-    path = Path(path)
-    with contextlib.suppress(OSError):
-        mode = os.stat(path).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            raise GradingError(f"{path} is a device, named pipe or socket, not a file: nothing was written there; "
-                               "give the path of a new file or of a plain file to replace")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
-    """Write `data` to `path` through atomic_output."""
     with atomic_output(path, private) as tmp:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
@@ -89,8 +75,15 @@ def atomic_write(path: Path, data: bytes | str, private: bool = False) -> None:
 @contextmanager
 def atomic_output(path: Path, private: bool = False):
     """Yield a temp path in `path`'s folder; on success it is fsynced and replaces `path` (with the file's
-    permissions, or the umask's for a new one; `private`: readable by its owner only), on any error it goes."""
-    path = _plain_target(path)
+    permissions, or the umask's for a new one; `private`: readable by its owner only), on any error it goes.
+    A device, pipe or socket at `path` is refused: the rename would replace it (`--to /dev/full`)."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):  # a folder: the rename refuses it
+            raise GradingError(f"{path} is a device, named pipe or socket, not a file: nothing was written there; "
+                               "give the path of a new file or of a plain file to replace")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -218,5 +211,5 @@ def course_lock(course: Path):
     finally:
         fh.seek(0)
         fh.truncate()
-        fcntl.flock(fh, fcntl.LOCK_UN)
+        fcntl.flock(fh, fcntl.LOCK_UN)  # before close: a process forked meanwhile must not keep the lock alive
         fh.close()

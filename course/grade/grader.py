@@ -27,6 +27,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import nbformat
+from nbformat.v4 import new_output
+
 from course.grade import cluster as clusters, sandbox, verdicts
 from course.grade.files import (DISK_FULL, GradingError, atomic_write, course_lock, disk_error, full_disk, read_json,
                                read_small, replace_dir)
@@ -136,13 +139,10 @@ def _values(events, checks: dict) -> dict[str, list]:
 
 # ----------------------------------------------------------------------------- the executed notebook
 
-def _clean_outputs(outputs, budget: list[int] | None = None) -> list:
+def _clean_outputs(outputs, budget: list[int]) -> list:
     """The sandbox's outputs for one cell, reduced to well-formed streams and errors of bounded size: at most
     OUTPUTS_PER_CELL of them, each stream at most OUTPUT_LIMIT characters, and all streams of the notebook
     together at most `budget[0]` (spent here; the notebook's feedback stays small whatever the cells print)."""
-    from nbformat.v4 import new_output
-
-    budget = budget if budget is not None else [NOTEBOOK_OUTPUT_LIMIT]
     clean = []
     for o in (outputs if isinstance(outputs, list) else [])[:OUTPUTS_PER_CELL]:
         if not isinstance(o, dict):
@@ -165,8 +165,6 @@ def _clean_outputs(outputs, budget: list[int] | None = None) -> list:
 def executed_notebook(nb, outcome: sandbox.Outcome, checks, verdict_map):
     """The notebook as graded: each test cell's output is its verdict (none where no check covers it: never the
     learner's), every other cell's the sandbox's cleaned outputs."""
-    from nbformat.v4 import new_output
-
     nb = copy.deepcopy(nb)
     done = {e["i"]: e for e in outcome.events if e.get("ev") == "cell_done" and type(e.get("i")) is int}
     budget = [NOTEBOOK_OUTPUT_LIMIT]
@@ -215,16 +213,17 @@ def _reusable(done: dict, held: dict, sub, course: Path) -> bool:
             and any((course / "feedback" / sub.key).glob("*.html")))
 
 
-def _earlier_grade(ledger, sub) -> list[str]:
-    """For a submission that cannot be graded now: a note when the gradebook (and so grades.csv) still holds an
-    earlier grade of this student's notebook, so the CSV's number is not taken for this file's."""
+def _not_graded(ledger, sub, status: str, why: str) -> Row:
+    """The row of a submission that cannot be graded now; with a note when the gradebook (and so grades.csv) still
+    holds an earlier grade of this student's notebook, so the CSV's number is not taken for this file's."""
+    problems = [why] + sub.problems
     done = ledger.data["graded"].get(sub.key)
-    if not done or not sub.student:
-        return []
-    row = done.get("row", {})
-    return [f"grades.csv still has the earlier grade of this notebook ({row.get('score', 0):g}/"
-            f"{row.get('max_score', 0):g}) from a file that could be graded; grade a readable notebook to "
-            "replace it"]
+    if done and sub.student:
+        row = done.get("row", {})
+        problems.append(f"grades.csv still has the earlier grade of this notebook ({row.get('score', 0):g}/"
+                        f"{row.get('max_score', 0):g}) from a file that could be graded; grade a readable notebook "
+                        "to replace it")
+    return Row(sub.student, sub.assignment, sub.notebook, status, problems="; ".join(problems))
 
 
 def submitted_timestamp(folder: Path) -> tuple[str | None, str]:
@@ -292,15 +291,13 @@ def grade(folder: Path, course: Path = AUTOGRADE, jobs: int = 1, timeout: int | 
         pool = stack.enter_context(clusters.connect(where, sealed=not unsandboxed)) if where else None
         try:
             return _grade(Path(folder), course, pool, timeout, memory_mb, force, progress, log, unsandboxed,
-                          on_sandbox_start, notes_for or {})
+                          on_sandbox_start, notes_for or {}, stack)
         except OSError as exc:  # a write this code did not expect to fail (a full disk, mostly): named, not raw
             raise disk_error(exc, Path(exc.filename or course)) from None
 
 
 def _grade(folder, course, pool, timeout, memory_mb, force, progress, log, unsandboxed, on_sandbox_start,
-           notes_for):
-    import nbformat
-
+           notes_for, stack):
     work = course / "work"
     known = assignments()
     subs = discover(folder, known)
@@ -329,15 +326,7 @@ def _grade(folder, course, pool, timeout, memory_mb, force, progress, log, unsan
     for stale in [*work.glob("run-*"), *work.glob("reference-run-*")]:  # left by a grader that was killed
         shutil.rmtree(stale, ignore_errors=True)
     run_dir.mkdir(parents=True)
-    try:
-        return _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, force, progress, log,
-                         unsandboxed, notes, on_sandbox_start, notes_for, nbformat)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, force, progress, log, unsandboxed,
-              notes, on_sandbox_start, notes_for, nbformat):
+    stack.callback(shutil.rmtree, run_dir, ignore_errors=True)
     gradable = sorted({s.assignment for s in subs if not s.problem})
     checks, references = {}, {}
     in_gradebook, held = _held(cfg, course)  # the ledger is trusted only as far as the gradebook agrees
@@ -358,16 +347,14 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
     for sub in subs:
         key = f"{sub.key}/{sub.notebook}"
         if sub.problem:
-            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "missing" if sub.missing else "invalid",
-                            problems="; ".join([sub.problem] + sub.problems + _earlier_grade(ledger, sub)))
+            rows[key] = _not_graded(ledger, sub, "missing" if sub.missing else "invalid", sub.problem)
             continue
         try:  # what discover saw may have been swapped since (for a pipe): read once, as a plain file
             nb = read_notebook(sub.path)  # without its stored outputs: what is graded, and what the ledger hashes
             sub.digest = sha(nbformat.writes(nb).encode(), ledger.data["sources"][sub.assignment].encode())
         except Exception as exc:
             why = invalid_reason(sub.path, exc)
-            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "invalid", problems="; ".join(
-                [why if "not graded" in why else f"{why}: not graded"] + sub.problems + _earlier_grade(ledger, sub)))
+            rows[key] = _not_graded(ledger, sub, "invalid", why if "not graded" in why else f"{why}: not graded")
             continue
         done = ledger.data["graded"].get(sub.key)
         if not force and done and done.get("hash") == sub.digest and _reusable(done, held, sub, course):
@@ -377,31 +364,25 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
         try:
             sub.problems += repair(nb, release_nb)
         except Exception as exc:  # the file is the student's: one that breaks the repair must not stop the class
-            rows[key] = Row(sub.student, sub.assignment, sub.notebook, "failed", problems="; ".join(
-                [f"could not be prepared for grading ({type(exc).__name__}: {str(exc)[:160]}): grade it by hand"]
-                + sub.problems + _earlier_grade(ledger, sub)))
+            rows[key] = _not_graded(ledger, sub, "failed", f"could not be prepared for grading ({type(exc).__name__}: "
+                                                           f"{str(exc)[:160]}): grade it by hand")
             continue
         pending.append((sub, nb))
 
     outsiders = [r for r in rows.values() if r.status in ("invalid", "missing", "failed") and r.student
                  and "\ufffd" not in r.student]  # a name that is not UTF-8 (shown with U+FFFD) gets no gradebook entry
-    cached = [r for r in rows.values() if r.status == "graded"]
-    if outsiders or cached:
-        from nbgrader.api import Gradebook, MissingEntry
+    if outsiders:
+        from nbgrader.api import Gradebook
 
         with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:  # so the CSV export lists them (score 0)
             for r in outsiders:
                 gb.update_or_create_student(r.student)
-            for r in cached:  # graded earlier: the score is the gradebook's, which an instructor may have edited
-                try:
-                    held = gb.find_submission(r.assignment, r.student)
-                except MissingEntry:
-                    continue
-                if (float(held.score), float(held.max_score)) != (r.score, r.max_score):
-                    r.problems = "; ".join(p for p in (r.problems, (
-                        f"score from the gradebook, which holds the instructor's manual grades (the checks gave "
-                        f"{r.score:g}/{r.max_score:g})")) if p)
-                    r.score, r.max_score = float(held.score), float(held.max_score)
+    for r in rows.values():  # graded earlier (_reusable): the score is the gradebook's, which an instructor may edit
+        if r.status == "graded" and held[r.assignment, r.student][0] != r.score:
+            r.problems = "; ".join(p for p in (r.problems, (
+                f"score from the gradebook, which holds the instructor's manual grades (the checks gave "
+                f"{r.score:g}/{r.max_score:g})")) if p)
+            r.score = held[r.assignment, r.student][0]
 
     started = time.perf_counter()
     where = pool.where if pool else "one sandbox at a time"
@@ -410,7 +391,7 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
             f"{' WITHOUT the sandbox (--unsandboxed)' if unsandboxed else ''} "
             f"({len(subs) - len(pending)} already graded or not gradable)")
         for row in _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed, checks, references,
-                            on_sandbox_start, nbformat):
+                            on_sandbox_start):
             row.sandbox = box
             if unsandboxed:
                 row.problems = "; ".join(p for p in (UNSANDBOXED, row.problems) if p)
@@ -432,10 +413,9 @@ def _grade_in(subs, known, course, run_dir, cfg, api, ledger, limits, pool, forc
             row.problems = "; ".join(p for p in [row.problems] + notes if p)
     export_csv(cfg, course / "grades.csv")
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(asdict(Row("", "", "", "")).keys()))
+    writer = csv.DictWriter(buf, fieldnames=list(Row.__dataclass_fields__))
     writer.writeheader()
-    for row in ordered:
-        writer.writerow(asdict(row))
+    writer.writerows(asdict(row) for row in ordered)
     try:
         atomic_write(course / "report.csv", buf.getvalue())
     except OSError as exc:
@@ -457,7 +437,7 @@ def task(assignment: str, nb, limits: sandbox.Limits, pool, unsandboxed: bool, s
 
 
 def _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed, checks, references,
-             on_sandbox_start, nbformat):
+             on_sandbox_start):
     """Each submission's sandbox (here, or on the cluster's workers), then its merge here, as results arrive."""
     from tqdm.auto import tqdm
 
@@ -474,21 +454,19 @@ def _run_all(pending, course, run_dir, cfg, limits, pool, progress, unsandboxed,
             sub, nb = pending[i]
             try:
                 row = _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks[sub.assignment],
-                             references[sub.assignment], nbformat)
+                             references[sub.assignment])
             except GradingError:
                 raise
-            except OSError as exc:
-                if exc.errno in DISK_FULL:  # every later merge would fail the same way: stop, saying why
+            except Exception as exc:  # one submission must never stop the class; a full disk stops every merge
+                if isinstance(exc, OSError) and exc.errno in DISK_FULL:
                     raise
-                row = Row(sub.student, sub.assignment, sub.notebook, "failed", problems=f"merging failed: {exc}")
-            except Exception as exc:  # one submission must never stop the class
                 row = Row(sub.student, sub.assignment, sub.notebook, "failed",
                           problems=f"merging into the gradebook failed: {type(exc).__name__}: {exc}")
             bar.update(1)
             yield row
 
 
-def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, reference, nbformat) -> Row:
+def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, reference) -> Row:
     """Judge one sandbox's values, merge the executed notebook into the gradebook, swap in its feedback."""
     from nbgrader.api import Gradebook
 
@@ -527,8 +505,7 @@ def _merge(sub, nb, outcome, course, run_dir, merge_cfg, merge_api, checks, refe
             why = "merging into the gradebook failed: " + failure(result)[-300:]
         row.problems = "; ".join(problems + [why])
         return row
-    points = {grade_id(c): float(c.metadata["nbgrader"].get("points", 0)) for c in executed.cells
-              if c.get("metadata", {}).get("nbgrader", {}).get("grade") and not c.metadata["nbgrader"].get("solution")}
+    points = {grade_id(c): float(c.metadata["nbgrader"].get("points", 0)) for c in executed.cells if is_test_cell(c)}
     with Gradebook(merge_cfg.CourseDirectory.db_url, "kvcourse") as gb:
         for gid, verdict in verdict_map.items():
             if gid not in points:

@@ -10,6 +10,7 @@ for a check, judged outside like any value its functions return.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -65,18 +66,6 @@ def is_test_cell(cell) -> bool:
 def cell_source(cell) -> str:
     source = cell.get("source", "")
     return "".join(source) if isinstance(source, list) else str(source)
-
-
-def full_scratch() -> list[str]:
-    """The sandbox's scratch folders with (almost) no space left: the report names them."""
-    if os.getcwd() != "/sub":  # not in the sandbox (the reference run): the host's /tmp is not ours to judge
-        return []
-    full = []
-    for path in ("/sub", "/tmp"):
-        st = os.statvfs(path)
-        if st.f_bavail * st.f_frsize < 2 ** 20:
-            full.append(path)
-    return full
 
 
 def run_cells(nb: dict, emit, timeout: float, stop_before: int | None) -> dict:
@@ -147,10 +136,8 @@ def main() -> int:
     stdin = open(0, "rb", closefd=False)  # line 2 is not in the pipe before "cells_done": no read-ahead takes it
 
     def line() -> dict:
-        try:
+        with contextlib.suppress(OSError):
             os.set_blocking(0, True)  # a cell that probed every descriptor left it non-blocking
-        except OSError:
-            pass
         data = stdin.readline()
         return json.loads(data) if data.strip() else {}
 
@@ -163,7 +150,10 @@ def main() -> int:
 
     os.environ["NBGRADER_EXECUTION"] = "autograde"  # notebooks skip their slow demos while grading
     ns = run_cells(job["notebook"], emit, timeout, job.get("stop_before"))
-    emit(ev="cells_done", full=full_scratch())
+    # the scratch folders with (almost) no space left, which the report names; not outside the sandbox (the
+    # reference run), where the host's /tmp is not ours to judge
+    free = {path: os.statvfs(path) for path in ("/sub", "/tmp")} if os.getcwd() == "/sub" else {}
+    emit(ev="cells_done", full=[path for path, st in free.items() if st.f_bavail * st.f_frsize < 2 ** 20])
     job = line()  # the grader writes the checks only now: see the module's docstring
     if "checks" in job:
         checks = load_checks(f"{job.get('checks_name', 'checks')}.py", job["checks"])

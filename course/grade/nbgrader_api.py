@@ -3,6 +3,7 @@ assignments of the source folder, the student versions (exercises/), the gradebo
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import os
 import re
@@ -10,8 +11,11 @@ import shutil
 import stat
 import sqlite3
 import sys
+import tempfile
 import warnings
 from pathlib import Path
+
+from traitlets.config.loader import PyFileConfigLoader
 
 from course.grade.files import GradingError, atomic_output, disk_error, full_disk
 from course.paths import AUTOGRADE, EXERCISES, SOLUTIONS
@@ -29,8 +33,6 @@ def assignments(source: Path = SOLUTIONS) -> dict[str, list[str]]:
 
 def load_config(course: Path = AUTOGRADE, timeout: int | None = None, memory_mb: int | None = None):
     """autograde/nbgrader_config.py, re-rooted at `course` (every path of nbgrader state inside it)."""
-    from traitlets.config.loader import PyFileConfigLoader
-
     cfg = PyFileConfigLoader("nbgrader_config.py", str(AUTOGRADE)).load_config()
     root = Path(course).resolve()
     cfg.CourseDirectory.root = str(root)
@@ -93,8 +95,6 @@ def source_hash(assignment: str, source: Path = SOLUTIONS) -> str:
 
 def generate_exercises(dest: Path = EXERCISES, workdir: Path | None = None) -> list[Path]:
     """Run nbgrader generate_assignment on every assignment of solutions/ and copy the results to dest."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="kvcourse-release-") as tmp:
         course = Path(workdir or tmp)
         api = nbgrader_api(load_config(course))
@@ -170,8 +170,6 @@ def export_csv(cfg, dest: Path) -> None:
     """nbgrader's CSV export of the gradebook, written atomically (the previous file survives a failure), its rows
     sorted by assignment and student: nbgrader lists students in the order they reached the gradebook, which
     differs between grading runs (on a cluster, results arrive in any order)."""
-    import csv
-
     from nbgrader.api import Gradebook
     from nbgrader.plugins import CsvExportPlugin
 

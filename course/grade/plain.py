@@ -15,6 +15,8 @@ import math
 import numbers
 from fractions import Fraction
 
+import numpy as np
+
 MAX_ELEMENTS = 2_000_000  # a returned array larger than this is refused (the grader's inputs are small)
 MAX_DEPTH = 8
 PLAIN_DTYPES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16",
@@ -35,10 +37,8 @@ class Rejected:
     def __init__(self, why: str):
         self.why = why if why in WHY else "malformed"
 
-    def __eq__(self, other):
+    def __eq__(self, other):  # (and so unhashable)
         return False
-
-    __hash__ = None
 
     def __repr__(self):
         return f"<rejected: {WHY[self.why]}>"
@@ -74,17 +74,12 @@ class Number:
         return f"<{self.carrier} {self.value!r}>"
 
 
-def _carrier(value) -> str:
-    kind = type(value)
-    module = getattr(kind, "__module__", "")
-    return kind.__name__ if module in ("builtins", "fractions") else f"{module.split('.')[0]}.{kind.__name__}"
-
-
 def encode(value, depth: int = 0):
     if depth > MAX_DEPTH:
         return {"t": "rejected", "why": "deep"}
     kind = type(value)
-    carrier = _carrier(value)
+    module = getattr(kind, "__module__", "")
+    carrier = kind.__name__ if module in ("builtins", "fractions") else f"{module.split('.')[0]}.{kind.__name__}"
     if value is None or kind is str:
         return {"t": "none"} if value is None else {"t": "str", "v": value}
     if kind in (list, tuple):
@@ -111,8 +106,6 @@ def encode(value, depth: int = 0):
 
 
 def _array(value, carrier: str):
-    import numpy as np
-
     if carrier == "torch.Tensor":
         import torch
 
@@ -134,8 +127,6 @@ def error(exc: BaseException) -> dict:
 
 def decode(obj, depth: int = 0):
     """Rebuild a value from encode()'s JSON; anything unexpected becomes Rejected."""
-    import numpy as np
-
     try:
         if not isinstance(obj, dict) or depth > MAX_DEPTH + 1:
             return Rejected("malformed")

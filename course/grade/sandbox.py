@@ -27,6 +27,10 @@ from functools import lru_cache
 from pathlib import Path
 
 import course
+from course.grade.files import GradingError
+from course.grade.harness import cell_source, is_test_cell
+from course.grade.verdicts import load_checks, load_module
+from course.paths import EXERCISES
 
 MAX_EVENTS_BYTES = 64 * 2 ** 20
 SHM_BYTES = 64 * 2 ** 20  # /dev/shm inside the sandbox
@@ -41,12 +45,11 @@ class Limits:
     wall_s: float = 300.0  # one attempt, start to end
     file_mb: int = 256  # the largest file it may write
     extra_processes: int = 256  # processes/threads it may add to the user's count
-    disk_mb: int = 0  # MiB it may write in /sub and /tmp together (half each); 0 = half of memory_mb
     stall_s: float = 0.0  # silence after which a run is killed; 0 = twice the longest timeout + 30 s
 
     def tmpfs_bytes(self) -> int:
-        """Size of each of the two tmpfs (/sub, /tmp)."""
-        total = self.disk_mb or max(64, self.memory_mb // 2 if self.memory_mb > 0 else 2048)
+        """Size of each of the two tmpfs (/sub, /tmp): together half of memory_mb (1 GiB each without a cap)."""
+        total = max(64, self.memory_mb // 2 if self.memory_mb > 0 else 2048)
         return max(16, total // 2) * 2 ** 20
 
 
@@ -133,9 +136,6 @@ def course_tree(checks: Path) -> Path:
     their own imports), minus the checks module's ABSENT. The exercise's reference is not in the sandbox at all,
     so no import, file read or bytecode trick reaches it. Raises GradingError when a module that stays imports
     an absent one when it is loaded."""
-    from course.grade.verdicts import load_module
-    from course.paths import EXERCISES
-
     checks = Path(checks)
     absent = tuple(sorted(getattr(load_module(checks), "ABSENT", ())))
     code = [checks.read_text()]
@@ -148,8 +148,6 @@ def course_tree(checks: Path) -> Path:
 
 @lru_cache(maxsize=None)
 def _tree(roots: frozenset, absent: tuple) -> Path:
-    from course.grade.files import GradingError
-
     keep, todo = set(), sorted(roots)
     while todo:
         name = todo.pop()
@@ -354,14 +352,6 @@ def _limiter(limits: Limits, nproc: int, groups: list = ()):  # groups: cgroups 
 
 # ----------------------------------------------------------------------------- the events
 
-def _runnable(nb: dict) -> set[int]:
-    """Indices of the cells the harness runs (code, not a test cell, not empty): the only `i` an event may name."""
-    from course.grade.harness import cell_source, is_test_cell
-
-    return {i for i, cell in enumerate(nb.get("cells", [])) if isinstance(cell, dict)
-            and cell.get("cell_type") == "code" and not is_test_cell(cell) and cell_source(cell).strip()}
-
-
 def _parse(data: bytes) -> list[dict]:
     """The events: one JSON object with a str "ev" per line (anything else is skipped)."""
     events = []
@@ -536,8 +526,6 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     out-of-memory killer) and reruns the same job; a second at the same step is the submission's doing. When the
     attempts are used up, what was recorded is graded (checks that never ran fail); only a run that never reached
     its first cell (the sandbox itself failed) is left ungraded, as infrastructure."""
-    from course.grade.verdicts import load_checks
-
     workdir.mkdir(parents=True, exist_ok=True)
     with open(notebook) as fh:
         nb = json.load(fh)
@@ -545,7 +533,9 @@ def run_sealed(notebook: Path, checks: Path, workdir: Path, limits: Limits, seal
     declared = {gid: len(items) for gid, items in loaded.items()}
     longest = max([limits.cell_timeout] + [c.timeout or 0 for items in loaded.values() for c in items])
     stall_s = limits.stall_s or 2 * longest + 30  # silence this long: the learner's code swallowed an interrupt
-    runnable = _runnable(nb)
+    # the cells the harness runs (code, not a test cell, not empty): the only `i` an event may name
+    runnable = {i for i, cell in enumerate(nb.get("cells", [])) if isinstance(cell, dict)
+                and cell.get("cell_type") == "code" and not is_test_cell(cell) and cell_source(cell).strip()}
     base = {"notebook": nb, "checks": Path(checks).read_text(), "checks_name": Path(checks).stem,
             "cell_timeout": limits.cell_timeout, "tree": course_tree(checks)}
     outcome, started = Outcome(), time.perf_counter()

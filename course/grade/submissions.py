@@ -14,7 +14,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from course.grade.files import GradingError
+import nbformat
+from nbformat.v4 import new_code_cell
+
+from course.grade.files import GradingError, read_small
 
 RENAMED = re.compile(r"^(?P<stem>.+?)(?: ?\(\d+\)| - Copy| copy)$")
 # The largest notebook graded (bytes, without its stored outputs, which are dropped as it is read: the grader
@@ -57,16 +60,6 @@ def grade_id(cell) -> str | None:
     """The cell's grade id, or None where there is none or it is not a string."""
     gid = (nbgrader_meta(cell) or {}).get("grade_id")
     return gid if isinstance(gid, str) else None
-
-
-def _stem(path: Path, by_stem: dict) -> tuple[str, str]:
-    """(the notebook's stem as released, a note when the file was renamed by a browser or a copy)."""
-    if path.stem in by_stem:
-        return path.stem, ""
-    m = RENAMED.match(path.stem)
-    if m and m.group("stem") in by_stem:
-        return m.group("stem"), f"file named {path.name!r}: graded as {m.group('stem')}.ipynb"
-    return path.stem, ""
 
 
 def _ignored(name: str) -> bool:
@@ -120,7 +113,9 @@ def discover(folder: Path, known: dict[str, list[str]]) -> list[Submission]:
         parts = path.relative_to(folder).parts
         if any(_ignored(p) for p in parts):
             continue
-        stem, note = _stem(path, by_stem)
+        stem, note, renamed = path.stem, "", RENAMED.match(path.stem)  # a browser's or a copy's new name
+        if stem not in by_stem and renamed and renamed.group("stem") in by_stem:
+            stem, note = renamed.group("stem"), f"file named {path.name!r}: graded as {renamed.group('stem')}.ipynb"
         student = _readable(parts[0]) if len(parts) > 1 else ""
         folder_assignment = parts[1] if len(parts) == 3 else ""
         assignment = by_stem.get(stem, folder_assignment)
@@ -208,10 +203,6 @@ def _size_problem(size: int, limit: int, name: str, fix: str, what: str = "") ->
 def read_notebook(path: Path):
     """The notebook at `path` without its stored outputs, which grading never uses: read through read_small (a
     plain file of at most NOTEBOOK_FILE_LIMIT bytes); TooLarge when what remains is over NOTEBOOK_SIZE_LIMIT."""
-    import nbformat
-
-    from course.grade.files import read_small
-
     nb = nbformat.reads(read_small(path, NOTEBOOK_FILE_LIMIT, "the notebook").decode("utf-8"), as_version=4)
     cells = nb.get("cells")
     for cell in cells if isinstance(cells, list) else []:
@@ -226,8 +217,6 @@ def read_notebook(path: Path):
 
 def invalid_reason(path: Path, error: Exception | None = None) -> str:
     """Why the notebook at `path` (or the `error` reading it raised) cannot be graded; "" when it can."""
-    import nbformat
-
     try:
         if error is not None:
             raise error
@@ -249,8 +238,6 @@ def repair(nb, release_nb) -> list[str]:
     grader never runs the test cells' code anyway (verdicts come from course.grade.verdicts), but feedback
     shows them, and nbgrader's gradebook keys scores by them.
     """
-    from nbformat.v4 import new_code_cell
-
     metadata_notes = release_metadata(nb, release_nb)
     cells = {grade_id(c): c for c in nb.cells if grade_id(c)}
     deleted, edited, restored = [], [], []

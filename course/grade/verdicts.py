@@ -17,7 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
+from course.grade.files import GradingError
 from course.grade.plain import Array, Number, Raised, Rejected, WHY, decode, encode
+from course.paths import AUTOGRADE
 
 
 @dataclass
@@ -81,8 +85,6 @@ def exact(got, ref) -> bool:
 
 def close(atol: float = 1e-5, rtol: float = 0.0, same_dtype: bool = True) -> Callable:
     """Numbers or arrays within atol + rtol*|ref|; arrays: same shape (and dtype), -inf/inf where ref has them."""
-    import numpy as np
-
     def compare(got, ref) -> bool:
         if isinstance(ref, Array):
             if not (isinstance(got, Array) and got.data.shape == ref.data.shape):
@@ -165,10 +167,8 @@ def expect(got, want, message: str = "", tol: float | None = None) -> None:
 
 # ----------------------------------------------------------------------------- loading and judging
 
-def checks_path(assignment: str, folder: Path | None = None) -> Path:
-    from course.paths import AUTOGRADE
-
-    return Path(folder or AUTOGRADE / "checks") / f"{assignment}.py"
+def checks_path(assignment: str) -> Path:
+    return AUTOGRADE / "checks" / f"{assignment}.py"
 
 
 def load_module(path: Path, source: str | None = None):
@@ -198,8 +198,6 @@ def judge(checks: dict[str, list[Check]], got: dict[str, list], ref: dict[str, l
         for i, check in enumerate(items):
             r = ref.get(gid, [])[i] if i < len(ref.get(gid, [])) else Rejected("not run")
             if isinstance(r, Rejected):
-                from course.grade.files import GradingError
-
                 raise GradingError(f"the reference solution gives no value for check {gid}[{i}] "
                                    f"({check.label}): {describe(r)}; fix autograde/checks or solutions/")
             g = got.get(gid, [])[i] if i < len(got.get(gid, [])) else Rejected("not run")
