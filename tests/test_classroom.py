@@ -41,6 +41,7 @@ from course.paths import AUTOGRADE, PROJECT_ROOT
 pytestmark = pytest.mark.slow  # end to end (JupyterHub, sealed sandboxes by the dozen): out of make test-fast
 
 CLASSROOM = AUTOGRADE / "classroom"
+ROLE_CONFIG = {role: CLASSROOM / "jupyter-config" / role for role in ("instructor", "student")}
 HUB_CONFIG = CLASSROOM / "jupyterhub_config.py"
 NODE_DIR = PROJECT_ROOT / ".state" / "node"
 CHP = NODE_DIR / "node_modules" / ".bin" / "configurable-http-proxy"
@@ -66,7 +67,7 @@ def enabled_server_extensions(role: str) -> dict:
     from jupyter_server.extension.config import ExtensionConfigManager
 
     old = os.environ.get("JUPYTER_CONFIG_PATH")
-    os.environ["JUPYTER_CONFIG_PATH"] = str(classroom.ROLE_CONFIG[role])
+    os.environ["JUPYTER_CONFIG_PATH"] = str(ROLE_CONFIG[role])
     try:
         paths = jupyter_config_path()
     finally:
@@ -83,7 +84,7 @@ def test_students_get_the_assignment_list_and_not_the_formgrader():
     assert all(instructor[f"nbgrader.server_extensions.{n}"]
                for n in ("formgrader", "course_list", "assignment_list", "validate_assignment"))
 
-    disabled = json.loads((classroom.ROLE_CONFIG["student"] / "labconfig" / "page_config.json").read_text())
+    disabled = json.loads((ROLE_CONFIG["student"] / "labconfig" / "page_config.json").read_text())
     disabled = {k for k, v in disabled["disabledExtensions"].items() if v}
     assert disabled == {"@jupyter/nbgrader:formgrader", "@jupyter/nbgrader:create-assignment",
                         "@jupyter/nbgrader:course-list"}
@@ -96,12 +97,12 @@ def test_students_get_the_assignment_list_and_not_the_formgrader():
 def test_role_nbgrader_configs_agree_with_the_instructor_command(tmp_path):
     env = {"KVCOURSE_CLASS_DIR": str(tmp_path / "class"), "KVCOURSE_EXCHANGE": str(tmp_path / "exchange"),
            "JUPYTERHUB_USER": "alice"}
-    student = load_py_config(classroom.ROLE_CONFIG["student"] / "nbgrader_config.py", env)
+    student = load_py_config(ROLE_CONFIG["student"] / "nbgrader_config.py", env)
     assert student.CourseDirectory.course_id == classroom.COURSE_ID
     assert student.CourseDirectory.student_id == "alice"  # the hub account, not the Unix account
     assert student.Exchange.root == env["KVCOURSE_EXCHANGE"]
 
-    formgrader = load_py_config(classroom.ROLE_CONFIG["instructor"] / "nbgrader_config.py", env)
+    formgrader = load_py_config(ROLE_CONFIG["instructor"] / "nbgrader_config.py", env)
     command = classroom.config(classroom.class_dir(env["KVCOURSE_CLASS_DIR"]),
                                classroom.exchange_dir(env["KVCOURSE_EXCHANGE"]))
     for section, key in (("CourseDirectory", "root"), ("CourseDirectory", "db_url"), ("CourseDirectory", "course_id"),
@@ -123,7 +124,7 @@ def test_validate_on_the_hub_ends_with_the_check_summary(tmp_path, role):
               "paths = jupyter_config_path(); paths.insert(0, os.getcwd())\n"  # what the Validate handler does
               "app = NbGrader(); app.config_file_paths.append(paths); app.load_config_file()\n"
               "print(Validator.validate.__module__)\n")
-    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(classroom.ROLE_CONFIG[role]), PYTHONPATH=str(PROJECT_ROOT),
+    env = dict(os.environ, JUPYTER_CONFIG_PATH=str(ROLE_CONFIG[role]), PYTHONPATH=str(PROJECT_ROOT),
                KVCOURSE_CLASS_DIR=str(tmp_path / "class"), KVCOURSE_EXCHANGE=str(tmp_path / "exchange"))
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
@@ -154,10 +155,10 @@ def test_hub_config_roles_and_class_list(tmp_path):
         cfg.Spawner.pre_spawn_hook(spawner)
         return spawner.environment
 
-    assert spawn("prof")["JUPYTER_CONFIG_PATH"] == str(classroom.ROLE_CONFIG["instructor"])
+    assert spawn("prof")["JUPYTER_CONFIG_PATH"] == str(ROLE_CONFIG["instructor"])
     assert spawn("prof")["KVCOURSE_CLASS_DIR"] == "/srv/classes/prof"
     assert spawn("prof")["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
-    assert spawn("carol")["JUPYTER_CONFIG_PATH"] == str(classroom.ROLE_CONFIG["student"])
+    assert spawn("carol")["JUPYTER_CONFIG_PATH"] == str(ROLE_CONFIG["student"])
     assert "KVCOURSE_CLASS_DIR" not in spawn("carol")
 
     test = hub_config(tmp_path, KVCOURSE_HUB_AUTH="dummy", KVCOURSE_HUB_SPAWNER="simple",

@@ -85,14 +85,10 @@ if SPAWNER == "simple":
         c.Spawner.args = ["--ServerApp.allow_root=True"]
 
 
-def role_of(username: str) -> str:
-    return "instructor" if username in INSTRUCTORS else "student"
-
-
 def pre_spawn_hook(spawner):
     """Give the server its role's Jupyter config folder (and an instructor the class folder)."""
     name = spawner.user.name
-    role = role_of(name)
+    role = "instructor" if name in INSTRUCTORS else "student"
     spawner.environment["JUPYTER_CONFIG_PATH"] = str(ROLE_CONFIG[role])
     spawner.environment["KVCOURSE_ROLE"] = role
     # terminals find the course's `kvcourse`, `nbgrader` and `jupyter` first

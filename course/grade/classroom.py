@@ -23,17 +23,13 @@ import shutil
 import stat
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 from . import files, grader, nbgrader_api
+from .files import GradingError
 from .nbgrader_api import gradebook_busy, gradebook_problem
-from course.paths import AUTOGRADE
 
 COURSE_ID = "kvcourse"
 DEFAULT_EXCHANGE = "/srv/nbgrader/exchange"
-CLASSROOM = AUTOGRADE / "classroom"
-ROLE_CONFIG = {"instructor": CLASSROOM / "jupyter-config" / "instructor",
-               "student": CLASSROOM / "jupyter-config" / "student"}
 INBOX = "inbox"  # nbgrader collect writes here; `kvcourse grade` copies (and repairs) into submitted/
 QUARANTINE = "quarantine"  # submissions made under another student's name, kept out of inbox/ (collect)
 # the exchange root: everyone creates in it (nbgrader's `chmod ugo+rw`), and the sticky bit, as /tmp has, keeps
@@ -42,26 +38,20 @@ EXCHANGE_MODE = 0o1777
 EXCHANGE_OPTION = ("exchange", "--exchange", "KVCOURSE_EXCHANGE")  # folder_or_error's words for the exchange
 
 
-class ClassroomError(RuntimeError):
-    """A step of the cycle could not run; the message says what to do."""
-
-
 # ----------------------------------------------------------------------------- where things are
 
 def class_dir(path: str | Path | None = None) -> Path:
-    """The instructor's class folder: path, else $KVCOURSE_CLASS_DIR, else ~/kvcourse-class."""
     return Path(path or os.environ.get("KVCOURSE_CLASS_DIR") or Path.home() / "kvcourse-class").resolve()
 
 
 def exchange_dir(path: str | Path | None = None) -> Path:
-    """nbgrader's exchange root: path, else $KVCOURSE_EXCHANGE, else /srv/nbgrader/exchange."""
     return Path(path or os.environ.get("KVCOURSE_EXCHANGE") or DEFAULT_EXCHANGE).resolve()
 
 
-def config(course: Path, exchange: Path, timeout: int | None = None, memory_mb: int | None = None):
+def config(course: Path, exchange: Path):
     """The course's nbgrader config (autograde/nbgrader_config.py) rooted in the class folder, with the
     shared exchange: what jupyter-config/instructor/nbgrader_config.py gives the formgrader."""
-    cfg = nbgrader_api.load_config(course, timeout, memory_mb)
+    cfg = nbgrader_api.load_config(course)
     cfg.CourseDirectory.course_id = COURSE_ID
     cfg.Exchange.root = str(exchange)
     return cfg
@@ -76,41 +66,30 @@ def make_exchange(exchange: Path) -> Path:
         if stat.S_IMODE(exchange.stat().st_mode) & EXCHANGE_MODE != EXCHANGE_MODE:
             os.chmod(exchange, stat.S_IMODE(exchange.stat().st_mode) | EXCHANGE_MODE)
     except PermissionError as exc:
-        raise ClassroomError(f"cannot create the exchange {exchange} ({exc.strerror}); as root run: "
-                             f"mkdir -p {exchange} && chmod 1777 {exchange}") from None
+        raise GradingError(f"cannot create the exchange {exchange} ({exc.strerror}); as root run: "
+                           f"mkdir -p {exchange} && chmod 1777 {exchange}") from None
     return exchange
 
 
 def folder_or_error(path: Path, what: str = "class folder", option: str = "--course",
                     env: str = "KVCOURSE_CLASS_DIR") -> Path:
-    """`path`, unless it (or a folder above it) is a file: then ClassroomError saying which (mkdir would say only
+    """`path`, unless it (or a folder above it) is a file: then GradingError saying which (mkdir would say only
     "[Errno 17] File exists")."""
     blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
-        raise ClassroomError(f"the {what} {path} cannot be used: {blocker} is a file, not a folder. Give a folder "
-                             f"with {option} or ${env} (or move the file away)")
+        raise GradingError(f"the {what} {path} cannot be used: {blocker} is a file, not a folder. Give a folder "
+                           f"with {option} or ${env} (or move the file away)")
     return path
 
 
 def existing_exchange(exchange: Path) -> Path:
-    """`exchange`, if it is a folder; otherwise ClassroomError naming it and saying how to point at the right one."""
     if not exchange.exists():
-        raise ClassroomError(f"no exchange at {exchange}: run `kvcourse classroom init` to create it, or point at "
-                             "the right one with --exchange or $KVCOURSE_EXCHANGE")
+        raise GradingError(f"no exchange at {exchange}: run `kvcourse classroom init` to create it, or point at "
+                           "the right one with --exchange or $KVCOURSE_EXCHANGE")
     if not exchange.is_dir():
-        raise ClassroomError(f"the exchange {exchange} is a file, not a folder: give the exchange folder with "
-                             "--exchange or $KVCOURSE_EXCHANGE")
+        raise GradingError(f"the exchange {exchange} is a file, not a folder: give the exchange folder with "
+                           "--exchange or $KVCOURSE_EXCHANGE")
     return exchange
-
-
-def released_course(exchange: Path, assignment: str) -> Path:
-    """The course's folder in the exchange, once something was released to it; otherwise ClassroomError saying
-    which step comes first (nbgrader would say "Course not found" with a traceback)."""
-    root = existing_exchange(exchange) / COURSE_ID
-    if not (root / "inbound").is_dir():
-        raise ClassroomError(f"nothing is released in the exchange {exchange} yet, so there is nothing to collect: "
-                             f"run `kvcourse classroom release {assignment}` first, then let the students submit")
-    return root
 
 
 # A student id becomes a folder name in the class folder and part of a submission's name in the exchange
@@ -129,8 +108,7 @@ def read_roster(path: Path) -> tuple[list[str], list[str]]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"roster {path} is not UTF-8 text (byte offset {exc.start}): give a text file with one student "
                          "user name per line") from None
-    students, notes, bad = [], [], []
-    first_line = {}
+    first_line, notes, bad = {}, [], []  # first_line: {student: line}, in the roster's order
     for number, line in enumerate(text.splitlines(), 1):
         student = line.strip()
         if not student or student.startswith("#"):
@@ -141,12 +119,11 @@ def read_roster(path: Path) -> tuple[list[str], list[str]]:
             notes.append(f"{student!r} is listed twice (lines {first_line[student]} and {number}): added once")
         else:
             first_line[student] = number
-            students.append(student)
     if bad:
         raise ValueError(f"roster {path} has invalid student ids ({'; '.join(bad)}): an id is a JupyterHub user "
                          "name, letters, digits and . _ @ - only (no spaces, '/', '+' or '..'); fix those lines, "
                          "nothing was added")
-    return students, notes
+    return list(first_line), notes
 
 
 # ----------------------------------------------------------------------------- the gradebook's health
@@ -166,29 +143,26 @@ def _damaged(course: Path, why: str) -> str:
 
 
 def check_gradebook(course: Path) -> None:
-    """ClassroomError before a step opens a gradebook that another program holds (formgrader saving) or that
+    """GradingError before a step opens a gradebook that another program holds (formgrader saving) or that
     is damaged: nbgrader would end in a SQLAlchemy traceback. A missing gradebook is fine (nbgrader makes one)."""
-    try:
-        why = gradebook_problem(course / "gradebook.db", retry="run the command again")
-    except files.GradingError as exc:  # busy
-        raise ClassroomError(str(exc)) from None
+    why = gradebook_problem(course / "gradebook.db", retry="run the command again")  # raises when it is busy
     if why:
-        raise ClassroomError(_damaged(course, why))
+        raise GradingError(_damaged(course, why))
 
 
-def _gradebook_failure(course: Path, text: str) -> ClassroomError | None:
+def _gradebook_failure(course: Path, text: str) -> GradingError | None:
     """The clear error for a failure that came from the gradebook (taken, or damaged, after check_gradebook)."""
     if "database is locked" in text:
-        return ClassroomError(gradebook_busy(course / "gradebook.db", "run the command again"))
+        return GradingError(gradebook_busy(course / "gradebook.db", "run the command again"))
     cause = re.search(r"\(sqlite3\.DatabaseError\) ([^\n\[]+)|(file is not a database|disk image is malformed)", text)
     if cause:
-        return ClassroomError(_damaged(course, (cause.group(1) or cause.group(2)).strip()))
+        return GradingError(_damaged(course, (cause.group(1) or cause.group(2)).strip()))
     return None
 
 
 @contextlib.contextmanager
 def _gradebook_errors(course: Path, what: str):
-    """check_gradebook, then SQLAlchemy's errors inside the block said as the clear ClassroomError."""
+    """check_gradebook, then SQLAlchemy's errors inside the block said as the clear GradingError."""
     from sqlalchemy.exc import DatabaseError
 
     check_gradebook(course)
@@ -196,7 +170,7 @@ def _gradebook_errors(course: Path, what: str):
         yield
     except DatabaseError as exc:  # taken (or damaged) after the check; OperationalError is one of these
         raise (_gradebook_failure(course, str(exc))
-               or ClassroomError(f"the gradebook could not be {what}: {exc.orig}")) from None
+               or GradingError(f"the gradebook could not be {what}: {exc.orig}")) from None
 
 
 def _assignment(name: str) -> str:
@@ -233,8 +207,8 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     try:  # before the exchange, so that a class folder that cannot be made leaves nothing half done
         course.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ClassroomError(f"cannot create the class folder {course} ({exc.strerror or exc}): give a folder you can "
-                             "write with --course or $KVCOURSE_CLASS_DIR; nothing was changed") from None
+        raise GradingError(f"cannot create the class folder {course} ({exc.strerror or exc}): give a folder you can "
+                           "write with --course or $KVCOURSE_CLASS_DIR; nothing was changed") from None
     try:
         make_exchange(exchange)
     except BaseException:
@@ -242,7 +216,7 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
             with contextlib.suppress(OSError):
                 course.rmdir()
         raise
-    added = []
+    known = set()
     if roster:
         from nbgrader.api import Gradebook
 
@@ -252,10 +226,7 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
             known = {s.id for s in gb.students}
             for student in roster:
                 gb.update_or_create_student(student)
-                if student not in known:
-                    added.append(student)
-                    known.add(student)
-    return added
+    return [student for student in dict.fromkeys(roster) if student not in known]
 
 
 def release(assignment: str, course: Path, exchange: Path, force: bool = False) -> Path:
@@ -264,8 +235,8 @@ def release(assignment: str, course: Path, exchange: Path, force: bool = False) 
     existing_exchange(exchange)  # missing: run init; a file: say so (not "run init")
     outbound = exchange / COURSE_ID / "outbound" / assignment
     if outbound.exists() and not force:  # refuse before touching anything (the release/ folder included)
-        raise ClassroomError(f"{assignment} is already released; add --force to release it again "
-                             "(students who fetched it keep their copy)")
+        raise GradingError(f"{assignment} is already released; add --force to release it again "
+                           "(students who fetched it keep their copy)")
     check_gradebook(course)  # generate_assignment writes the tests into it
     course.mkdir(parents=True, exist_ok=True)
     api = _api(course, exchange, ExchangeReleaseAssignment={"force": force})
@@ -290,14 +261,19 @@ def impersonations(assignment: str, exchange: Path) -> list[tuple[str, str, str]
             pwd.getpwnam(claimed)
         except KeyError:  # students without Unix accounts (a test hub's one-account spawner): owners say nothing
             continue
-        uid = entry.lstat().st_uid  # the folder's own owner, even where it is a link (collect refuses those)
-        try:
-            owner = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            owner = f"uid {uid}"
+        owner = _owner(entry)
         if owner != claimed:
             found.append((entry.name, claimed, owner))
     return found
+
+
+def _owner(path: Path) -> str:
+    """The user name of the folder's own owner, even where it is a link (collect refuses those)."""
+    uid = path.lstat().st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 # ----------------------------------------------------------------------------- collecting plain files only
@@ -434,20 +410,19 @@ def _plain_files_collect(refused: list, held: set[str]):
     return PlainFilesCollect
 
 
-class Collected(NamedTuple):
-    students: list[str]  # every student with a collected copy of the assignment in inbox/
-    suspicious: list[tuple[str, str, str]]  # impersonations(): (folder, claimed student, real owner): quarantined
-    refused: list[tuple[str, str, UnsafeSubmission]]  # (student, folder, what it holds): left in the exchange
-
-
-def collect(assignment: str, course: Path, exchange: Path) -> Collected:
-    """nbgrader collect (newest submission of each student) into inbox/, plain files and folders only.
+def collect(assignment: str, course: Path, exchange: Path) -> tuple[list[str], list, list]:
+    """nbgrader collect (newest submission of each student) into inbox/, plain files and folders only. Returns
+    (every student with a copy in inbox/, impersonations() quarantined, refused: [(student, folder, what it holds:
+    UnsafeSubmission)] left in the exchange).
 
     A submission made under another student's name (impersonations) never reaches inbox/, where it would displace
     that student's own: it is copied to quarantine/<account that made it>/<folder>/ for the instructor to judge
     (README: "Handing in"). nbgrader's own warnings are shown, not silenced."""
     _assignment(assignment)
-    root = released_course(exchange, assignment)
+    root = existing_exchange(exchange) / COURSE_ID
+    if not (root / "inbound").is_dir():  # nbgrader would say "Course not found", with a traceback
+        raise GradingError(f"nothing is released in the exchange {exchange} yet, so there is nothing to collect: "
+                           f"run `kvcourse classroom release {assignment}` first, then let the students submit")
     check_gradebook(course)  # collect reads the due date from it
     suspicious = impersonations(assignment, exchange)
     refused: list = []
@@ -465,7 +440,7 @@ def collect(assignment: str, course: Path, exchange: Path) -> Collected:
     log = _run(api.collect(assignment, update=True), f"collect {assignment}", course)
     if "WARN" in log:  # nbgrader's own warnings (its "cheating attempt?" among them), as nbgrader wrote them
         print(log.strip(), file=sys.stderr)
-    return Collected(sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious, refused)
+    return sorted(p.parent.name for p in (course / INBOX).glob(f"*/{assignment}")), suspicious, refused
 
 
 def _report_refused(refused, course: Path, assignment: str) -> int:
@@ -506,8 +481,8 @@ def grade(assignment: str, course: Path, exchange: Path, jobs: int = 1, timeout:
     _assignment(assignment)
     inbox = course / INBOX
     if not any(inbox.glob(f"*/{assignment}/*.ipynb")):
-        raise ClassroomError(f"nothing collected for {assignment} in {inbox}: run `kvcourse classroom "
-                             f"collect {assignment}` first (or wait for submissions)")
+        raise GradingError(f"nothing collected for {assignment} in {inbox}: run `kvcourse classroom "
+                           f"collect {assignment}` first (or wait for submissions)")
     rows = grader.grade(inbox, course, jobs=jobs, timeout=timeout, force=force, progress=progress, log=log,
                          cluster=cluster, notes_for=quarantined(course, assignment))
     for folder in sorted(inbox.glob(f"*/{assignment}")):
@@ -523,8 +498,8 @@ def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
     _assignment(assignment)
     made = [p for p in (course / "feedback").glob(f"*/{assignment}") if any(p.glob("*.html"))]
     if not made:
-        raise ClassroomError(f"no feedback for {assignment} in {course / 'feedback'}: run `kvcourse classroom "
-                             f"grade {assignment}` first")
+        raise GradingError(f"no feedback for {assignment} in {course / 'feedback'}: run `kvcourse classroom "
+                           f"grade {assignment}` first")
     ready = sorted(p.parent.name for p in made if (p / "submission_secret.txt").is_file())
     secretless = sorted(p.parent.name for p in made if p.parent.name not in ready)
     if secretless:  # release_feedback names a student's copy by that file: it would fail on theirs
@@ -532,7 +507,7 @@ def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
               "exchange: their submission has no submission_secret.txt (nbgrader submit writes one; this one was "
               "put in the inbox another way). Give them the HTML file there yourself", file=sys.stderr)
         if not ready:
-            raise ClassroomError(f"no feedback of {assignment} can be released through the exchange (see the note)")
+            raise GradingError(f"no feedback of {assignment} can be released through the exchange (see the note)")
     existing_exchange(exchange)
     api = _api(course, exchange)
     for student in ready if secretless else [None]:  # one by one only to leave those without a secret out
@@ -543,15 +518,15 @@ def feedback(assignment: str, course: Path, exchange: Path) -> list[str]:
 def export(course: Path, exchange: Path, dest: Path | None = None) -> Path:
     """nbgrader's CSV export of the class gradebook (one row per student and assignment)."""
     if not (course / "gradebook.db").exists():
-        raise ClassroomError(f"no gradebook in {course}: release and grade an assignment first")
+        raise GradingError(f"no gradebook in {course}: release and grade an assignment first")
     dest = Path(dest or course / "grades.csv")
     # --to is checked while parsing, every write by files.atomic_output (a device, a pipe) and disk_error (why it
     # failed); a folder where the default file goes is said here, with what to do
     if dest.is_dir():
-        raise ClassroomError(f"{dest} is a folder: give the CSV file to write, e.g. --to {dest / 'grades.csv'}"
-                             if dest != course / "grades.csv" else
-                             f"{dest} is a folder where the CSV file goes: move it out of the way, or write the "
-                             "grades elsewhere with --to FILE.csv")
+        raise GradingError(f"{dest} is a folder: give the CSV file to write, e.g. --to {dest / 'grades.csv'}"
+                           if dest != course / "grades.csv" else
+                           f"{dest} is a folder where the CSV file goes: move it out of the way, or write the "
+                           "grades elsewhere with --to FILE.csv")
     with _gradebook_errors(course, "read"):
         nbgrader_api.export_csv(config(course, exchange), dest)
     return dest
@@ -563,9 +538,8 @@ def status(course: Path, exchange: Path, assignment: str | None = None) -> dict:
     root = existing_exchange(exchange) / COURSE_ID
     out = {}
     for a in names:
-        inbound = {p.name.split("+")[0] for p in (root / "inbound").glob(f"*+{a}+*")} if (root / "inbound").is_dir() else set()
         out[a] = {"released": (root / "outbound" / a).is_dir(),
-                  "submitted": len(inbound),
+                  "submitted": len({p.name.split("+")[0] for p in (root / "inbound").glob(f"*+{a}+*")}),
                   "collected": len(list((course / INBOX).glob(f"*/{a}"))),
                   "graded": len(list((course / "autograded").glob(f"*/{a}"))),
                   "feedback": len(list((course / "feedback").glob(f"*/{a}"))),
@@ -655,7 +629,7 @@ def run_classroom(args) -> int:
                 print(f"feedback released for {len(released)} student(s); grades: {export(course, exchange)}")
             return max(code, _report_impersonations(suspicious, course),
                        _report_refused(refused, course, args.assignment))
-    except (ClassroomError, files.GradingError, ValueError) as exc:
+    except (GradingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

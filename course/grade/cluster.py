@@ -24,6 +24,7 @@ from pathlib import Path
 import course
 from course.grade import sandbox
 from course.grade.files import GradingError
+from course.grade.nbgrader_api import sha
 
 START_HINT = ("start one with `dask scheduler` and `dask worker tcp://HOST:8786` on each grading machine (the course "
               "installed there too), or grade on this machine with --cluster local:N")
@@ -46,8 +47,6 @@ def parse(spec: str | None, jobs: int = 1) -> tuple[str, int] | None:
 @lru_cache(maxsize=1)
 def course_version() -> str:
     """A hash of the course package's files: what the sandbox runs and the learner's code imports."""
-    from course.grade.nbgrader_api import sha
-
     root = Path(course.__file__).resolve().parent
     files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".yaml", ".cpp")
                    and "__pycache__" not in p.parts)
@@ -74,8 +73,7 @@ def run_one(job: dict, on_start=None) -> dict:
     return dataclasses.asdict(outcome)
 
 
-def serial(jobs: list[dict], on_start=None):
-    """(index, Outcome) for each job, one at a time in this process."""
+def serial(jobs: list[dict], on_start=None):  # as Cluster.run, one job at a time in this process
     for i, job in enumerate(jobs):
         yield i, sandbox.Outcome(**run_one(job, on_start))
 
@@ -85,9 +83,6 @@ class Cluster:
 
     def __init__(self, client, where: str, threads: int, version: str | None):
         self.client, self.where, self.threads, self.version = client, where, threads, version  # version None: local
-
-    def workers(self) -> int:
-        return len(self.client.scheduler_info(n_workers=-1)["workers"])
 
     def run(self, jobs: list[dict], bar=None):
         from distributed import as_completed
@@ -108,7 +103,8 @@ class Cluster:
                     outcome = sandbox.Outcome(infrastructure=f"its task failed on a worker ({type(exc).__name__}: "
                                                              f"{str(exc)[:200]})")
                 if bar is not None:
-                    bar.set_postfix_str(f"{self.workers()} worker(s)", refresh=False)
+                    workers = len(self.client.scheduler_info(n_workers=-1)["workers"])
+                    bar.set_postfix_str(f"{workers} worker(s)", refresh=False)
                 yield i, outcome
         finally:
             self.client.cancel(list(futures))

@@ -26,9 +26,7 @@ _CAP_AND_EXEC = (
 class GraderKernelManager(AsyncKernelManager):
     """A kernel manager whose kernels cannot allocate more than memory_limit_mb of address space."""
 
-    memory_limit_mb = Integer(
-        4096, help="Address-space cap of each grading kernel in MiB (0 = no cap). Linux only."
-    ).tag(config=True)
+    memory_limit_mb = Integer(4096, help="Address-space cap of a grading kernel, MiB (0: none; Linux)").tag(config=True)
 
     def format_kernel_cmd(self, extra_arguments=None):
         cmd = super().format_kernel_cmd(extra_arguments)
