@@ -25,10 +25,10 @@ start: setup
 test: setup
 	@sh scripts/ensure_chromium.sh
 	@sh scripts/ensure_bwrap.sh
-	$(BIN)/python -m pytest -n 2 --dist loadgroup
+	$(BIN)/python -m pytest
 
 test-fast: setup
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not browser"
+	$(BIN)/python -m pytest -m "not slow and not browser"
 
 bench: setup
 	@sh scripts/ensure_bwrap.sh

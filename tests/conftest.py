@@ -99,18 +99,5 @@ def cpu_burner():
 
 
 def pytest_collection_modifyitems(items):
-    """tests/test_lesson_consistency.py compares what the lesson tests' runs left behind: it runs after them.
-
-    `make test` runs two workers (pytest-xdist, `-n 2 --dist loadgroup`); each group runs whole, in this order, on
-    one worker: a file's tests stay together (its module fixtures, such as the 127 graded samples, are built once),
-    the browser suite shares a group with the lesson tests that read the runs it kept, and a lesson run under the
-    CPU burner is a group of its own."""
+    """tests/test_lesson_consistency.py compares what the lesson tests' runs left behind: it runs after them."""
     items.sort(key=lambda item: item.path.name == "test_lesson_consistency.py")  # stable: the rest keep their order
-    for item in items:
-        if "cpu_burner" in getattr(item, "fixturenames", ()):
-            group = item.nodeid
-        elif item.path.parent.name == "e2e" or item.path.name.startswith("test_lesson_"):
-            group = "lessons"
-        else:
-            group = item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
