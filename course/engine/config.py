@@ -52,7 +52,10 @@ class ModelConfig:
             raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads}): "
                              "each KV head serves a whole group of query heads")
 
-    group_size = property(lambda self: self.n_heads // self.n_kv_heads)  # query heads per KV head (1 = MHA)
+    @property
+    def group_size(self):
+        """Query heads per KV head (1 = MHA)."""
+        return self.n_heads // self.n_kv_heads
 
     @property
     def n_params(self) -> int:

@@ -28,7 +28,9 @@ class LayerKVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    max_seq_len = property(lambda self: self.k.shape[2])
+    @property
+    def max_seq_len(self):
+        return self.k.shape[2]
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every buffer this layer holds (what its bytes are made of)."""
@@ -90,7 +92,9 @@ class KVCache:
     def __len__(self) -> int:
         return len(self.layers)
 
-    max_seq_len = property(lambda self: self.layers[0].max_seq_len)
+    @property
+    def max_seq_len(self):
+        return self.layers[0].max_seq_len
 
     @property
     def nbytes(self) -> int:

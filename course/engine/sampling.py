@@ -171,7 +171,9 @@ class Sampler:
         self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.generator, self.dtype = generator, dtype
 
-    greedy = property(lambda self: self.temperature == 0)
+    @property
+    def greedy(self):
+        return self.temperature == 0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution a call would draw from (same shape as logits)."""

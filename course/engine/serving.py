@@ -89,8 +89,13 @@ class Completion:
     preemptions: int = 0
     stop_reason: str = ""
 
-    time_to_first_token = property(lambda self: self.first_token - self.request.arrival)
-    latency = property(lambda self: self.finished - self.request.arrival)  # arrival to last token
+    @property
+    def time_to_first_token(self):
+        return self.first_token - self.request.arrival
+
+    @property
+    def latency(self):
+        return self.finished - self.request.arrival
 
 
 @dataclass
@@ -115,11 +120,18 @@ class ServeResult:
     timeline: list[StepRecord]
     cache_bytes: int  # bytes of the whole cache (pool or preallocated buffers)
 
-    generated_tokens = property(lambda self: sum(len(c.tokens) for c in self.completions))
+    @property
+    def generated_tokens(self):
+        return sum(len(c.tokens) for c in self.completions)
     # first arrival to last finish, on the serving clock; generated tokens per second (per step with clock="steps")
-    makespan = property(lambda self: max(c.finished for c in self.completions)
-                        - min(c.request.arrival for c in self.completions))
-    throughput = property(lambda self: self.generated_tokens / self.makespan)
+
+    @property
+    def makespan(self):
+        return max(c.finished for c in self.completions) - min(c.request.arrival for c in self.completions)
+
+    @property
+    def throughput(self):
+        return self.generated_tokens / self.makespan
 
     @property
     def cpu_throughput(self) -> float:
@@ -130,13 +142,33 @@ class ServeResult:
         Meaningless for a GPU run (the device's time is not CPU time)."""
         return self.generated_tokens / sum(s.cpu_seconds for s in self.timeline)
 
-    ttft_p50 = property(lambda self: percentile([c.time_to_first_token for c in self.completions], 50))  # seconds
-    ttft_p95 = property(lambda self: percentile([c.time_to_first_token for c in self.completions], 95))
-    latency_p50 = property(lambda self: percentile([c.latency for c in self.completions], 50))
-    latency_p95 = property(lambda self: percentile([c.latency for c in self.completions], 95))
-    peak_bytes_reserved = property(lambda self: max((s.bytes_reserved for s in self.timeline), default=0))
-    peak_bytes_used = property(lambda self: max((s.bytes_used for s in self.timeline), default=0))
-    peak_bytes_shared = property(lambda self: max((s.bytes_logical - s.bytes_used for s in self.timeline), default=0))
+    @property
+    def ttft_p50(self):
+        return percentile([c.time_to_first_token for c in self.completions], 50)
+
+    @property
+    def ttft_p95(self):
+        return percentile([c.time_to_first_token for c in self.completions], 95)
+
+    @property
+    def latency_p50(self):
+        return percentile([c.latency for c in self.completions], 50)
+
+    @property
+    def latency_p95(self):
+        return percentile([c.latency for c in self.completions], 95)
+
+    @property
+    def peak_bytes_reserved(self):
+        return max((s.bytes_reserved for s in self.timeline), default=0)
+
+    @property
+    def peak_bytes_used(self):
+        return max((s.bytes_used for s in self.timeline), default=0)
+
+    @property
+    def peak_bytes_shared(self):
+        return max((s.bytes_logical - s.bytes_used for s in self.timeline), default=0)
 
     @property
     def slot_occupancy(self) -> float:
@@ -144,7 +176,9 @@ class ServeResult:
         cells = [phase for s in self.timeline for _, phase in s.slots]
         return sum(p != "idle" for p in cells) / len(cells) if cells else math.nan
 
-    preemptions = property(lambda self: sum(c.preemptions for c in self.completions))
+    @property
+    def preemptions(self):
+        return sum(c.preemptions for c in self.completions)
 
     def outputs(self) -> dict[int, list[int]]:
         return {c.request.id: list(c.tokens) for c in self.completions}

@@ -239,13 +239,30 @@ class SpeculativeStats:
     accepted_per_pass: list[int] = field(default_factory=list)  # one entry per verification pass
     proposed_per_pass: list[int] = field(default_factory=list)
 
-    target_passes = property(lambda self: len(self.accepted_per_pass))  # verification passes (decode phase)
-    proposed = property(lambda self: sum(self.proposed_per_pass))  # draft tokens offered to the target
-    accepted = property(lambda self: sum(self.accepted_per_pass))  # of those, kept
-    emitted = property(lambda self: self.accepted + self.target_passes)  # each pass adds one token to those kept
+    @property
+    def target_passes(self):
+        """Verification passes (decode phase)."""
+        return len(self.accepted_per_pass)
+
+    @property
+    def proposed(self):
+        """Draft tokens offered to the target (accepted: those kept)."""
+        return sum(self.proposed_per_pass)
+
+    @property
+    def accepted(self):
+        return sum(self.accepted_per_pass)
+
+    @property
+    def emitted(self):
+        """Each pass adds one token to those kept."""
+        return self.accepted + self.target_passes
 
     # share of proposed draft tokens the target kept (nan if nothing was proposed)
-    acceptance_rate = property(lambda self: self.accepted / self.proposed if self.proposed else float("nan"))
+
+    @property
+    def acceptance_rate(self):
+        return self.accepted / self.proposed if self.proposed else float("nan")
 
     @property
     def agreement(self) -> float:
@@ -255,9 +272,14 @@ class SpeculativeStats:
         return self.accepted / tested if tested else float("nan")
 
     # decode-phase tokens per target pass: 1 for plain decoding, up to k+1 here
-    tokens_per_target_pass = property(lambda self: self.emitted / self.target_passes if self.target_passes
-                                      else float("nan"))
-    decode_seconds = property(lambda self: self.wall_seconds - self.prefill_seconds)
+
+    @property
+    def tokens_per_target_pass(self):
+        return self.emitted / self.target_passes if self.target_passes else float("nan")
+
+    @property
+    def decode_seconds(self):
+        return self.wall_seconds - self.prefill_seconds
 
 
 @dataclass

@@ -27,7 +27,9 @@ class ChatTokenizer:
     eos_id: int
     add_bos: bool
 
-    vocab_size = property(lambda self: self.tokenizer.get_vocab_size())
+    @property
+    def vocab_size(self):
+        return self.tokenizer.get_vocab_size()
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids

@@ -184,7 +184,10 @@ class CacheCheck:
     nbytes: int
     config: ModelConfig | None = field(default=None, repr=False)
     state: dict | None = field(default=None, repr=False)
-    ok = property(lambda self: self.problem is None)
+
+    @property
+    def ok(self):
+        return self.problem is None
 
 
 def _verify(cached: Path) -> CacheCheck:
