@@ -25,10 +25,12 @@ start: setup
 test: setup
 	@sh scripts/ensure_chromium.sh
 	@sh scripts/ensure_bwrap.sh
-	$(BIN)/python -m pytest
+	@# the lessons and the browser suite time what they teach: alone on the machine; the rest two at a time
+	$(BIN)/python -m pytest -m alone; a=$$?; \
+	$(BIN)/python -m pytest -m "not alone" -n 2 --dist loadfile --no-loadscope-reorder; b=$$?; exit $$((a | b))
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not browser"
+	$(BIN)/python -m pytest -m "not slow and not browser" -n 2 --dist loadfile
 
 bench: setup
 	@sh scripts/ensure_bwrap.sh

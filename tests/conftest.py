@@ -99,5 +99,20 @@ def cpu_burner():
 
 
 def pytest_collection_modifyitems(items):
-    """tests/test_lesson_consistency.py compares what the lesson tests' runs left behind: it runs after them."""
-    items.sort(key=lambda item: item.path.name == "test_lesson_consistency.py")  # stable: the rest keep their order
+    """tests/test_lesson_consistency.py compares what the lesson tests' runs left behind: it runs after them.
+
+    The browser suite and the lesson tests are marked `alone` (as is a test that reads the machine's load): they
+    time what they teach, so `make test` runs them alone on the machine, then everything else on two workers
+    (pytest-xdist, `-n 2 --dist loadfile --no-loadscope-reorder`: one file's tests on one worker, its module
+    fixtures built once, files in this order). First the lesson runs under the CPU burner (a busy machine is what
+    they test), then the longest files."""
+    def order(item):
+        return (item.path.name == "test_lesson_consistency.py",
+                0 if "cpu_burner" in getattr(item, "fixturenames", ()) else
+                1 if item.path.name in ("test_grading.py", "test_classroom.py") else 2)
+
+    for item in items:
+        lesson = item.path.parent.name == "e2e" or item.path.name.startswith("test_lesson_")
+        if lesson and "cpu_burner" not in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.alone)
+    items.sort(key=order)  # stable: within each rank, the collection's order

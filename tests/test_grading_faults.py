@@ -52,6 +52,18 @@ def test_a_second_grader_on_the_same_folder_stops_with_a_clear_message(tmp_path)
         pass
 
 
+def test_a_second_course_folder_reuses_the_reference_run_of_this_process(tmp_path, monkeypatch):
+    limits = sandbox.Limits()
+    first = grader.reference_values(ASSIGNMENT, tmp_path / "a", limits)
+    monkeypatch.setattr(sandbox, "run_sealed", lambda *a, **k: pytest.fail("the solution ran a second time"))
+    assert repr(grader.reference_values(ASSIGNMENT, tmp_path / "b", limits)) == repr(first)  # a raise has no ==
+    stored = tmp_path / "b" / "reference" / f"{ASSIGNMENT}.json"
+    assert stored.read_bytes() == (tmp_path / "a" / "reference" / f"{ASSIGNMENT}.json").read_bytes()
+    assert stored.stat().st_mode & 0o077 == 0  # the hidden checks' answers: private, as the first
+    with pytest.raises(pytest.fail.Exception, match="a second time"):  # other limits (a smaller cap may not start)
+        grader.reference_values(ASSIGNMENT, tmp_path / "c", sandbox.Limits(memory_mb=2048))
+
+
 def test_a_lock_left_by_a_killed_grader_is_taken_once_the_process_it_forked_ends(tmp_path):
     lock = tmp_path / "course" / "work" / "grade.lock"
     lock.parent.mkdir(parents=True)
@@ -97,6 +109,24 @@ def test_atomic_writes_keep_the_files_permissions(tmp_path):
     with files.atomic_output(path) as tmp:
         tmp.write_text("c\n")
     assert path.stat().st_mode & 0o777 == 0o640 and path.read_text() == "c\n"
+
+
+def test_a_new_gradebook_is_stamped_with_the_schema_version_alembic_itself_reports(tmp_path):
+    import sqlite3
+
+    from nbgrader import dbutil
+    from nbgrader.api import Gradebook
+
+    ini = tmp_path / "alembic.ini"
+    dbutil.write_alembic_ini(str(ini), "sqlite:///" + str(tmp_path / "unused.db"))
+    heads = subprocess.run([str(Path(sys.executable).with_name("alembic")), "-c", str(ini), "heads"],
+                           capture_output=True, text=True, check=True).stdout
+    nbgrader_api.schema_version_here()
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "kvcourse"):
+        pass
+    with sqlite3.connect(tmp_path / "gradebook.db") as con:
+        (stamped,), = con.execute("SELECT version_num FROM alembic_version").fetchall()
+    assert heads.split()[0] == stamped and "(head)" in heads
 
 
 def test_csv_export_on_a_full_disk_keeps_the_previous_grades(tmp_path, monkeypatch):

@@ -124,6 +124,7 @@ def test_others_busy_reads_the_kernel_accounting(tmp_path, monkeypatch):
     assert threads._everyone_cpu_s(str(stat)) is None and threads._everyone_cpu_s(str(tmp_path / "no")) is None
 
 
+@pytest.mark.alone  # it reads the machine's load: another test worker beside it would fill the cores
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux's /proc/stat")
 def test_others_busy_tells_another_program_from_this_one():
     import subprocess

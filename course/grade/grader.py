@@ -96,11 +96,19 @@ def _version(assignment: str) -> str:
 
 # ----------------------------------------------------------------------------- reference values
 
+_REFERENCES: dict[tuple[str, str], dict] = {}  # (version, repr(limits)): what reference_values stored
+
+
 def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dict[str, list]:
-    """The checks applied to the solution notebook, outside any sandbox; cached per version."""
+    """The checks applied to the solution notebook, outside any sandbox; cached per version (in the course folder,
+    and in this process for the next course folder)."""
     version = _version(assignment)
     cache = work / "reference" / f"{assignment}.json"
     stored = read_json(cache, "cached reference values", None) if cache.exists() else None
+    key = (version, repr(limits))
+    if not (isinstance(stored, dict) and stored.get("version") == version) and key in _REFERENCES:
+        stored = _REFERENCES[key]  # this process ran it for another course folder: the same values
+        atomic_write(cache, json.dumps(stored), private=True)
     if not (isinstance(stored, dict) and stored.get("version") == version):
         (source,) = sorted((SOLUTIONS / assignment).glob("*.ipynb"))
         run = work / f"reference-run-{os.getpid()}" / assignment
@@ -120,6 +128,7 @@ def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dic
         stored = {"version": version,
                   "values": _values(outcome.events, verdicts.load_checks(verdicts.checks_path(assignment)))}
         atomic_write(cache, json.dumps(stored), private=True)  # the hidden checks' answers
+        _REFERENCES[key] = stored
     return {gid: [decode(v) for v in values] for gid, values in stored["values"].items()}
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from course.engine.device import cpu_name
+from course.engine.weights import write_atomically
 from course.measure import costs, threads
 from course.measure.display import Printed
 from course.measure.timing import matmul_flops, measure, memory_bandwidth
@@ -84,15 +85,7 @@ def path() -> Path:
 
 
 def _host(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def _matches(saved: dict, device: torch.device, dtype: str) -> bool:
@@ -118,16 +111,13 @@ def load(device="cpu", dtype="float32") -> Profile | None:
 def save(prof: Profile) -> None:
     """Write the profile beside the progress file (atomically: a reader never sees half a file)."""
     target = path()
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         data = json.loads(target.read_text())
         data = data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         data = {}
     data[f"{prof.device}/{prof.dtype}"] = asdict(prof)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, target)
+    write_atomically(target, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1)))
 
 
 def eager_decode_ms(model, context: int = 16, repeats: int = 9) -> float:

@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from course.engine.weights import write_atomically
+
 _recorded: dict = {}
 
 
@@ -22,9 +24,7 @@ def record(key: str, value):
         path = Path(target)
         data = json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
         data[key] = value
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        os.replace(tmp, path)
+        write_atomically(path, lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1)))
     return value
 
 

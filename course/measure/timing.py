@@ -134,21 +134,6 @@ class ReadProbe:
         self.buffer = None
 
 
-UNSTEADY = 1.25  # read probes whose fastest round beat the slowest by more than this: an unsteady memory system
-
-
-def steadiness(probes: list[float]) -> tuple[bool, str]:
-    """Did the streaming-read probe (bytes/s, one per round) hold still between rounds, and the clause that says
-    how far it moved (the caller says what follows). On a shared host other tenants' memory traffic comes and
-    goes; every ratio to the floor is paired with its own round's probe, but a probe that swings by more than
-    UNSTEADY between rounds makes the floor itself uncertain, and the report should say so beside any verdict."""
-    if len(probes) < 2:
-        return True, ""
-    lo, hi = min(probes), max(probes)
-    steady = hi <= UNSTEADY * lo
-    return steady, f"the read probe ranged from {lo / 1e9:.1f} to {hi / 1e9:.1f} GB/s over {len(probes)} rounds"
-
-
 def matmul_flops(device: torch.device | str = "cpu", n: int = 1024, dtype: torch.dtype = torch.float32,
                  repeats: int = 5) -> float:
     """Achieved FLOP/s of an n×n by n×n matmul (2·n³ floating-point operations)."""
