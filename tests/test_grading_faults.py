@@ -134,7 +134,7 @@ def test_csv_export_on_a_full_disk_keeps_the_previous_grades(tmp_path, monkeypat
     from nbgrader.plugins import CsvExportPlugin
 
     cfg = nbgrader_api.load_config(tmp_path)
-    nbgrader_api.venv_on_path(os.environ)
+    nbgrader_api.schema_version_here()
     with Gradebook(cfg.CourseDirectory.db_url, "kvcourse") as gb:
         gb.update_or_create_student("ann")
     previous = "assignment,duedate,timestamp,student_id,last_name,first_name,email,raw_score,late_submission_penalty,score,max_score\nx\n"

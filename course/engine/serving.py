@@ -95,6 +95,7 @@ class Completion:
 
     @property
     def latency(self):
+        """Arrival to last token."""
         return self.finished - self.request.arrival
 
 
@@ -123,14 +124,15 @@ class ServeResult:
     @property
     def generated_tokens(self):
         return sum(len(c.tokens) for c in self.completions)
-    # first arrival to last finish, on the serving clock; generated tokens per second (per step with clock="steps")
 
     @property
     def makespan(self):
+        """First arrival to last finish, on the serving clock."""
         return max(c.finished for c in self.completions) - min(c.request.arrival for c in self.completions)
 
     @property
     def throughput(self):
+        """Generated tokens per second (per step with clock="steps")."""
         return self.generated_tokens / self.makespan
 
     @property

@@ -246,11 +246,12 @@ class SpeculativeStats:
 
     @property
     def proposed(self):
-        """Draft tokens offered to the target (accepted: those kept)."""
+        """Draft tokens offered to the target."""
         return sum(self.proposed_per_pass)
 
     @property
     def accepted(self):
+        """Of the draft tokens proposed, those the target kept."""
         return sum(self.accepted_per_pass)
 
     @property
@@ -258,10 +259,9 @@ class SpeculativeStats:
         """Each pass adds one token to those kept."""
         return self.accepted + self.target_passes
 
-    # share of proposed draft tokens the target kept (nan if nothing was proposed)
-
     @property
     def acceptance_rate(self):
+        """Share of proposed draft tokens the target kept (nan if nothing was proposed)."""
         return self.accepted / self.proposed if self.proposed else float("nan")
 
     @property
@@ -271,10 +271,9 @@ class SpeculativeStats:
         tested = self.accepted + sum(a < p for a, p in zip(self.accepted_per_pass, self.proposed_per_pass))
         return self.accepted / tested if tested else float("nan")
 
-    # decode-phase tokens per target pass: 1 for plain decoding, up to k+1 here
-
     @property
     def tokens_per_target_pass(self):
+        """Decode-phase tokens per target pass: 1 for plain decoding, up to k+1 here."""
         return self.emitted / self.target_passes if self.target_passes else float("nan")
 
     @property

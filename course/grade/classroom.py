@@ -220,7 +220,7 @@ def init(course: Path, exchange: Path, roster: list[str] = ()) -> list[str]:
     if roster:
         from nbgrader.api import Gradebook
 
-        nbgrader_api.venv_on_path(os.environ)  # a new gradebook runs `alembic`
+        nbgrader_api.schema_version_here()  # what a new gradebook is stamped with
         with _gradebook_errors(course, "written"), \
                 Gradebook(config(course, exchange).CourseDirectory.db_url, COURSE_ID) as gb:
             known = {s.id for s in gb.students}

@@ -11,7 +11,6 @@ import re
 import shutil
 import stat
 import sqlite3
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -47,21 +46,12 @@ def load_config(course: Path = AUTOGRADE, timeout: int | None = None, memory_mb:
     return cfg
 
 
-def venv_on_path(env: dict) -> dict:
-    """nbgrader runs the `alembic` command when it creates a gradebook: it must be on PATH (this process asks
-    alembic's Python API instead)."""
-    schema_version_here()
-    bin_dir = os.path.dirname(sys.executable)
-    if bin_dir not in env.get("PATH", "").split(os.pathsep):
-        env["PATH"] = os.pathsep.join(p for p in (bin_dir, env.get("PATH")) if p)
-    return env
-
-
 @functools.cache
 def schema_version_here() -> None:
     """A new gradebook is stamped with the version of nbgrader's schema, which nbgrader asks of a subprocess
     (`alembic heads`: 0.5 s quiet, 3 s or more on a busy machine, per gradebook); alembic's Python API reads the
-    same migration folder here, once per process (test_grading_faults compares the two)."""
+    same migration folder here, once per process (test_grading_faults compares the two), and the `alembic` command
+    need not be on PATH."""
     import nbgrader.api
     from alembic.script import ScriptDirectory
     from nbgrader import dbutil
@@ -74,7 +64,7 @@ def nbgrader_api(cfg, log_level: str = "ERROR"):
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
 
-    venv_on_path(os.environ)
+    schema_version_here()
     Path(cfg.Exchange.root).mkdir(parents=True, exist_ok=True)
     api = NbGraderAPI(coursedir=CourseDirectory(config=cfg), config=cfg)
     api.log_level = log_level
