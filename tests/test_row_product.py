@@ -80,8 +80,10 @@ def test_a_failed_build_prints_one_plain_line_and_names_its_log(tmp_path):
     assert out[0].startswith("Building the course's C++ kernel for this CPU, once") and len(out) == 2
     why = out[1]
     assert "could not be built" in why and "build.log" in why
-    log = why.split("output is in ")[1].strip()
+    log = why.split("output is in ")[1].split(" (delete ")[0]
     assert (tmp_path / "cache") in __import__("pathlib").Path(log).parents and open(log).read()
+    again = _build_in_a_fresh_cache(tmp_path, CXX=str(tmp_path / "no-such-compiler"))  # the same cache folder
+    assert again.stdout.splitlines() == [why] and again.stderr == "", "a failed build was tried again"
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@
 #endif
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>  // vec_reduce_all (vec.h alone lacks it where AVX-512 is chosen)
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 

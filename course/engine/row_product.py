@@ -13,7 +13,8 @@ row_product.cpp). The compiled decode step (course.engine.fast) calls this kerne
 It is built for this machine's CPU (-march=native) by torch.utils.cpp_extension into the course's cache folder
 (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), once per CPU kind and torch version. The build prints
 one plain line and keeps its compiler output in a log file, named only if the build fails. Where there is no
-C++ compiler or no vector unit, `available()` is False (`why_not()` says why) and batches use BLAS instead.
+C++ compiler or no vector unit, `available()` is False (`why_not()` says why) and batches use BLAS instead; a
+failed build is not tried again until its folder is deleted.
 KVCOURSE_ROW_KERNEL=0 turns it off.
 """
 from __future__ import annotations
@@ -66,7 +67,9 @@ def _build() -> str | None:
         from torch.utils.cpp_extension import load
 
         where = build_dir()
-        log = where / "build.log"
+        log, failed = where / "build.log", where / "failed"
+        if failed.exists():  # every process would otherwise spend its minute on the same failing build
+            return failed.read_text()
         try:
             where.mkdir(parents=True, exist_ok=True)
             lock = where / "lock"  # torch waits for this file while another process builds; a killed build leaves it
@@ -82,7 +85,11 @@ def _build() -> str | None:
                      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],  # at::parallel_for
                      is_python_module=False, verbose=True)
         except Exception as exc:  # no compiler, no headers, a read-only cache: batches use BLAS
-            return f"it could not be built ({type(exc).__name__}); the compiler's output is in {log}"
+            why = (f"it could not be built ({type(exc).__name__}); the compiler's output is in {log} (delete "
+                   f"{where} to build it again)")
+            with contextlib.suppress(OSError):
+                failed.write_text(why)
+            return why
     if torch.ops.kvcourse.vector_width() < 4:
         return "no vector unit was found for it on this CPU, so it would not be faster than BLAS"
     return None
