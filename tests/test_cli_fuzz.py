@@ -149,7 +149,7 @@ def test_bad_argument_is_one_line_exit_2(prefix, dest, value, paths, capsys, mon
         def refuse(args):
             raise AssertionError(f"kvcourse {' '.join(argv)} was accepted and started running")
 
-        monkeypatch.setattr(cli, "build_parser", lambda: (parser, {name: refuse for name in available}))
+        monkeypatch.setattr(cli, "build_parser", lambda *_: (parser, {name: refuse for name in available}))
     code, out, err = _run_main(argv, capsys)
     _assert_one_line_error(code, out, err, argv)
     if action.option_strings:

@@ -54,3 +54,19 @@ def test_a_graded_notebooks_feedback_runs_no_student_script(tmp_path):
     assert 'href="javascript:' not in html
     assert '<h2 id="My-notes">' in html and "<td>1</td>" in html  # (outputs: the grader shows only its verdicts)
     shutil.rmtree(tmp_path / "course", ignore_errors=True)
+
+
+def test_feedback_templates_are_compiled_once_per_process(monkeypatch):
+    """nbconvert builds a new Jinja environment for every feedback page; the templates are compiled once."""
+    import jinja2
+    from nbconvert import HTMLExporter
+
+    from course.grade.nbgrader_api import templates_compiled_once
+
+    templates_compiled_once()
+    compiled, compile_ = [], jinja2.Environment.compile
+    monkeypatch.setattr(jinja2.Environment, "compile", lambda env, *a, **k: compiled.append(a) or compile_(env, *a, **k))
+    HTMLExporter().environment.get_template("index.html.j2")
+    first = len(compiled)  # 0 when an earlier test of this process compiled them already
+    page = HTMLExporter().environment.get_template("index.html.j2")
+    assert len(compiled) == first and page.render  # the second environment got them compiled

@@ -594,7 +594,9 @@ def test_a_second_checkout_sharing_the_environment_is_named_before_grading(tmp_p
 @pytest.mark.slow
 @needs_bwrap
 def test_a_memory_cap_too_small_to_start_python_is_named_as_such(tmp_path):
-    folder, course = _folder(tmp_path, {"ann": "reference"}), tmp_path / "course"
+    """An exercise whose notebook needs torch (exercise 01's does not, and grades within 256 MiB)."""
+    folder, course = tmp_path / "submissions", tmp_path / "course"
+    shutil.copytree(SAMPLES / "reference" / "02_kv_cache", folder / "ann" / "02_kv_cache")
     with pytest.raises(GradingError) as err:
         grader.grade(folder, course, memory_mb=256, progress=False, log=_quiet)
     text = str(err.value)

@@ -117,11 +117,12 @@ def reference_values(assignment: str, work: Path, limits: sandbox.Limits) -> dic
         shutil.rmtree(run.parent, ignore_errors=True)
         errors = [o for e in outcome.events if e["ev"] == "cell_done" for o in e["outputs"]
                   if o.get("output_type") == "error"]
-        if outcome.infrastructure:  # the sandbox never ran a cell: say so, not that the solution is broken
-            small = (f" With --memory-mb {limits.memory_mb}, Python and torch may not even start: try 2048 or more "
-                     "(the default is 4096)." if limits.memory_mb and limits.memory_mb < 2048 else "")
+        small = (f" With --memory-mb {limits.memory_mb}, Python and torch may not even start: try 2048 or more "
+                 "(the default is 4096)." if limits.memory_mb and limits.memory_mb < 2048 else "")
+        if outcome.infrastructure or (small and (outcome.problems or errors)):  # not that the solution is broken
+            why = outcome.infrastructure or "; ".join(outcome.problems + [e.get("ename", "") for e in errors])[:300]
             raise GradingError(f"the grader's sandbox could not start the solution notebook of {assignment}: "
-                               f"{outcome.infrastructure}.{small}")
+                               f"{why}.{small}")
         if outcome.problems or errors:
             raise GradingError(f"the solution notebook of {assignment} does not run cleanly under the grader: "
                                f"{(outcome.problems + [outcome.infrastructure] + [str(e)[:300] for e in errors])}")

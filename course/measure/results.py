@@ -10,8 +10,6 @@ import json
 import os
 from pathlib import Path
 
-from course.engine.weights import write_atomically
-
 _recorded: dict = {}
 
 
@@ -21,6 +19,8 @@ def record(key: str, value):
     _recorded[key] = value
     target = os.environ.get("KVCOURSE_RESULTS")
     if target:
+        from course.engine.weights import write_atomically  # not at import: the CLI's progress and review need no torch
+
         path = Path(target)
         data = json.loads(path.read_text()) if path.exists() and path.stat().st_size else {}
         data[key] = value
