@@ -329,16 +329,23 @@ class Lab:
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
         return self.wait_run_finished(page, timeout_s)
 
-    def wait_run_finished(self, page, timeout_s: float = 900) -> dict:
+    @staticmethod
+    def busy(state: dict | None) -> bool:
+        """The kernel works, or a cell waits in the queue (a prompt with a star)."""
+        return state is None or state["kernel"] != "idle" or any("*" in c["prompt"] for c in state["cells"])
+
+    def wait_run_finished(self, page, timeout_s: float = 900, meanwhile=None) -> dict:
+        """Wait until Run All is done; `meanwhile()` is called at every poll (another page may need a look)."""
         deadline = time.monotonic() + timeout_s
         page.wait_for_timeout(1500)  # let the queue reach the kernel before looking for "idle"
         settled = 0
         while time.monotonic() < deadline:
             st = self.state(page)
-            busy = st is None or st["kernel"] != "idle" or any("*" in c["prompt"] for c in st["cells"])
-            settled = 0 if busy else settled + 1
+            settled = 0 if self.busy(st) else settled + 1
             if settled >= 3:  # idle three polls in a row: no cell left in the queue
                 return st
+            if meanwhile:
+                meanwhile()
             page.wait_for_timeout(1000)
         raise AssertionError(f"Run All did not finish within {timeout_s:.0f} s; "
                              f"cells still queued: {[c['source'][:60] for c in self.state(page)['cells'] if '*' in c['prompt']]}")

@@ -113,10 +113,13 @@ def test_start_here_runs_and_streams_an_answer(lab):
 
 
 # ----------------------------------------------------------------------------------------------- 2
+LANES = 2  # lessons running at once, each a kernel of one torch thread (as two lessons open in two tabs)
+
+
 @pytest.fixture(scope="module")
 def started_lessons(jupyter_server):
-    """Lessons whose Run All an earlier test started in a second tab (as a learner with two lessons open):
-    two kernels of one thread each keep both cores busy, where one lesson at a time left one idle."""
+    """Lessons whose Run All an earlier test started in another tab, ahead of their own test: while one lesson
+    runs, the next ones run beside it, so both cores stay busy (one lesson at a time left one idle)."""
     pages: dict = {}
     yield pages
     for path, page in pages.items():
@@ -126,6 +129,7 @@ def started_lessons(jupyter_server):
 
 
 RUN_ALL_AT: dict[str, float] = {}  # lesson path -> when its Run All was clicked (time.time())
+DONE_AT: dict[str, float] = {}  # lesson path -> when its run was first seen finished
 
 
 def _click_run_all(page, path: str | None = None) -> None:
@@ -133,6 +137,18 @@ def _click_run_all(page, path: str | None = None) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
     if path:
         RUN_ALL_AT[path] = time.time()
+
+
+def keep_lanes_full(lab, started_lessons) -> None:
+    """Start the next lessons (in order) until LANES of them run: the one under test counts as running."""
+    for path, page in started_lessons.items():
+        if path not in DONE_AT and time.time() - RUN_ALL_AT[path] > 5 and not lab.busy(lab.state(page)):
+            DONE_AT[path] = time.time()
+    running = 1 + sum(1 for path in started_lessons if path not in DONE_AT)
+    for path in [p for p in LESSON_PATHS if p not in RUN_ALL_AT][:max(0, LANES - running)]:
+        page = lab.open(path)
+        _click_run_all(page, path)
+        started_lessons[path] = lab.keep(page)
 
 
 # What the run record()ed (course.measure.results), read from the kernel without running a cell, and the
@@ -148,7 +164,7 @@ JS_RUN_RECORD = """async () => {
 }"""
 
 
-def keep_run_for_lesson_tests(page, path: str, base, beside: list[str]) -> None:
+def keep_run_for_lesson_tests(page, path: str, base) -> None:
     from learner_text import cell_times
     from notebook_runner import keep_browser_run
 
@@ -158,34 +174,30 @@ def keep_run_for_lesson_tests(page, path: str, base, beside: list[str]) -> None:
     # until its last cell replied (recordTiming), not until this test looked: a lesson started ahead may have
     # finished while the one before it still ran
     replies = [replied for _, replied, _ in cell_times(kept["notebook"]["cells"])]
-    seconds = (max(replies).timestamp() if replies else time.time()) - RUN_ALL_AT[path]
+    end = max(replies).timestamp() if replies else time.time()
+    beside = [other for other, start in RUN_ALL_AT.items()  # the lessons whose run overlapped this one
+              if other != path and start < end and DONE_AT.get(other, end) > RUN_ALL_AT[path]]
     where = "JupyterLab, one torch thread" + (f", beside {' and '.join(beside)}" if beside else "")
-    keep_browser_run(base, path, results, kept["notebook"], seconds, where)
+    keep_browser_run(base, path, results, kept["notebook"], end - RUN_ALL_AT[path], where)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LESSON_PATHS or [pytest.param(None, marks=pytest.mark.skip("no lessons yet"))])
 def test_every_lesson_runs_clean(lab, kept_pages, started_lessons, tmp_path_factory, path):
     page = started_lessons.pop(path, None)
-    beside = [] if page is None else [LESSON_PATHS[LESSON_PATHS.index(path) - 1]]  # started during the one before
     if page is None:
         page = lab.open(path)
         lab.shot(page, "opened")
         _click_run_all(page, path)
     else:
         lab.adopt(page)
-    following = LESSON_PATHS[LESSON_PATHS.index(path) + 1:]
-    if following and following[0] not in started_lessons:  # the next lesson runs beside this one
-        ahead = lab.open(following[0])
-        _click_run_all(ahead, following[0])
-        started_lessons[following[0]] = lab.keep(ahead)
-        beside.append(following[0])
-    state = lab.wait_run_finished(page, timeout_s=1500)
+    state = lab.wait_run_finished(page, timeout_s=1500, meanwhile=lambda: keep_lanes_full(lab, started_lessons))
+    DONE_AT.setdefault(path, time.time())
     lab.shot(page, "finished")
     page.locator(".jp-Notebook .jp-Cell").last.scroll_into_view_if_needed()
     lab.shot(page, "end")
     assert_clean(lab, page, state, path)
-    keep_run_for_lesson_tests(page, path, tmp_path_factory.getbasetemp(), beside)
+    keep_run_for_lesson_tests(page, path, tmp_path_factory.getbasetemp())
     source = (PROJECT_ROOT / path).read_text(encoding="utf-8")
     if any(n in source for n in SAMPLING_NEEDLES + KV_NEEDLES):
         kept_pages[path] = lab.keep(page)  # the slider test uses its live widgets
