@@ -25,12 +25,20 @@ def notebook_paths() -> list[Path]:
     return [p for p in found if ".ipynb_checkpoints" not in p.parts]
 
 
+def stated_run_minutes(nb) -> float | None:
+    """The bound a lesson's first cell states ('**Run time:** under N minutes', N may be 2.5), or None."""
+    import re
+
+    source = nb.cells[0].source if nb.cells else ""
+    m = re.search(r"\*\*Run time:?\*\*:?\s*under (\d+(?:\.\d+)?) minutes?", source)
+    return float(m.group(1)) if m else None
+
+
 def bench_notebooks(ctx) -> dict:
     """Execute every lesson and solution notebook headless (nbclient), one at a time, and time each."""
     import nbformat
     from nbclient import NotebookClient
 
-    from course.lessons.recap import stated_run_minutes
     from course.paths import PROJECT_ROOT, jupyter_env
 
     paths = notebook_paths()

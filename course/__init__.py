@@ -1,23 +1,12 @@
 """What happens inside an LLM call: the importable package behind every notebook.
 
-torch is imported on first use (course.load, course.pick_device), not by `import course`: the grader's sandbox
-imports this package for every submission, and the exercises that need no tensors should not pay ~1.5 s for it."""
+`import course` imports no torch (course.load does): the grader's sandbox imports it for every submission."""
 from __future__ import annotations
 
 from functools import lru_cache
 
-from course.engine.config import PRESETS, ModelConfig
-
-__all__ = ["ModelConfig", "PRESETS", "load", "pick_device", "pick_dtype"]
+__all__ = ["load"]
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    if name in ("pick_device", "pick_dtype"):
-        from course.engine import device
-
-        return getattr(device, name)
-    raise AttributeError(f"module 'course' has no attribute {name!r}")
 
 
 @lru_cache(maxsize=4)
@@ -29,7 +18,8 @@ def _load(path, device, dtype):
 
 
 def load(path=None, device=None, dtype=None):
-    """(model, tokenizer) for the course model, or any Llama-family GGUF at `path`.
+    """(model, tokenizer) for the course model, or any Llama-family GGUF at `path`, on `device` ("auto" or None:
+    a CUDA GPU, else Apple's MPS, else the CPU; course.engine.device.pick_device).
 
     Loaded once per process for each (path, device, dtype): calling it again in a notebook is free.
     """

@@ -87,7 +87,7 @@ def assert_reads_cleanly(nb, results: dict, lesson: str, next_lesson: str, min_n
 
 def stated_run_minutes(nb) -> float:
     """The bound the lesson's first cell states: '**Run time:** under N minutes' (N may be 2.5)."""
-    from course.lessons.recap import stated_run_minutes as stated
+    from bench.course_checks import stated_run_minutes as stated
 
     minutes = stated(nb)
     assert minutes is not None, "the first cell must state '**Run time:** under N minutes'"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import importlib.util
 import os
 import select
 import signal
@@ -37,25 +36,15 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _present(module_name: str) -> bool:
-    try:
-        return importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:  # its package is not there either
-        return False
-
-
 def build_parser(only: str | None = None) -> tuple[Parser, dict]:
-    """The `kvcourse` parser and {command name: its run function}, for every command this checkout has.
-
-    only: import that command's module alone (another's name and help are listed all the same): a command does
-    not pay for the imports of the others (torch, nbgrader: seconds each). "" imports none."""
+    """The `kvcourse` parser and {command: its run function}. only: import that command's module alone, so a command
+    does not pay for the others' imports (torch, nbgrader: seconds each); "" imports none (all are listed)."""
     parser = Parser(prog="kvcourse", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # subcommand parsers are Parsers too
     available = {}
     for name, (module_name, help_text) in COMMANDS.items():
         if only is not None and name != only:
-            if _present(module_name):
-                sub.add_parser(name, help=help_text, description=help_text)
+            sub.add_parser(name, help=help_text, description=help_text)
             continue
         try:
             module = importlib.import_module(module_name)

@@ -155,14 +155,10 @@ def run(args) -> int:
             raise ValueError(problem)
         print(f"model       {path} ({path.stat().st_size / 2**20:.0f} MiB)")
         problem = cache_problem(cache_dir())
+        cached = None if problem else cached_weights_path(path)
         if problem:
             print(f"cache       WRONG — {problem}")
             ok = False
-            cached = None
-        else:
-            cached = cached_weights_path(path)
-        if cached is None:
-            pass
         elif not cached.exists():
             print(f"cache       {cache_dir()} (filled on first load)")
         elif args.quick:

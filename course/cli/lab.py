@@ -124,19 +124,16 @@ def prepare_self_paced(state: Path | None = None) -> Path:
     disabled = page_data.setdefault("disabledExtensions", {})
     if isinstance(disabled, list):  # the older form: a list of names
         disabled = page_data["disabledExtensions"] = {name: True for name in disabled if isinstance(name, str)}
-    if not isinstance(disabled, dict):
-        raise UnreadableSettings(f"{page_config}: disabledExtensions is a JSON {type(disabled).__name__}, not an "
-                                 "object: fix it or move the file aside, then run the command again (nothing was "
-                                 "changed)")
-    server = server_data.setdefault("ServerApp", {})
-    if not isinstance(server, dict):
-        raise UnreadableSettings(f"{server_config}: ServerApp is a JSON {type(server).__name__}, not an object: fix "
-                                 "it or move the file aside, then run the command again (nothing was changed)")
-    extensions = server.setdefault("jpserver_extensions", {})
-    if not isinstance(extensions, dict):
-        raise UnreadableSettings(f"{server_config}: ServerApp.jpserver_extensions is a JSON "
-                                 f"{type(extensions).__name__}, not an object: fix it or move the file aside, then "
-                                 "run the command again (nothing was changed)")
+
+    def an_object(value, where: Path, what: str) -> dict:
+        if not isinstance(value, dict):
+            raise UnreadableSettings(f"{where}: {what} is a JSON {type(value).__name__}, not an object: fix it or move "
+                                     "the file aside, then run the command again (nothing was changed)")
+        return value
+
+    an_object(disabled, page_config, "disabledExtensions")
+    server = an_object(server_data.setdefault("ServerApp", {}), server_config, "ServerApp")
+    extensions = an_object(server.setdefault("jpserver_extensions", {}), server_config, "ServerApp.jpserver_extensions")
     disabled.update({name: True for name in SELF_PACED_DISABLED_PLUGINS})
     extensions.update({name: False for name in SELF_PACED_DISABLED_SERVER_EXTENSIONS})
     server["contents_manager_class"] = "course.cli.jupyter_contents.CourseContentsManager"

@@ -3,15 +3,12 @@
     from course.engine.arena import pack_parameters
     pack_parameters(model)     # True: every parameter is now a view into one buffer, values unchanged
 
-Why. A decode step reads every weight once, so what it costs is how fast memory streams. With 4 KB pages a step of
-the course model (about 540 MB in float32) walks through some 130,000 pages, and every new page is a translation
-the CPU must look up (a TLB miss, dearer still in a virtual machine, where each lookup walks two page tables); with
-2 MB pages it is about 270. The course's weight cache is memory-mapped from disk on small pages. Copied into one
-anonymous buffer that asks for huge pages (madvise(MADV_HUGEPAGE); the Linux kernel's admin guide, "Transparent
-Hugepage Support"), the compiled step took 0.85-1.00× its time at B = 1 (0.94, the median of four paired runs)
-on the course's AMD EPYC virtual machine (docs/benchmarks.md), where a 1 GiB read ran at 17.5 GB/s on huge pages
-against 12.5 on small ones. The memory probe (course.measure.timing) reads a huge-page buffer too, so the floor is read from the same
-kind of memory. Where huge pages are off (or this is not Linux) nothing moves.
+Why. A decode step reads every weight once, so it costs what streaming memory costs, and every new page it touches
+is an address translation the CPU must look up (a TLB miss; dearer in a virtual machine). With 4 KB pages a step of
+the course model (about 540 MB in float32) touches some 130,000 pages, with 2 MB pages about 270 (the Linux kernel's
+admin guide, "Transparent Hugepage Support"). What it bought is in course/engine/fast.py's table and
+docs/benchmarks.md. The memory probe (course.measure.timing) reads a huge-page buffer too, so the floor is read
+from the same kind of memory. Where huge pages are off (or this is not Linux) nothing moves.
 """
 from __future__ import annotations
 

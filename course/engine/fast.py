@@ -30,11 +30,6 @@ Measured side by side in one process (docs/bench-runs/pieces-2026-12-07.md: the 
     the model's blocks compiled, no piece     1.22     1.25
     + one row streamed, batches on the kernel 1.04     1.01
     + the weights on huge pages (as shipped)  1.00     1.00
-The arena's share moved with the load: 0.85, 0.92 and 1.00 at B = 1 in three other paired runs (no record kept).
-Measured and left out for buying under 5 % (docs/benchmarks.md): Inductor's C++ wrapper (0.95, 0.97), no per-call
-size asserts (1.00, 0.99), skipping guard evaluation once warm (1.06, 0.96), and, at commit 17d83f0, calling warm
-graphs without TorchDynamo, q|k|v and gate|up fused into one weight each, a recomputation limit and an attention
-kernel of its own.
 
 any_shape=True compiles one TransformerBlock (and the head) instead of the whole step, for every batch size, cache
 length, set of cache rows and paged batch at once (their sizes symbolic): a server's batches change at every step,

@@ -1,12 +1,7 @@
-// y[b, n] = sum_d x[b, d] * w[n, d] for the few rows of x a batched decode step has (one per sequence).
-//
-// Decode multiplies B row vectors by every weight matrix. The weights are read once whatever B is, so until the
-// arithmetic takes longer than the reading, a step of 8 sequences should cost about what a step of 1 costs; BLAS's
-// matrix-matrix kernels, built for large matrices, took 1.7-3.4x the one-row time at 2 <= B <= 16 on the course's AMD EPYC.
-// This kernel reads each weight row once, multiplies it with every row of x while it is in registers, and asks
-// for the weight rows PF ahead so the memory stream keeps going while it computes (llama.cpp's CPU kernels work
-// the same way). Vectors are ATen's at::vec::Vectorized<float>: AVX2 or AVX-512 on x86, NEON on Arm, chosen when
-// course/engine/row_product.py builds this file for the CPU it runs on (-march=native).
+// y[b, n] = sum_d x[b, d] * w[n, d] for the few rows of x a batched decode step has (one per sequence); why a kernel
+// of our own: course/engine/row_product.py. Each weight row is read once and multiplied with every row of x while it
+// is in registers; the weight rows PF ahead are prefetched so the memory stream keeps going while it computes
+// (llama.cpp's CPU kernels work the same way). Vectors are ATen's Vectorized<float> (AVX2, AVX-512 or NEON).
 #if defined(__AVX512F__) && !defined(CPU_CAPABILITY_AVX512)
 #define CPU_CAPABILITY_AVX512
 #elif defined(__AVX2__) && !defined(CPU_CAPABILITY_AVX2)

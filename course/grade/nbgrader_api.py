@@ -2,6 +2,7 @@
 assignments of the source folder, the student versions (exercises/), the gradebook's health and CSV export."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import csv
 import functools
@@ -62,25 +63,14 @@ def schema_version_here() -> None:
 
 @functools.cache
 def templates_compiled_once() -> None:
-    """nbconvert gives every exporter, so every feedback page, a new Jinja environment that parses and compiles the
-    HTML templates again (0.2 s a submission here). Jinja's own bytecode cache, kept in memory for the process,
-    hands each later environment the compiled templates; a template whose source changed is compiled again (the
-    cache compares checksums)."""
+    """nbconvert gives every feedback page a new Jinja environment that compiles the HTML templates again (0.2 s a
+    submission); Jinja's bytecode cache, in a private folder, hands later ones the compiled templates (checksummed)."""
     import jinja2
     from nbconvert.exporters.templateexporter import TemplateExporter
 
-    class InMemory(jinja2.BytecodeCache):
-        def __init__(self):
-            self.compiled: dict[str, bytes] = {}
-
-        def load_bytecode(self, bucket):
-            if bucket.key in self.compiled:
-                bucket.bytecode_from_string(self.compiled[bucket.key])
-
-        def dump_bytecode(self, bucket):
-            self.compiled[bucket.key] = bucket.bytecode_to_string()
-
-    cache, create = InMemory(), TemplateExporter._create_environment
+    folder = tempfile.mkdtemp(prefix="kvcourse-templates-")  # 0700: this user's only
+    atexit.register(shutil.rmtree, folder, True)
+    cache, create = jinja2.FileSystemBytecodeCache(folder), TemplateExporter._create_environment
 
     def create_with_cache(exporter):
         environment = create(exporter)

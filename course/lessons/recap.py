@@ -119,12 +119,3 @@ def recap(lesson: str, numbers=(), values: dict | None = None, lessons_dir: Path
               empty=empty, keys=keys)
     record("recap", r.values())
     return r
-
-
-def stated_run_minutes(nb) -> float | None:
-    """The bound a lesson's first cell states ('**Run time:** under N minutes', N may be 2.5), or None."""
-    import re
-
-    source = nb.cells[0].source if nb.cells else ""
-    m = re.search(r"\*\*Run time:?\*\*:?\s*under (\d+(?:\.\d+)?) minutes?", source)
-    return float(m.group(1)) if m else None

@@ -176,7 +176,9 @@ class ProgressStore:
                     conn.row_factory = sqlite3.Row
                     conn.execute("PRAGMA synchronous=NORMAL")  # in WAL mode still safe if a kernel crashes
                     if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] < len(_SCHEMA):  # new, older
-                        conn.executescript(f"PRAGMA journal_mode=WAL; BEGIN IMMEDIATE; {_CREATE} COMMIT;")
+                        with suppress(sqlite3.OperationalError):  # busy at once (no wait) while another process
+                            conn.execute("PRAGMA journal_mode=WAL")  # sets up the new file, which it then makes WAL
+                        conn.executescript(f"BEGIN IMMEDIATE; {_CREATE} COMMIT;")
                     with conn:  # COMMIT, or ROLLBACK when fn raises
                         out, self.disk_error = fn(conn), None
                     return out
