@@ -85,10 +85,13 @@ def fresh_progress(monkeypatch, tmp_path):
 @pytest.fixture
 def cpu_burner():
     """Keep every core busy with other programs while the test runs (a learner's busy machine): one spinning
-    process per core, started before the test and killed after it, whatever happens."""
+    process per core, started before the test and killed after it, whatever happens. Under pytest-xdist the
+    busy-machine tests start together, one per worker (pytest_collection_modifyitems), so each worker's burner
+    spins its share of the cores: one spinner per core in all, as when such a test runs by itself."""
     import subprocess
 
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    share = (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(1, share))]
     try:
         yield len(spinners)
     finally:

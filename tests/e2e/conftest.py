@@ -419,3 +419,17 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     setattr(item, f"rep_{rep.when}", rep)
 
+
+
+LESSON_TESTS = ("test_every_lesson_runs_clean", "test_sampling_temperature_slider_redraws_the_chart",
+                "test_kv_calculator_context_slider_changes_the_bytes")
+
+
+def pytest_collection_modifyitems(items):
+    """The browser tests in this order: the start page first (it measures the machine profile, by itself), then the
+    tests that time nothing (quiz, Validate, review, the self-paced lab), which start the lessons in other tabs, then
+    the lessons' own tests and the sliders that use their pages (test_browser.keep_lanes_full)."""
+    slots = [i for i, item in enumerate(items) if item.path.name == "test_browser.py"]
+    rank = {"test_start_here_runs_and_streams_an_answer": 0, **dict.fromkeys(LESSON_TESTS, 2)}
+    for i, item in zip(slots, sorted((items[i] for i in slots), key=lambda item: rank.get(item.originalname, 1))):
+        items[i] = item

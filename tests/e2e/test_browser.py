@@ -139,12 +139,13 @@ def _click_run_all(page, path: str | None = None) -> None:
         RUN_ALL_AT[path] = time.time()
 
 
-def keep_lanes_full(lab, started_lessons) -> None:
-    """Start the next lessons (in order) until LANES of them run: the one under test counts as running."""
+def keep_lanes_full(lab, started_lessons, under_test: int = 1) -> None:
+    """Start the next lessons (in order) until LANES of them run, `under_test` (the lesson a test waits on) included.
+    The browser tests that time nothing (quiz, Validate, review, the self-paced lab) run first, lessons beside them."""
     for path, page in started_lessons.items():
         if path not in DONE_AT and time.time() - RUN_ALL_AT[path] > 5 and not lab.busy(lab.state(page)):
             DONE_AT[path] = time.time()
-    running = 1 + sum(1 for path in started_lessons if path not in DONE_AT)
+    running = under_test + sum(1 for path in started_lessons if path not in DONE_AT)
     for path in [p for p in LESSON_PATHS if p not in RUN_ALL_AT][:max(0, LANES - running)]:
         page = lab.open(path)
         _click_run_all(page, path)
@@ -321,7 +322,8 @@ def test_kv_calculator_context_slider_changes_the_bytes(lab, kept_pages):
 
 
 # ----------------------------------------------------------------------------------------------- 4
-def test_checkpoint_quiz_answers_and_explains(lab):
+def test_checkpoint_quiz_answers_and_explains(lab, started_lessons):
+    keep_lanes_full(lab, started_lessons, under_test=0)
     from course.teach.quiz import load_questions
 
     question = load_questions().for_lesson("00_start_here")[0]
@@ -365,7 +367,8 @@ def test_checkpoint_quiz_answers_and_explains(lab):
 
 # ----------------------------------------------------------------------------------------------- 5
 @pytest.mark.parametrize("path", EXERCISE_PATHS or [pytest.param(None, marks=pytest.mark.skip("no exercises yet"))])
-def test_validate_shows_failing_tests_for_a_blank_exercise(lab, path):
+def test_validate_shows_failing_tests_for_a_blank_exercise(lab, started_lessons, path):
+    keep_lanes_full(lab, started_lessons, under_test=0)
     # Validate saves the notebook first, so the learner's view is reproduced on a scratch copy of the
     # exercise folder (gitignored), never on the committed blank exercise.
     src = PROJECT_ROOT / path
@@ -391,7 +394,8 @@ def test_validate_shows_failing_tests_for_a_blank_exercise(lab, path):
 
 
 # ----------------------------------------------------------------------------------------------- review
-def test_review_answers_one_due_card(lab):
+def test_review_answers_one_due_card(lab, started_lessons):
+    keep_lanes_full(lab, started_lessons, under_test=0)
     from course.teach.progress import ProgressStore
     from course.teach.questions import load_questions
 
@@ -465,10 +469,12 @@ def reopened_widget_says_how_to_return(page, artifacts) -> None:
         (LESSONS / ".ipynb_checkpoints" / "_reopen_check-checkpoint.ipynb").unlink(missing_ok=True)
 
 @pytest.mark.slow
-def test_self_paced_lab_has_no_news_popup_no_instructor_tools_and_opens_clean(browser_context, tmp_path):
+def test_self_paced_lab_has_no_news_popup_no_instructor_tools_and_opens_clean(browser_context, tmp_path, lab,
+                                                                              started_lessons):
     """`kvcourse lab` as `make start` runs it (its own settings, not the suite's server): no news pop-up, no nbgrader
     instructor menus or exchange errors, Validate kept, the start notebook unmodified after its kernel started,
     and the file browser at the course folder. A SIGTERM then stops the server."""
+    keep_lanes_full(lab, started_lessons, under_test=0)
     import os
     import secrets
     import signal
