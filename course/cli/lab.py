@@ -124,7 +124,6 @@ def prepare_self_paced(state: Path | None = None) -> Path:
     disabled = page_data.setdefault("disabledExtensions", {})
     if isinstance(disabled, list):  # the older form: a list of names
         disabled = page_data["disabledExtensions"] = {name: True for name in disabled if isinstance(name, str)}
-
     def an_object(value, where: Path, what: str) -> dict:
         if not isinstance(value, dict):
             raise UnreadableSettings(f"{where}: {what} is a JSON {type(value).__name__}, not an object: fix it or move "

@@ -2,7 +2,6 @@
 assignments of the source folder, the student versions (exercises/), the gradebook's health and CSV export."""
 from __future__ import annotations
 
-import atexit
 import contextlib
 import csv
 import functools
@@ -64,13 +63,11 @@ def schema_version_here() -> None:
 @functools.cache
 def templates_compiled_once() -> None:
     """nbconvert gives every feedback page a new Jinja environment that compiles the HTML templates again (0.2 s a
-    submission); Jinja's bytecode cache, in a private folder, hands later ones the compiled templates (checksummed)."""
+    submission); Jinja's bytecode cache (this user's 0700 temp folder, checksummed) gives later ones them compiled."""
     import jinja2
     from nbconvert.exporters.templateexporter import TemplateExporter
 
-    folder = tempfile.mkdtemp(prefix="kvcourse-templates-")  # 0700: this user's only
-    atexit.register(shutil.rmtree, folder, True)
-    cache, create = jinja2.FileSystemBytecodeCache(folder), TemplateExporter._create_environment
+    cache, create = jinja2.FileSystemBytecodeCache(), TemplateExporter._create_environment
 
     def create_with_cache(exporter):
         environment = create(exporter)

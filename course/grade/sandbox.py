@@ -126,7 +126,11 @@ def _imports(source: str, package: str = "") -> tuple[set[str], set[str]]:
                             at_import.add(".".join(parts[:i]))
             visit(child, top and not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
 
-    visit(ast.parse(source), True)
+    try:
+        tree = ast.parse(source)
+    except SystemError:  # Python 3.11's AST building can trip over another thread's (python/cpython#106905)
+        tree = ast.parse(source)
+    visit(tree, True)
     return every, at_import
 
 
