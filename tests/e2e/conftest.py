@@ -420,7 +420,6 @@ def pytest_runtest_makereport(item, call):
     setattr(item, f"rep_{rep.when}", rep)
 
 
-
 LESSON_TESTS = ("test_every_lesson_runs_clean", "test_sampling_temperature_slider_redraws_the_chart",
                 "test_kv_calculator_context_slider_changes_the_bytes")
 
