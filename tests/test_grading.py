@@ -425,8 +425,11 @@ def test_check_passes_a_correct_notebook_and_explains_a_wrong_one():
 @pytest.mark.slow
 def test_check_saves_its_result_in_the_progress_file(tmp_path, monkeypatch):
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
+    (tmp_path / "progress.sqlite").write_bytes(b"damaged " * 600)  # said in one note, set aside, a fresh file made
     bad = _kvcourse("check", str(SAMPLES / "mem-bug-no-factor-2" / "01_memory_formula" / "memory_formula.ipynb"))
     assert bad.returncode == 1
+    (note,) = [ln for ln in bad.stderr.splitlines() if ln.startswith("Note: ")]
+    assert "moved aside to" in note and len(list(tmp_path.glob("progress.sqlite.corrupt-*"))) == 1
     shown = _kvcourse("progress")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "memory_formula" in shown.stdout and "1/5" in shown.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from course.paths import PROJECT_ROOT
-from course.teach.progress import BUSY_MESSAGE, ProgressFileBusy, ProgressFileError, ProgressFileWarning, ProgressStore
+from course.teach.progress import BUSY_MESSAGE, ProgressFileError, ProgressFileWarning, ProgressStore
 from course.teach.questions import LEVELS, load_questions
 
 
@@ -235,7 +235,7 @@ def test_a_busy_file_says_busy_and_is_never_moved_aside(tmp_path, monkeypatch, c
     holder.execute("COMMIT")
     monkeypatch.setattr(cli_progress, "default_store", lambda: ProgressStore(path, timeout=0.2))
     try:
-        with pytest.raises(ProgressFileBusy, match=r"busy \(another kernel or command is using it\); try again"):
+        with pytest.raises(ProgressFileError, match=r"busy \(another kernel or command is using it\); try again"):
             ProgressStore(path, timeout=0.2).record_answer("02_kv_cache", "kv-2", "B", True)
         assert main(["progress"]) == 1
     finally:

@@ -90,7 +90,7 @@ def test_most_missed_first_then_course_order_and_reset_empties_review(store, ban
     assert _ids(due_items(store, bank, lesson="03_sampling", limit=1)) == [b.id]
     with pytest.raises(ValueError, match="limit must be a whole number >= 1"):
         due_items(store, bank, limit=0)
-    store.record_review_reset()
+    store.record("review_resets", {})
     assert due_items(store, bank) == [] and len(store.answers()) == 4
 
 
@@ -242,7 +242,7 @@ def test_widget_asks_a_card_a_question_and_a_prediction(store, bank):
 
 
 def test_widget_says_when_the_progress_file_cannot_be_written(store, bank, monkeypatch):
-    from course.teach.progress import ProgressFileDiskError
+    from course.teach.progress import ProgressFileError
     from course.teach.review_widget import ReviewWidget
 
     q = bank.for_lesson("02_kv_cache")[0]
@@ -250,7 +250,7 @@ def test_widget_says_when_the_progress_file_cannot_be_written(store, bank, monke
     widget = ReviewWidget(ReviewSession(store, bank, limit=1))
 
     def full(*_a, **_k):
-        raise ProgressFileDiskError("cannot write the progress file: its disk is full; free some space")
+        raise ProgressFileError("cannot write the progress file: its disk is full; free some space")
 
     monkeypatch.setattr(widget.session, "answer", full)
     widget.check(q.answer)

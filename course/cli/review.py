@@ -96,7 +96,7 @@ def _reset(store: ProgressStore, assume_yes: bool) -> int:
     if not assume_yes and not confirmed(f"Empty the review in {store.path}? Your answers and progress stay saved.",
                                         "Nothing changed."):
         return 1
-    store.record_review_reset()
+    store.record("review_resets", {})  # what was missed before is not asked again; everything stays saved
     print(f"Review emptied in {store.path}.")
     return 0
 

@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -244,10 +245,15 @@ def _save_progress(exercise: str | None, statuses: dict[str, str]) -> None:
     """Remember the visible tests' results ({grade_id: pass | fail}) in the learner's progress file, which
     `kvcourse progress` shows; a full check saves them too (it used to leave "tests 0/5" after they passed)."""
     try:
-        from course.teach.progress import record_exercise_check
+        from course.teach.progress import ProgressFileWarning, default_store
 
         if exercise is not None and statuses:
-            record_exercise_check(exercise, sum(v == "pass" for v in statuses.values()), len(statuses), statuses)
+            with warnings.catch_warnings(record=True) as caught:  # what is said of the file: "Note: ..." lines
+                warnings.simplefilter("always", ProgressFileWarning)
+                passed = sum(v == "pass" for v in statuses.values())
+                default_store().record_exercise_check(exercise, passed, len(statuses), statuses)
+            for w in caught:
+                print(f"Note: {w.message}", file=sys.stderr)
     except Exception as exc:  # progress is a convenience: never let it break the check itself
         print(f"  note: could not save this check to your progress file ({exc})")
 

@@ -15,7 +15,6 @@ import math
 import os
 import sqlite3
 import stat
-import sys
 import time
 import warnings
 from collections import Counter
@@ -56,15 +55,8 @@ class ProgressFileWarning(UserWarning):
 
 
 class ProgressFileError(sqlite3.OperationalError):
-    """The progress file cannot be used now: nothing of the call was saved; everything saved before stays."""
-
-
-class ProgressFileDiskError(ProgressFileError):
-    """The disk holding the progress file is full or failing."""
-
-
-class ProgressFileBusy(ProgressFileError):
-    """Another process held the file's lock past the store's timeout; the same call can be made again."""
+    """The progress file cannot be used now (busy, a full disk, not ours...): nothing of the call was saved, everything
+    saved before stays, and the message says what to do."""
 
 
 def _kind(exc: sqlite3.Error) -> str | None:
@@ -102,7 +94,7 @@ class ProgressStore:
         self.path = Path(path) if path is not None else progress_path()
         self.timeout, self.keep_damaged = float(timeout), keep_damaged
         self.notes: list[str] = []  # everything said about the file, one line each
-        self.disk_error: ProgressFileDiskError | None = None  # a read met a full disk (a call that works clears it)
+        self.disk_error: ProgressFileError | None = None  # a read met a full disk (a call that works clears it)
         self._checked = self._skipped = False
 
     def _note(self, text: str) -> None:
@@ -124,7 +116,7 @@ class ProgressStore:
                     if os.path.lexists(f"{self.path}{suffix}"):
                         os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
         except Timeout:
-            raise ProgressFileBusy(f"{BUSY_MESSAGE} ({self.path})") from None
+            raise ProgressFileError(f"{BUSY_MESSAGE} ({self.path})") from None
         except OSError as exc:
             raise ProgressFileError(f"{self.path} is damaged ({reason}) and cannot be moved aside ({exc.strerror}): "
                                     f"move it aside yourself, or set {PROGRESS_VAR} to a file of its own") from None
@@ -157,13 +149,11 @@ class ProgressStore:
         self._checked = True
 
     def _error(self, exc: sqlite3.Error) -> ProgressFileError:
-        if _kind(exc) == "busy":
-            return ProgressFileBusy(f"{BUSY_MESSAGE} ({self.path})")
-        if _kind(exc) == "disk":
-            return ProgressFileDiskError(f"cannot write the progress file {self.path} ({exc}; is its disk full?): free "
-                                         f"space on its disk and try again (or set {PROGRESS_VAR} to a file elsewhere)")
-        return ProgressFileError(f"progress file {self.path}: {exc}; if it persists, set {PROGRESS_VAR} to another "
-                                 "file")
+        return ProgressFileError({
+            "busy": f"{BUSY_MESSAGE} ({self.path})",
+            "disk": f"cannot write the progress file {self.path} ({exc}; is its disk full?): free space on its disk "
+                    f"and try again (or set {PROGRESS_VAR} to a file elsewhere)",
+        }.get(_kind(exc), f"progress file {self.path}: {exc}; if it persists, set {PROGRESS_VAR} to another file"))
 
     def _run(self, fn, write: bool = False):
         """fn(connection), in a transaction if it writes: every read and write of the store comes through here."""
@@ -229,10 +219,7 @@ class ProgressStore:
 
     def record_measurements(self, lesson: str, values: dict) -> None:
         """Keep a lesson's numbers, so quiz text can cite them after a restart; what JSON cannot hold is left out."""
-        rows = []
-        for key, value in values.items():
-            with suppress(TypeError, ValueError):
-                rows.append(dict(lesson=lesson, key=str(key), value=json.dumps(value)))
+        rows = [dict(lesson=lesson, key=str(k), value=json.dumps(v, default=lambda _: None)) for k, v in values.items()]
         if rows:
             self.record("measurements", *rows)
 
@@ -251,10 +238,6 @@ class ProgressStore:
         """An answer given in review (course/teach/review.py): a right one takes the item out of review."""
         self.record("reviews", dict(kind=kind, item=item, lesson=lesson, answer=str(answer),
                                     correct=int(bool(correct))))
-
-    def record_review_reset(self) -> None:
-        """Empty the review: what was missed before now is not asked again (everything stays saved)."""
-        self.record("review_resets", {})
 
     def reset(self) -> None:
         self._run(lambda c: [c.execute(f"DELETE FROM {t}") for t in _SCHEMA], write=True)
@@ -282,9 +265,6 @@ class ProgressStore:
 
     def answers(self, lesson: str | None = None) -> list[dict]:
         return self.rows("answers", lesson)
-
-    def latest_answers(self, lesson: str | None = None) -> dict[str, dict]:
-        return {a["question_id"]: a for a in self.answers(lesson)}
 
     def self_assessment(self, lesson: str) -> str | None:
         return next((r["level"] for r in reversed(self.rows("self_assessments", lesson))), None)
@@ -314,12 +294,3 @@ _stores = lru_cache(maxsize=None)(ProgressStore)  # one store per file, shared b
 def default_store() -> ProgressStore:
     """The store for course.paths.progress_path(), looked up at each call (KVCOURSE_PROGRESS may change)."""
     return _stores(progress_path())
-
-
-def record_exercise_check(exercise: str, passed: int, total: int, details=None) -> None:
-    """For `kvcourse check`: save a self-check; anything about the file is printed as a "Note: ..." line."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ProgressFileWarning)
-        default_store().record_exercise_check(exercise, passed, total, details)
-    for w in caught:
-        print(f"Note: {w.message}", file=sys.stderr)

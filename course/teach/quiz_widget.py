@@ -81,10 +81,11 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         if self.store is None:
             return
         try:
-            last = self.store.latest_answers(self.question.lesson).get(self.question.id)
+            mine = [a for a in self.store.answers(self.question.lesson) if a["question_id"] == self.question.id]
         except Exception:
             return
-        if last:
+        if mine:
+            last = mine[-1]
             verdict = "right" if last["correct"] else "not right yet"
             self.feedback.value = (f"<span style='color:#666'>Saved from earlier: you chose {last['choice']} "
                                    f"({verdict}). Check again any time.</span>")
