@@ -433,7 +433,7 @@ def test_nothing_downloads_a_model_at_run_time():
 
 def latest_capacity() -> dict:
     runs = sorted((ROOT / "docs" / "bench-runs").glob("capacity-lessons-*.json"))
-    assert runs, "no measured lesson costs: run autograde/classroom/k8s/measure_lessons.py"
+    assert runs, "no measured lesson costs: run bench/measure_lessons.py"
     return json.loads(runs[-1].read_text())
 
 

@@ -5,17 +5,15 @@
         y = torch.ops.kvcourse.row_product(x, w)
 
 A decode step of B sequences multiplies B row vectors by every weight matrix. The weights are read once whatever B
-is, so up to the point where arithmetic takes longer than reading, a step of 8 sequences should cost about what a
-step of 1 costs; BLAS's matrix-matrix kernels did not deliver that for small B on the course's CPUs (see
-row_product.cpp). The compiled decode step (course.engine.fast) calls this kernel for batches of 2 or more; past
-16 rows it hands the product to BLAS, which wins there.
+is, so until arithmetic takes longer than reading, a step of 8 sequences should cost about what a step of 1 costs;
+BLAS's matrix-matrix kernels did not deliver that for small B on the course's CPUs (row_product.cpp says how the
+kernel does). The compiled decode step (course.engine.fast) calls it for batches, and with AVX-512 for one row too.
 
 It is built for this machine's CPU (-march=native) by torch.utils.cpp_extension into the course's cache folder
-(course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), once per CPU kind and torch version. The build prints
-one plain line and keeps its compiler output in a log file, named only if the build fails. Where there is no
-C++ compiler or no vector unit, `available()` is False (`why_not()` says why) and batches use BLAS instead; a
-failed build is not tried again until its folder is deleted.
-KVCOURSE_ROW_KERNEL=0 turns it off.
+(course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), once per CPU kind and torch version, printing one line;
+the compiler's output goes to a log file, named only if the build fails. Without a C++ compiler or a vector unit
+`available()` is False (`why_not()` says why) and batches use BLAS; a failed build is not tried again until its
+folder is deleted. KVCOURSE_ROW_KERNEL=0 turns it off.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What one learner costs: each lesson's peak memory (RSS) and CPU-seconds, measured by running it headless once.
 
-    .venv/bin/python autograde/classroom/k8s/measure_lessons.py [NOTEBOOK ...]   (default: every lessons/*.ipynb)
+    .venv/bin/python bench/measure_lessons.py [NOTEBOOK ...]   (default: every lessons/*.ipynb)
 
 Each notebook runs as a learner's Run All (`jupyter nbconvert --to notebook --execute`) in a child process
 reaped with os.wait4, whose rusage covers the child and every process it reaped (the kernel): CPU-seconds
@@ -14,7 +14,7 @@ in autograde/classroom/README.md quotes it, and tests/test_k8s.py checks values.
 import json, os, platform, subprocess, sys, tempfile, time  # noqa: E401
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from course.paths import jupyter_env  # noqa: E402
 
