@@ -20,7 +20,7 @@ figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep
                 With AVX-512 the row kernel below takes one row too (the step at B = 1: 0.9x the time)
     2+ rows     F.linear of a batch calls course.engine.row_product's C++ kernel (float32 CPU): each weight row read
                 once for the whole batch, where BLAS's matrix-matrix kernels took 1.7-3.4× the one-row time at B = 2 … 16
-                (past 16 rows the kernel hands the product to BLAS, which wins there)
+                (with AVX2 it hands more than 16 rows to BLAS, which wins there; with AVX-512 it keeps them)
     arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters);
                 the closest call: 6 % at B = 1 in the median of four paired runs, 3.9 % in the one recorded below
 

@@ -5,9 +5,11 @@
     KVCOURSE_CACHE=.state/model-cache python docs/bench-runs/old_vs_new.py --old /tmp/kv-old-eb \
         --new /tmp/kv-new-eb --rounds 6 --minutes 50 --out docs/bench-runs/old-vs-new-<date>.json
 
-Each round runs `kvcourse bench --only decode_floor --only decode_batch --only batching --only serving --threads 1`
-once from the old tree and once from this one (the order alternating between rounds), each in its own process with
-the same sizes, so a burst of load hits both; Inductor's disk cache makes every compile after the first a load.
+Each round runs each of the four items (`kvcourse bench --only ITEM --threads 1`: decode_floor, decode_batch,
+batching, serving) once from the old tree and once from this one, back to back, each in its own process with the
+same sizes; which tree goes first alternates from item to item and from round to round, so the two runs of a pair
+are a minute or two apart and a burst of load hits both alike. Inductor's disk cache makes every compile after the
+first a load.
 Reported per figure: each round's value, old and new, and the median over rounds of new ÷ old. The JSON is
 rewritten after every round, and no round starts that would end past --minutes (judged by the slowest round so far).
 """
@@ -92,6 +94,18 @@ def markdown(record: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_once(tree: str, item: str, which: str, r: int) -> dict:
+    """One item's bench result from one tree, in a process of its own."""
+    tree = str(Path(tree).resolve())
+    with tempfile.TemporaryDirectory() as tmp:
+        code = RUN.format(out=tmp, items=(item,), sizes=SIZES, tree=tree)
+        env = {**os.environ, "PYTHONPATH": tree}
+        proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"{which} round {r + 1} ({item}) failed:\n{proc.stderr[-3000:]}")
+        return json.loads((Path(tmp) / "latest.json").read_text())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--render", help="print the Markdown table of a record (a JSON this script wrote) and stop")
@@ -115,19 +129,18 @@ def main():
             print(f"stopping after {r} rounds: another would end past {args.minutes} min", flush=True)
             break
         round_start = time.monotonic()
-        for which in (("old", "new") if r % 2 == 0 else ("new", "old")):
-            tree = str(Path(args.old if which == "old" else args.new).resolve())
-            with tempfile.TemporaryDirectory() as tmp:
-                code = RUN.format(out=tmp, items=ITEMS, sizes=SIZES, tree=tree)
-                env = {**os.environ, "PYTHONPATH": tree}
-                proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True)
-                if proc.returncode:
-                    raise SystemExit(f"{which} round {r + 1} failed:\n{proc.stderr[-3000:]}")
-                result = json.loads((Path(tmp) / "latest.json").read_text())
-            runs[which].append({"figures": figures(result), "load": result["meta"]["load_average_before"],
-                                "wall_s": result["meta"]["wall_s"]})
-            print(f"round {r + 1} {which} ({runs[which][-1]['wall_s']:.0f} s, load {runs[which][-1]['load']}): "
-                  f"{runs[which][-1]['figures']}", flush=True)
+        got = {"old": {"items": {}, "load": [], "wall_s": 0.0}, "new": {"items": {}, "load": [], "wall_s": 0.0}}
+        for i, item in enumerate(ITEMS):
+            for which in (("old", "new") if (r + i) % 2 == 0 else ("new", "old")):
+                result = bench_once(args.old if which == "old" else args.new, item, which, r)
+                got[which]["items"][item] = result["items"][item]  # the others are listed there as not run
+                got[which]["load"].append(result["meta"]["load_average_before"][0])
+                got[which]["wall_s"] += result["meta"]["wall_s"]
+                print(f"round {r + 1} {item} {which}: {result['meta']['wall_s']:.0f} s, "
+                      f"load {result['meta']['load_average_before'][0]:.2f}", flush=True)
+        for which, g in got.items():
+            runs[which].append({"figures": figures(g), "load": g["load"], "wall_s": g["wall_s"]})
+            print(f"round {r + 1} {which}: {runs[which][-1]['figures']}", flush=True)
         slowest = max(slowest, time.monotonic() - round_start)
         table = write(args.out, runs, commits)
     for n, v in table.items():
