@@ -369,7 +369,7 @@ def test_text_mode_prints_and_answers_in_code(bank, monkeypatch, capsys):
     assert bank.card("interview-1").answer[:50] in capsys.readouterr().out
     quiz.self_assessment("01_prefill_decode", level="Confident")
     store = ProgressStore()  # the default file, from KVCOURSE_PROGRESS
-    assert {a["question_id"]: a for a in store.answers()}["prefill-ab"]["correct"] is True
+    assert store.latest_answers()["prefill-ab"]["correct"] is True
     assert store.self_assessment("01_prefill_decode") == "Confident"
     assert store.cards_seen() == {"interview-1"}
     with pytest.raises(ValueError, match=r"choice must be one of \['A', 'B', 'C'\]"):

@@ -266,6 +266,9 @@ class ProgressStore:
     def answers(self, lesson: str | None = None) -> list[dict]:
         return self.rows("answers", lesson)
 
+    def latest_answers(self, lesson: str | None = None) -> dict[str, dict]:
+        return {a["question_id"]: a for a in self.answers(lesson)}
+
     def self_assessment(self, lesson: str) -> str | None:
         return next((r["level"] for r in reversed(self.rows("self_assessments", lesson))), None)
 

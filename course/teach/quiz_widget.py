@@ -81,11 +81,10 @@ class QuestionWidget(_TextFallback, widgets.VBox):
         if self.store is None:
             return
         try:
-            mine = [a for a in self.store.answers(self.question.lesson) if a["question_id"] == self.question.id]
+            last = self.store.latest_answers(self.question.lesson).get(self.question.id)
         except Exception:
             return
-        if mine:
-            last = mine[-1]
+        if last:
             verdict = "right" if last["correct"] else "not right yet"
             self.feedback.value = (f"<span style='color:#666'>Saved from earlier: you chose {last['choice']} "
                                    f"({verdict}). Check again any time.</span>")

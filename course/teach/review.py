@@ -239,8 +239,7 @@ class LessonProgress:
 def progress(store: ProgressStore | None = None, bank: QuestionBank | None = None) -> list[LessonProgress]:
     store = store if store is not None else default_store()
     bank = bank if bank is not None else load_questions()
-    latest = {a["question_id"]: a for a in store.answers()}  # each question's latest answer
-    checks, due = store.exercise_checks(), due_items(store, bank)
+    latest, checks, due = store.latest_answers(), store.exercise_checks(), due_items(store, bank)
     guesses = {(p["lesson"], p["key"]): p["correct"] for p in store.rows("predictions")}
     rows = []
     for lid, lesson in bank.lessons.items():
