@@ -173,8 +173,8 @@ class DecodeStep:
             pack_parameters(model)  # the weights on huge pages (course.engine.arena), where Linux offers them
         cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
         self.kernel = bool(compile and cpu32 and row_product.available()) if kernel is None else kernel
-        wide = self.kernel and torch.ops.kvcourse.vector_width() >= 16  # AVX-512: the kernel streams one row faster
-        self.hooks = (stream and not wide, self.kernel)  # what _Products does (False, False: the model's blocks alone)
+        one_row_on_kernel = self.kernel and row_product.wide()
+        self.hooks = (stream and not one_row_on_kernel, self.kernel)  # what _Products does (False, False: blocks alone)
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" and not any_shape else None)
         if any_shape:
             if compile and not _SHARED:

@@ -103,6 +103,12 @@ def available() -> bool:
         return _state["why"] is None
 
 
+def wide() -> bool:
+    """True when the kernel is built with 16-float vectors (AVX-512): there it streams one row faster than Inductor's
+    (x · W).sum(-1) too, so the compiled step gives it B = 1 as well (docs/benchmarks.md)."""
+    return available() and torch.ops.kvcourse.vector_width() >= 16
+
+
 def why_not() -> str | None:
     """Why the kernel is not used (None when it is)."""
     available()
