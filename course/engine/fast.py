@@ -16,8 +16,7 @@ Three pieces make it faster than torch.compile of the model alone, each kept bec
 figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep):
     one row     inside the graph, F.linear of one row is written (x · W).sum(-1), which Inductor turns into one loop
                 streaming each weight row once, fused with the norm before it; BLAS's matrix-vector product reads
-                the weights well below the memory's speed (_Products, a TorchFunctionMode: nothing else changes).
-                With AVX-512 the row kernel below takes one row too (the step at B = 1: 0.9x the time)
+                the weights well below the memory's speed (_Products, a TorchFunctionMode: nothing else changes)
     2+ rows     F.linear of a batch calls course.engine.row_product's C++ kernel (float32 CPU): each weight row read
                 once for the whole batch, where BLAS's matrix-matrix kernels took 1.7-3.4× the one-row time at B = 2 … 16
                 (with AVX2 it hands more than 16 rows to BLAS, which wins there; with AVX-512 it keeps them)
@@ -173,8 +172,7 @@ class DecodeStep:
             pack_parameters(model)  # the weights on huge pages (course.engine.arena), where Linux offers them
         cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
         self.kernel = bool(compile and cpu32 and row_product.available()) if kernel is None else kernel
-        one_row_on_kernel = self.kernel and row_product.wide()
-        self.hooks = (stream and not one_row_on_kernel, self.kernel)  # what _Products does (False, False: blocks alone)
+        self.hooks = (stream, self.kernel)  # what _Products does (stream=False, kernel=False: the model's blocks alone)
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" and not any_shape else None)
         if any_shape:
             if compile and not _SHARED:

@@ -7,7 +7,7 @@
 A decode step of B sequences multiplies B row vectors by every weight matrix. The weights are read once whatever B
 is, so until arithmetic takes longer than reading, a step of 8 sequences should cost about what a step of 1 costs;
 BLAS's matrix-matrix kernels did not deliver that for small B on the course's CPUs (row_product.cpp says how the
-kernel does). The compiled decode step (course.engine.fast) calls it for batches, and with AVX-512 for one row too.
+kernel does). The compiled decode step (course.engine.fast) calls it for batches.
 
 It is built for this machine's CPU (-march=native) by torch.utils.cpp_extension into the course's cache folder
 (course.engine.weights.cache_dir(), or $KVCOURSE_CACHE), once per CPU kind and torch version, printing one line;
@@ -101,12 +101,6 @@ def available() -> bool:
             if _state["why"] is None:
                 torch.library.register_fake("kvcourse::row_product")(lambda x, w: x.new_empty(x.shape[0], w.shape[0]))
         return _state["why"] is None
-
-
-def wide() -> bool:
-    """True when the kernel is built with 16-float vectors (AVX-512): there it streams one row faster than Inductor's
-    (x · W).sum(-1) too, so the compiled step gives it B = 1 as well (docs/benchmarks.md)."""
-    return available() and torch.ops.kvcourse.vector_width() >= 16
 
 
 def why_not() -> str | None:
