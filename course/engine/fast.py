@@ -12,7 +12,7 @@ the positions a sequence has not reached. Every shape is fixed (the buffer's len
 positions are a tensor, so decoding further never recompiles. Prefill is a matrix-matrix product BLAS does
 well: it stays eager. On CUDA the step is captured as a CUDA graph (mode="reduce-overhead", gpt-fast's choice).
 
-Three pieces make it faster than torch.compile of the model alone, each kept because it bought at least 5 % on a
+Four pieces make it faster than torch.compile of the model alone, each kept because it bought at least 5 % on a
 figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep):
     one row     inside the graph, F.linear of one row is written (x · W).sum(-1), which Inductor turns into one loop
                 streaming each weight row once, fused with the norm before it; BLAS's matrix-vector product reads
@@ -20,6 +20,9 @@ figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep
     2+ rows     F.linear of a batch calls course.engine.row_product's C++ kernel (float32 CPU): each weight row read
                 once for the whole batch, where BLAS's matrix-matrix kernels took 1.7-3.4× the one-row time at B = 2 … 16
                 (with AVX2 it hands more than 16 rows to BLAS, which wins there; with AVX-512 it keeps them)
+    attention   on the CPU one query's attention is written as sums Inductor fuses into one loop nest, not lowered to
+                ATen's flash-attention kernel: the step at B = 8 0.91× the time, the any-shape block 0.94×, B = 1 0.98×
+                (docs/bench-runs/attention-2026-12-08.json; 17d83f0's C++ kernel would take 2-3 % more off: not kept)
     arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters);
                 the closest call: 6 % at B = 1 in the median of four paired runs, 3.9 % in the one recorded below
 
@@ -54,17 +57,26 @@ from course.engine.positions import Positions
 
 
 class _Products(TorchFunctionMode):
-    """Inside a compiled step: F.linear of one row streamed, of a batch on the row kernel (see the module doc).
-    Outside torch.compile it changes nothing (an eager fallback computes exactly what the model does)."""
+    """Inside a compiled step: F.linear of one row streamed, of a batch on the row kernel, and one query's attention
+    written as sums (see the module doc). Outside torch.compile it changes nothing (an eager fallback computes
+    exactly what the model does)."""
 
-    def __init__(self, stream: bool, kernel: bool):
+    def __init__(self, stream: bool, kernel: bool, attend: bool = False):
         super().__init__()
-        self.stream, self.kernel = stream, kernel
+        self.stream, self.kernel, self.attend = stream, kernel, attend
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.linear and torch.compiler.is_compiling() and args[2:3] in ((), (None,)):
-            from torch.fx.experimental.symbolic_shapes import statically_known_true
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+        if func is F.scaled_dot_product_attention and self.attend and torch.compiler.is_compiling():
+            q, k, v = args[:3]  # q [B, H, 1, D_h]; k, v [B, H_kv, S, D_h]; the mask [B, 1, 1, S]
+            if statically_known_true(q.shape[2] == 1) and kwargs.get("attn_mask") is not None:
+                B, H, _, D = q.shape
+                q = q.view(B, k.shape[1], 1, H // k.shape[1], D).transpose(2, 3)  # [B, H_kv, G, 1, D_h]
+                scores = (q * k[:, :, None]).sum(-1) * D ** -0.5  # [B, H_kv, G, S]
+                weights = scores.masked_fill(~kwargs["attn_mask"], float("-inf")).softmax(-1)
+                return (weights[..., None] * v[:, :, None]).sum(-2).view(B, H, 1, D)
+        if func is F.linear and torch.compiler.is_compiling() and args[2:3] in ((), (None,)):
             x, w = args[0], args[1]
             if self.stream and statically_known_true(x.shape[:-1].numel() == 1):  # [.., 1, d] · [N, d] → [.., 1, N]
                 return (x.unsqueeze(-2) * w).sum(-1, dtype=torch.float32).to(x.dtype)
@@ -172,7 +184,8 @@ class DecodeStep:
             pack_parameters(model)  # the weights on huge pages (course.engine.arena), where Linux offers them
         cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
         self.kernel = bool(compile and cpu32 and row_product.available()) if kernel is None else kernel
-        self.hooks = (stream, self.kernel)  # what _Products does (stream=False, kernel=False: the model's blocks alone)
+        self.hooks = (stream, self.kernel, compile and model.device.type == "cpu")  # what _Products does (all
+        # False: the model's blocks alone)
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" and not any_shape else None)
         if any_shape:
             if compile and not _SHARED:
