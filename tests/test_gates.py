@@ -33,6 +33,12 @@ def test_a_violation_is_measured_again_then_flagged_and_kept_out_of_the_record(m
     assert results.record_gated("batch_gain", run) is None
     assert "batch_gain" not in results.recorded() and results.recorded()["unreliable"] == ["batch_gain"]
 
+    monkeypatch.setattr(gates, "busy_cores", lambda: 0.1)  # quiet: the notice must not call the machine busy
+    run = gates.measured(lambda: 9.0, lambda ms: [gates.not_below_floor(ms, 12.0)], "the compiled step", tries=2)
+    assert not run.ok and run.quiet and "busy" not in run.notice + run.headline("")
+    assert "under its 12.0 ms bandwidth floor" in run.notice and "Other programs were quiet" in run.notice
+    assert run.headline("") == "Not used: the compiled step broke a physical limit. Re-run."
+
     gains = iter([15.5, 7.5])  # a burst of load passes: the second try is kept
     run = gates.measured(lambda: next(gains), lambda g: [gates.batch_gain(8, g)], "the batch gain")
     assert run.ok and run.tries == 2 and run.notice == ""

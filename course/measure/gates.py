@@ -11,8 +11,10 @@ Each rule returns None when the number is possible, or a short phrase saying whi
     at_least          a quantity physics bounds from below (TTFT of a long prompt ≥ one decode step)
 
 A figure that breaks a rule is measured again (a burst of load from another program passes); if it still
-breaks one, the learner sees one short notice naming the busy cores, the figure is marked unreliable, and no
-recap, quiz or review card quotes it (course.measure.results.record leaves it out).
+breaks one, the learner sees one short notice, the figure is marked unreliable, and no recap, quiz or review card
+quotes it (course.measure.results.record leaves it out). The notice names the cores other programs took; where
+they were quiet it says so instead: then a timing, or a limit measured on this machine (a read probe slower than
+the engine it bounds), was off, and calling the machine busy would be false.
 """
 from __future__ import annotations
 
@@ -76,11 +78,19 @@ class Measured(Generic[T]):
         return not self.broken
 
     @property
+    def quiet(self) -> bool:
+        """Other programs were found not to be busy when the figure failed its gate."""
+        return self.others is not None and self.others <= threads.BUSY_CORES
+
+    @property
     def notice(self) -> str:
         """One short line for the learner; empty when the figure passed."""
         if self.ok:
             return ""
         why = self.broken[0]
+        if self.quiet:
+            return (f"{self.figure[0].upper()}{self.figure[1:]} is unreliable: {why}. Other programs were quiet, so "
+                    f"a timing or a limit measured on this machine was off. Run this cell again.")
         return (f"{busy_words(self.others).capitalize()}: {self.figure} is unreliable. {why[0].upper()}{why[1:]}. "
                 f"Close other programs and run this cell again.")
 
@@ -90,7 +100,10 @@ class Measured(Generic[T]):
 
     def headline(self, text: str) -> str:
         """A Report's headline: `text` when the figure passed; else a short busy line (put .notice in the details)."""
-        return text if self.ok else f"Not used: {self.figure} broke a physical limit. Close other programs and re-run."
+        if self.ok:
+            return text
+        advice = "Re-run." if self.quiet else "Close other programs and re-run."
+        return f"Not used: {self.figure} broke a physical limit. {advice}"
 
     def _repr_pretty_(self, p, cycle):
         p.text(self.notice or f"{self.figure}: passed its physics checks")
@@ -117,7 +130,7 @@ def busy_notice(reset: bool = False) -> str:
     if _said:
         return ""
     others = busy_cores()
-    if others is None or others <= 0.5:
+    if others is None or others <= threads.BUSY_CORES:
         return ""
     _said = True
     return (f"Note: {busy_words(others, now=True)}. Timings below will be slower and noisier; "

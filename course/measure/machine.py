@@ -33,7 +33,7 @@ from course.paths import progress_path
 
 FILE_NAME = "machine.json"
 STALE_AFTER_S = 7 * 24 * 3600
-BUSY_CORES = 0.5  # other programs using more than this many cores' worth of CPU: a busy machine
+BUSY_CORES = threads.BUSY_CORES
 BUSY_KEPT_S = 3 * 3600  # a profile taken on a busy machine serves a whole sitting before it is measured again
 FLOOR_SLACK = 0.9  # a step measured under 0.9 × its bandwidth floor broke physics (the probe under-measured)
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+BUSY_CORES = 0.5  # other programs using more than this many cores' worth of CPU: a busy machine
+
 PROC_STAT = "/proc/stat"
 
 
