@@ -23,16 +23,17 @@ figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep
     attention   on the CPU one query's attention is written as sums Inductor fuses into one loop nest, not lowered to
                 ATen's flash-attention kernel: the step at B = 8 0.91× the time, the any-shape block 0.94×, B = 1 0.98×
                 (docs/bench-runs/attention-2026-12-08.json; 17d83f0's C++ kernel would take 2-3 % more off: not kept)
-    arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters);
-                the closest call: 6 % at B = 1 in the median of four paired runs, 3.9 % in the one recorded below
+    arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters)
 
-Measured side by side in one process (docs/bench-runs/pieces-2026-12-07.md: the course model, context 64, float32,
-1 thread, AMD EPYC with AVX2, load average about 5 on 2 cores): each variant's step ÷ the step as shipped.
+Measured side by side in one process (docs/bench-runs/pieces-2026-12-08.json: the course model, context 64, float32,
+1 thread, AMD EPYC with AVX-512, load average 0.8-1.3 on 2 cores, 9 rounds): each variant's step ÷ the step as shipped.
     variant                                   B = 1    B = 8
-    torch.compile of the model's forward      1.28     1.33
-    the model's blocks compiled, no piece     1.22     1.25
-    + one row streamed, batches on the kernel 1.04     1.01
+    torch.compile of the model's forward      2.37     2.51
+    the model's blocks compiled, no piece     2.44     2.57
+    + one row streamed, batches on the kernel 1.42     1.17
+    + one query's attention as sums           1.36     1.14
     + the weights on huge pages (as shipped)  1.00     1.00
+Not kept, each under 5 % (docs/benchmarks.md): Inductor's C++ wrapper, skipping TorchDynamo's guards once warm.
 
 any_shape=True compiles one TransformerBlock (and the head) instead of the whole step, for every batch size, cache
 length, set of cache rows and paged batch at once (their sizes symbolic): a server's batches change at every step,

@@ -9,9 +9,9 @@ round. The course model, float32, 1 thread.
 
     step       the whole-step graph at B = 1 and B = 8, context 64 (decode ÷ floor, the batch figure): plain
                torch.compile of the model's forward, the model's blocks alone (DecodeStep without hooks, weights left
-               on small pages), + the streamed one-row product and the row kernel, + the weights on huge pages
-               (course.engine.arena: the step as shipped), three candidates on top (Inductor's C++ wrapper, no
-               per-call size asserts, skipping guard evaluation once warm), and the any-shape step (one compiled block, called per layer) that lesson
+               on small pages), + the streamed one-row product and the row kernel, + one query's attention as sums,
+               + the weights on huge pages (course.engine.arena: the step as shipped), two candidates on top
+               (Inductor's C++ wrapper, skipping guard evaluation once warm), and the any-shape step (one compiled block, called per layer) that lesson
                05's server and lesson 01's bytes line use
     sweep      lesson 05's batch sweep (course.lessons.serving.batch_sweep, B = 1 … 64, context 64) on the any-shape
                engine with and without hooks, and the eager model
@@ -65,12 +65,14 @@ def part_step(args, out):
     T, small, model = 64, load_model(dtype="float32"), load_model(dtype="float32")  # small: never packed
     plain = torch.compile(lambda m, t, pos, c: m(t, start_pos=pos, cache=c, last_only=True), fullgraph=True)
 
-    def unpacked(**kw):  # a DecodeStep that leaves the weights where they are (small pages)
+    def unpacked(hooks=None):  # a DecodeStep that leaves the weights where they are (small pages); hooks: _Products'
         pack, fast.pack_parameters = fast.pack_parameters, lambda m: False
         try:
-            return small, DecodeStep(small, **kw)
+            step = DecodeStep(small)
         finally:
             fast.pack_parameters = pack
+        step.hooks = hooks or step.hooks
+        return small, step
 
     def options(**inductor):  # the step as shipped, compiled with other Inductor options
         def make():
@@ -105,11 +107,11 @@ def part_step(args, out):
         return lambda: plain(small, tok, T, cache)
 
     variants = {"plain torch.compile": plain_step,
-                "blocks alone": step_of(lambda: unpacked(stream=False, kernel=False)),
-                "+ stream + kernel": step_of(unpacked),
+                "blocks alone": step_of(lambda: unpacked((False, False, False))),
+                "+ stream + kernel": step_of(lambda: unpacked((True, True, False))),
+                "+ attention sums": step_of(unpacked),
                 "+ arena (as shipped)": step_of(lambda: (model, DecodeStep(model))),
                 "+ cpp_wrapper": step_of(options(cpp_wrapper=True)),
-                "+ no size asserts": step_of(options(size_asserts=False)),
                 "+ skip guard eval": step_of(skip_guards),
                 "any shape (lessons 01 and 05)": step_of(lambda: (model, DecodeStep(model, any_shape=True)))}
     steps = {}
@@ -146,7 +148,7 @@ def part_serving(args, out):
     model = load_model(dtype="float32")
     engines = {"eager": model, "any shape, blocks alone": FastModel(model, any_shape=True),
                "any shape as shipped": FastModel(model, any_shape=True)}
-    engines["any shape, blocks alone"].step.hooks = (False, False)
+    engines["any shape, blocks alone"].step.hooks = (False, False, False)
     machine = Machine("cpu", "float32", 1e10, 1e11)  # the prediction is not read here
     sweeps = {name: [] for name in engines}
     for r in range(args.sweep_rounds):  # each sweep times every B once per round; the engines take turns
