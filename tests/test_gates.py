@@ -87,6 +87,14 @@ def test_the_profile_is_measured_once_and_then_shared(monkeypatch, tmp_path):
     assert len(calls) == 4  # an unreadable file is measured over, never a crash
 
 
+def test_the_gate_floor_uses_the_fastest_read_seen():
+    quiet = machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 0.0, time.time())
+    assert quiet.gate_floor_ms(640e6) == pytest.approx(20.0)  # 640 MB at the profile's 32 GB/s
+    assert quiet.gate_floor_ms(640e6, 40e9) == pytest.approx(16.0)  # memory read faster beside the step: lower floor
+    assert quiet.gate_floor_ms(640e6, 20e9) == pytest.approx(20.0)  # a slower probe never raises it
+    assert machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 1.5, time.time()).gate_floor_ms(640e6, 40e9) == 0.0
+
+
 def test_a_profile_taken_busy_is_kept_until_the_machine_is_quiet(monkeypatch, tmp_path):
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
     monkeypatch.delenv("KVCOURSE_THREADS", raising=False)

@@ -61,10 +61,11 @@ class Profile(Printed):  # shown as its __str__
         """The fastest a step that reads `nbytes` can be here: bytes ÷ bandwidth, in ms."""
         return nbytes / (self.bandwidth_gb_s * 1e9) * 1e3
 
-    def gate_floor_ms(self, nbytes: float) -> float:
-        """The floor a physics gate may hold a step to: floor_ms from a profile measured on a quiet machine; 0 (no
-        floor) from one measured busy, whose bandwidth probe under-measured (its floor would flag sound steps)."""
-        return 0.0 if self.busy else self.floor_ms(nbytes)
+    def gate_floor_ms(self, nbytes: float, probed_bytes_per_s: float = 0.0) -> float:
+        """The floor a physics gate may hold a step to: bytes ÷ the fastest read seen, this profile's or a probe's
+        taken beside the step (on a shared host memory reads faster at some moments than at others), in ms; 0 (no
+        floor) from a profile measured busy, whose bandwidth probe under-measured (its floor would flag sound steps)."""
+        return 0.0 if self.busy else nbytes / max(self.bandwidth_gb_s * 1e9, probed_bytes_per_s) * 1e3
 
     def values(self) -> dict:
         return {"profile": asdict(self)}
