@@ -95,6 +95,23 @@ def test_the_gate_floor_uses_the_fastest_read_seen():
     assert machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 1.5, time.time()).gate_floor_ms(640e6, 40e9) == 0.0
 
 
+def test_the_gate_floor_uses_the_fastest_read_seen():
+    from course.measure import timing
+
+    quiet = machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 0.0, time.time())
+    assert quiet.gate_floor_ms(640e6) == pytest.approx(20.0)  # 640 MB at the profile's 32 GB/s
+    probe = timing.ReadProbe("cpu", nbytes=8 << 20, repeats=1)
+    read = probe()
+    assert timing.fastest_read("cpu") == read and timing.fastest_read("cuda") == 0.0
+    timing._fastest["cpu"] = 40e9  # memory read faster beside the step than when the profile was taken: lower floor
+    assert quiet.gate_floor_ms(640e6) == pytest.approx(16.0)
+    again = probe()  # the fastest read is kept: a slower one later never raises the floor again
+    assert timing.fastest_read("cpu") == max(40e9, read, again)
+    timing._fastest["cpu"] = 20e9
+    assert quiet.gate_floor_ms(640e6) == pytest.approx(20.0)
+    assert machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 1.5, time.time()).gate_floor_ms(640e6) == 0.0
+
+
 def test_a_profile_taken_busy_is_kept_until_the_machine_is_quiet(monkeypatch, tmp_path):
     monkeypatch.setenv("KVCOURSE_PROGRESS", str(tmp_path / "progress.sqlite"))
     monkeypatch.delenv("KVCOURSE_THREADS", raising=False)

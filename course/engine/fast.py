@@ -20,20 +20,13 @@ figure the course shows (decode ÷ its bandwidth floor at B = 1, the batch sweep
     2+ rows     F.linear of a batch calls course.engine.row_product's C++ kernel (float32 CPU): each weight row read
                 once for the whole batch, where BLAS's matrix-matrix kernels took 1.7-3.4× the one-row time at B = 2 … 16
                 (with AVX2 it hands more than 16 rows to BLAS, which wins there; with AVX-512 it keeps them)
-    attention   on the CPU one query's attention is written as sums Inductor fuses into one loop nest, not lowered to
-                ATen's flash-attention kernel: the step at B = 8 0.91× the time, the any-shape block 0.94×, B = 1 0.98×
-                (docs/bench-runs/attention-2026-12-08.json; 17d83f0's C++ kernel would take 2-3 % more off: not kept)
+    attention   on the CPU one query's attention is written as sums Inductor fuses, not ATen's flash-attention kernel
+                (B = 8: 0.91× the time; 17d83f0's C++ kernel would take 2-3 % more off: docs/benchmarks.md)
     arena       on the CPU the model's weights move onto huge pages first (course.engine.arena.pack_parameters)
 
-Measured side by side in one process (docs/bench-runs/pieces-2026-12-08.json: the course model, context 64, float32,
-1 thread, AMD EPYC with AVX-512, load average 0.8-1.3 on 2 cores, 9 rounds): each variant's step ÷ the step as shipped.
-    variant                                   B = 1    B = 8
-    torch.compile of the model's forward      2.37     2.51
-    the model's blocks compiled, no piece     2.44     2.57
-    + one row streamed, batches on the kernel 1.42     1.17
-    + one query's attention as sums           1.36     1.14
-    + the weights on huge pages (as shipped)  1.00     1.00
-Not kept, each under 5 % (docs/benchmarks.md): Inductor's C++ wrapper, skipping TorchDynamo's guards once warm.
+Each variant's step ÷ the shipped one (docs/benchmarks.md, AVX-512, 1 thread), B = 1 / 8: torch.compile of the
+forward 2.37 / 2.51, + one row and the kernel 1.42 / 1.17, + attention 1.36 / 1.14, + arena 1.00. Not kept (under
+5 % each): Inductor's C++ wrapper, skipping TorchDynamo's guards once warm.
 
 any_shape=True compiles one TransformerBlock (and the head) instead of the whole step, for every batch size, cache
 length, set of cache rows and paged batch at once (their sizes symbolic): a server's batches change at every step,
@@ -58,9 +51,8 @@ from course.engine.positions import Positions
 
 
 class _Products(TorchFunctionMode):
-    """Inside a compiled step: F.linear of one row streamed, of a batch on the row kernel, and one query's attention
-    written as sums (see the module doc). Outside torch.compile it changes nothing (an eager fallback computes
-    exactly what the model does)."""
+    """Inside a compiled step: F.linear of one row streamed, of a batch on the row kernel, one query's attention as
+    sums (see the module doc). Outside torch.compile it changes nothing (an eager fallback is the model itself)."""
 
     def __init__(self, stream: bool, kernel: bool, attend: bool = False):
         super().__init__()

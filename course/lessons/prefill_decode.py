@@ -74,11 +74,11 @@ def decode_question(model, prof) -> str:
 
 def measure_bytes_line(model, prof, tries: int = 2) -> gates.Measured:
     """The bytes line on the lesson's device and dtype, each point gated: not under its bandwidth floor (bytes ÷ the
-    fastest read seen: the profile's or one of the line's own probes), not faster than a smaller model. A compiled
-    step of the course model's shape that passed is kept in the profile as its "compiled" figure."""
+    profile's bandwidth), not faster than a smaller model. A compiled step of the course model's shape that passed
+    is kept in the profile as its "compiled" figure."""
     def rules(line):
-        pts, seen = line.points, max(line.probes, default=0.0)
-        return ([gates.not_below_floor(p.ms_per_step, prof.gate_floor_ms(p.bytes_per_step, seen), f"{p.name}'s step")
+        pts = line.points
+        return ([gates.not_below_floor(p.ms_per_step, prof.gate_floor_ms(p.bytes_per_step), f"{p.name}'s step")
                  for p in pts] +  # and a model that reads more bytes is not faster
                 [gates.not_cheaper(a.ms_per_step, b.ms_per_step, a.name, b.name) for a, b in zip(pts, pts[1:])])
 

@@ -20,7 +20,7 @@ from course.measure.costs import (GB, Cost, GiB, _config, decode_cost, kv_bytes_
 from course.measure.display import Report, verdict
 from course.measure.results import record_gated
 from course.measure.roofline import Machine
-from course.measure.timing import Stopwatch, Timing
+from course.measure.timing import ReadProbe, Stopwatch, Timing
 
 KNEE_TOLERANCE = 0.5  # the knee sits between two measured batch sizes a factor 2 apart: ±50 % is one step of the sweep
 
@@ -174,6 +174,7 @@ def batch_sweep(model, machine: Machine, contexts: Sequence[int] = (64, 512),
         raise ValueError(f"B = {batches[-1]} at C = {max(contexts)} needs a {biggest / GiB:.1f} GiB cache, over "
                          f"max_cache_bytes = {max_cache_bytes / GiB:.1f} GiB; use smaller batches or contexts")
     sweep = BatchSweep(machine)
+    ReadProbe(dev)()  # a read beside the sweep: its floor gate holds steps to the fastest read seen (gate_floor_ms)
     for C in contexts:
         cache = KVCache(config, batch=batches[-1], max_seq_len=C + 1, dtype=model.dtype, device=dev)
         for layer in cache.layers:

@@ -28,7 +28,7 @@ from course.engine.device import cpu_name
 from course.engine.weights import write_atomically
 from course.measure import costs, threads
 from course.measure.display import Printed
-from course.measure.timing import matmul_flops, measure, memory_bandwidth
+from course.measure.timing import fastest_read, matmul_flops, measure, memory_bandwidth
 from course.paths import progress_path
 
 FILE_NAME = "machine.json"
@@ -61,11 +61,10 @@ class Profile(Printed):  # shown as its __str__
         """The fastest a step that reads `nbytes` can be here: bytes ÷ bandwidth, in ms."""
         return nbytes / (self.bandwidth_gb_s * 1e9) * 1e3
 
-    def gate_floor_ms(self, nbytes: float, probed_bytes_per_s: float = 0.0) -> float:
-        """The floor a physics gate may hold a step to: bytes ÷ the fastest read seen, this profile's or a probe's
-        taken beside the step (on a shared host memory reads faster at some moments than at others), in ms; 0 (no
-        floor) from a profile measured busy, whose bandwidth probe under-measured (its floor would flag sound steps)."""
-        return 0.0 if self.busy else nbytes / max(self.bandwidth_gb_s * 1e9, probed_bytes_per_s) * 1e3
+    def gate_floor_ms(self, nbytes: float) -> float:
+        """The floor a physics gate may hold a step to: bytes ÷ the fastest read seen (this profile's or a probe's
+        since: timing.fastest_read), in ms; 0 from a profile measured busy, whose probe under-measured (no floor)."""
+        return 0.0 if self.busy else nbytes / max(self.bandwidth_gb_s * 1e9, fastest_read(self.device)) * 1e3
 
     def values(self) -> dict:
         return {"profile": asdict(self)}
