@@ -41,6 +41,8 @@ load(name="kvatt", sources=[str(build / "att.cpp")], build_directory=str(build),
      extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], is_python_module=False)
 torch.library.register_fake("kvatt::decode_attention")(lambda q, k, v, hidden: q.new_empty(q.shape))
 
+from pieces import rounds  # noqa: E402  (docs/bench-runs/pieces.py, beside this script)
+
 from course.engine import fast  # noqa: E402
 from course.engine.fast import DecodeStep  # noqa: E402
 from course.engine.kv_cache import KVCache  # noqa: E402
@@ -89,16 +91,8 @@ for B, any_shape in ((1, False), (8, False), (8, True)):
         checks[key] = (out - ref).abs().max().item()
         print(f"{key}: compiled in {time.perf_counter() - t0:.0f} s, max |logit - sdpa's| {checks[key]:.2e}", flush=True)
         calls[key] = call
-times = {k: [] for k in calls}
-for r in range(args.rounds):
-    for key, call in list(calls.items())[::-1 if r % 2 else 1]:
-        ts = []
-        for _ in range(15):
-            t0 = time.perf_counter()
-            call()
-            ts.append(time.perf_counter() - t0)
-        times[key].append(statistics.median(ts))
-    print(f"round {r + 1}/{args.rounds} load {os.getloadavg()[0]:.1f}", flush=True)
+with torch.inference_mode():
+    times, _ = rounds(calls, args.rounds, 15)  # pieces.py's rounds: the variants take turns, order reversed every other
 rows = []
 for key, ts in times.items():
     base = times[key.rsplit(" ", 1)[0] + " sdpa"]
