@@ -141,7 +141,7 @@ _fastest: dict[str, float] = {}
 
 def fastest_read(device: torch.device | str = "cpu") -> float:
     """The fastest read (bytes/s) a ReadProbe in this process measured on this kind of device: a floor from it
-    holds at any moment (a shared host's memory read 30 GB/s, then 45 minutes later: tenants it cannot see)."""
+    holds at any moment (a shared host's memory read 30 GB/s, and 45 a few minutes on: tenants it cannot see)."""
     return _fastest.get(torch.device(device).type, 0.0)
 
 
