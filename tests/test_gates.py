@@ -88,14 +88,6 @@ def test_the_profile_is_measured_once_and_then_shared(monkeypatch, tmp_path):
 
 
 def test_the_gate_floor_uses_the_fastest_read_seen():
-    quiet = machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 0.0, time.time())
-    assert quiet.gate_floor_ms(640e6) == pytest.approx(20.0)  # 640 MB at the profile's 32 GB/s
-    assert quiet.gate_floor_ms(640e6, 40e9) == pytest.approx(16.0)  # memory read faster beside the step: lower floor
-    assert quiet.gate_floor_ms(640e6, 20e9) == pytest.approx(20.0)  # a slower probe never raises it
-    assert machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 1.5, time.time()).gate_floor_ms(640e6, 40e9) == 0.0
-
-
-def test_the_gate_floor_uses_the_fastest_read_seen():
     from course.measure import timing
 
     quiet = machine.Profile("cpu", "float32", 2, 2, 32.0, 100.0, 0.0, time.time())
