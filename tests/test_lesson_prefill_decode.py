@@ -211,7 +211,7 @@ def test_its_numbers_obey_physics(run):
         assert r["decode_ms_per_token"][-1] >= slack * r["decode_ms_per_token"][0]
         assert r["prefill_tokens_per_s_256"] > r["decode_tokens_per_s"][0]
     # a profile measured busy under-measures the bandwidth: no floor then, as in the lesson's gate (gate_floor_ms)
-    if "bytes_line" in r and (r["profile"]["others_cores"] or 0) <= machine.BUSY_CORES:
+    if "bytes_line" in r and (r["profile"]["others_cores"] or 0) <= machine.threads.BUSY_CORES:
         for p in r["bytes_line"]["points"]:
             assert p["ms_per_step"] >= slack * p["bytes_per_step"] / (r["profile"]["bandwidth_gb_s"] * 1e6)
     assert r["eager_over_floor"] >= slack

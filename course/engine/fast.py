@@ -41,6 +41,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.overrides import TorchFunctionMode
 
 from course.engine import row_product
@@ -59,9 +60,9 @@ class _Products(TorchFunctionMode):
         self.stream, self.kernel, self.attend = stream, kernel, attend
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        if func is F.scaled_dot_product_attention and self.attend and torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling():
+            return func(*args, **(kwargs or {}))
+        if func is F.scaled_dot_product_attention and self.attend:
             q, k, v = args[:3]  # q [B, H, 1, D_h]; k, v [B, H_kv, S, D_h]; the mask [B, 1, 1, S]
             if statically_known_true(q.shape[2] == 1) and kwargs.get("attn_mask") is not None:
                 B, H, _, D = q.shape
@@ -69,7 +70,7 @@ class _Products(TorchFunctionMode):
                 scores = (q * k[:, :, None]).sum(-1) * D ** -0.5  # [B, H_kv, G, S]
                 weights = scores.masked_fill(~kwargs["attn_mask"], float("-inf")).softmax(-1)
                 return (weights[..., None] * v[:, :, None]).sum(-2).view(B, H, 1, D)
-        if func is F.linear and torch.compiler.is_compiling() and args[2:3] in ((), (None,)):
+        if func is F.linear and args[2:3] in ((), (None,)):
             x, w = args[0], args[1]
             if self.stream and statically_known_true(x.shape[:-1].numel() == 1):  # [.., 1, d] · [N, d] → [.., 1, N]
                 return (x.unsqueeze(-2) * w).sum(-1, dtype=torch.float32).to(x.dtype)
@@ -177,8 +178,8 @@ class DecodeStep:
             pack_parameters(model)  # the weights on huge pages (course.engine.arena), where Linux offers them
         cpu32 = model.device.type == "cpu" and model.dtype == torch.float32
         self.kernel = bool(compile and cpu32 and row_product.available()) if kernel is None else kernel
-        self.hooks = (stream, self.kernel, compile and model.device.type == "cpu")  # what _Products does (all
-        # False: the model's blocks alone)
+        self.hooks = (stream, self.kernel, compile and model.device.type == "cpu")  # _Products' (stream, kernel,
+        # attend); all False: the model's blocks alone
         self.mode = mode or ("reduce-overhead" if model.device.type == "cuda" and not any_shape else None)
         if any_shape:
             if compile and not _SHARED:

@@ -33,7 +33,6 @@ from course.paths import progress_path
 
 FILE_NAME = "machine.json"
 STALE_AFTER_S = 7 * 24 * 3600
-BUSY_CORES = threads.BUSY_CORES
 BUSY_KEPT_S = 3 * 3600  # a profile taken on a busy machine serves a whole sitting before it is measured again
 FLOOR_SLACK = 0.9  # a step measured under 0.9 × its bandwidth floor broke physics (the probe under-measured)
 
@@ -55,7 +54,7 @@ class Profile(Printed):  # shown as its __str__
 
     @property
     def busy(self) -> bool:
-        return self.others_cores is not None and self.others_cores > BUSY_CORES
+        return self.others_cores is not None and self.others_cores > threads.BUSY_CORES
 
     def floor_ms(self, nbytes: float) -> float:
         """The fastest a step that reads `nbytes` can be here: bytes ÷ bandwidth, in ms."""
@@ -150,7 +149,7 @@ def measure_profile(model=None, device="cpu", dtype="float32", tries: int = 3) -
                        time.time(), host=_host(device), decode_ms=decode)
         if model is None or decode["eager"] >= FLOOR_SLACK * prof.floor_ms(step_bytes(model.config, dtype)):
             return prof
-    prof.others_cores = max(prof.others_cores or 0.0, BUSY_CORES + 0.01)  # marked busy: measured again when quiet
+    prof.others_cores = max(prof.others_cores or 0.0, threads.BUSY_CORES + 0.01)  # marked busy: measured again when quiet
     return prof
 
 
@@ -174,7 +173,7 @@ def profile(model=None, device="cpu", dtype="float32", refresh: bool = False) ->
         # a profile taken on a busy machine is kept for a sitting (every lesson quotes the same figures), then
         # measured again at the first quiet moment
         quiet_now = (prof is not None and prof.busy and time.time() - prof.measured_at > BUSY_KEPT_S
-                     and (threads.sample_others() or 0.0) <= BUSY_CORES)
+                     and (threads.sample_others() or 0.0) <= threads.BUSY_CORES)
         if prof is not None and not quiet_now and (model is None or "eager" in prof.decode_ms):
             if device.type == "cpu":
                 torch.set_num_threads(prof.threads)
